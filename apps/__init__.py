@@ -1,0 +1,1 @@
+"""llmfleet services and their shared kernel (`apps.core`)."""

@@ -1,0 +1,1 @@
+"""Database migrations (versioned SQL files) and the connection pool helpers."""

@@ -1,0 +1,1 @@
+"""Two-phase token ledger (D6): contract in `api`, PostgreSQL implementation in `pg`."""

@@ -1,0 +1,79 @@
+"""The ledger contract shared by the gateway (reserve, cancel) and the orchestrator
+(settle, sweep). Implemented over PostgreSQL in `apps.core.ledger.pg`; unit tests use
+`tests/fakes` implementations that pass the same contract suite.
+
+Money is integer microcredits. States (ARCHITECTURE convention 6):
+
+    reserved --settle--> settled      (exact usage from the engine; debits the team)
+    reserved --cancel--> cancelled    (nothing ran, or the node never reported)
+
+Both transitions are conditional on `status = 'reserved'`, so a retried settle or a
+settle after cancel is a no-op that reports `ALREADY_FINAL`.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Protocol
+
+
+class ReservationStatus(enum.StrEnum):
+    RESERVED = "reserved"
+    SETTLED = "settled"
+    CANCELLED = "cancelled"
+
+
+class SettleOutcome(enum.StrEnum):
+    SETTLED = "settled"
+    ALREADY_FINAL = "already_final"
+    UNKNOWN = "unknown"
+
+
+@dataclass(frozen=True)
+class Reservation:
+    request_id: str
+    team_id: int
+    key_id: int | None
+    model: str
+    estimated_cost_microcredits: int
+
+
+@dataclass(frozen=True)
+class SettleResult:
+    outcome: SettleOutcome
+    request_id: str
+    team_id: int | None = None
+    key_id: int | None = None
+    model: str | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cost_microcredits: int = 0
+
+
+class Ledger(Protocol):
+    async def reserve(
+        self,
+        *,
+        request_id: str,
+        team_id: int,
+        key_id: int | None,
+        model: str,
+        estimated_prompt_tokens: int,
+        max_tokens: int,
+    ) -> Reservation:
+        """Insert a `reserved` row; raises `InsufficientBalance` (402) if balance - open reservations < estimate."""
+        ...
+
+    async def settle(self, request_id: str, prompt_tokens: int, completion_tokens: int) -> SettleResult:
+        """Exactly once: `reserved -> settled` and debit the team in one transaction."""
+        ...
+
+    async def cancel(self, request_id: str) -> bool:
+        """`reserved -> cancelled`; False if the row was already final or unknown."""
+        ...
+
+    async def stale_reservations(self, older_than: datetime, limit: int = 500) -> list[str]:
+        """Request ids still `reserved` and created before `older_than` (for the sweeper)."""
+        ...

@@ -1,0 +1,2 @@
+"""Wire formats: OpenAI SSE framing (`openai`), gateway -> orchestrator (`dispatch`),
+orchestrator <-> agent (`node`)."""

@@ -1,0 +1,47 @@
+"""Gateway -> orchestrator: the internal dispatch call.
+
+`POST {orchestrator}/internal/v1/dispatch` with a `DispatchRequest` JSON body and
+`Authorization: Bearer <internal token>` (a secret shared by gateway and orchestrator).
+
+Answer, before any byte of output:
+  * an error status with the OpenAI error envelope (`503` + `Retry-After` when no node
+    or the queue wait ran out, `429` + `Retry-After` when the model queue is full,
+    `400`/`404` when the engine refused the body, `502` when the node failed);
+Answer once output started:
+  * `200 text/event-stream`: the SSE events to send to the client byte for byte: the
+    engine's chunks, the usage chunk only if `client_wants_usage`, then `data: [DONE]`.
+    A failure after the first chunk arrives as one `data: {"error": ...}` event and
+    `data: [DONE]` (never a silent truncation, never a retry).
+
+The orchestrator settles the ledger row (`request_id`) with the engine's usage; if
+the gateway closes the connection early the orchestrator cancels the request on the
+node and settles the tokens produced so far.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+DISPATCH_PATH = "/internal/v1/dispatch"
+
+
+class Deadlines(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    queue_wait_s: float = Field(default=30.0, gt=0)
+    first_token_s: float = Field(default=60.0, gt=0)
+    idle_s: float = Field(default=30.0, gt=0)
+
+
+class DispatchRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    request_id: str
+    team_id: int
+    key_id: int | None = None
+    model: str
+    body: dict[str, Any]  # the client's body with `stream: true` and usage forced on
+    client_wants_usage: bool = False
+    deadlines: Deadlines = Deadlines()

@@ -1,0 +1,168 @@
+"""Orchestrator <-> agent protocol over one WebSocket opened by the node.
+
+Every frame is one JSON text message with a `type` field. The node's first frame is
+`register`; the orchestrator answers `register_ack` or `register_refused` (with a
+reason and `retry_after_s`) and closes. A `version` the orchestrator does not know is
+refused with WebSocket close code `CLOSE_UNSUPPORTED_VERSION` (4001).
+
+server -> node: register_ack, register_refused, assign, cancel, load_model, drain, done_ack
+node -> server: register, heartbeat (every 5 s), chunk, done, error, drained
+
+`chunk.delta` carries the engine's SSE bytes as text, one or more whole
+`data: {...}\\n\\n` events, never re-encoded (D5). `done` carries the engine's usage
+(or, after a cancel, the tokens produced so far) and is repeated until `done_ack`
+arrives, so a lost connection never loses or double-counts usage (the ledger settle is
+idempotent on `request_id`).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+
+PROTOCOL_VERSION = 1
+SUPPORTED_VERSIONS = frozenset({1})
+
+# WebSocket close codes (4000-4999 are for applications).
+CLOSE_NORMAL = 1000
+CLOSE_UNSUPPORTED_VERSION = 4001
+CLOSE_AUTH_FAILED = 4003
+CLOSE_REGISTRATION_REFUSED = 4029  # rate limited: retry after `retry_after_s`
+CLOSE_REVOKED = 4010
+CLOSE_PROTOCOL_ERROR = 4002
+CLOSE_SUPERSEDED = 4009  # the same node_id registered again elsewhere
+
+
+class _Frame(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ModelInfo(_Frame):
+    name: str
+    max_num_seqs: int = Field(gt=0)
+    max_model_len: int = Field(gt=0)
+
+
+# -- node -> server ---------------------------------------------------------------
+
+
+class Register(_Frame):
+    type: Literal["register"] = "register"
+    node_id: str = Field(min_length=1, max_length=128)
+    token: str
+    version: int
+    gpus: int = Field(ge=0)
+    models: list[ModelInfo]
+    location: Literal["cloud", "onprem"] = "onprem"
+    agent_version: str = ""
+    in_flight: list[str] = []  # requests still running on this node (after a reconnect)
+
+
+class Heartbeat(_Frame):
+    type: Literal["heartbeat"] = "heartbeat"
+    queue_depth: int = Field(ge=0)
+    kv_cache_usage: float = Field(ge=0, le=1)
+    gpu_util: float | None = Field(default=None, ge=0, le=1)  # absent when no GPU telemetry, never faked
+    running: int = Field(default=0, ge=0)
+    draining: bool = False
+
+
+class Chunk(_Frame):
+    type: Literal["chunk"] = "chunk"
+    request_id: str
+    delta: str
+
+
+class Done(_Frame):
+    type: Literal["done"] = "done"
+    request_id: str
+    prompt_tokens: int = Field(ge=0)
+    completion_tokens: int = Field(ge=0)
+    finish_reason: str | None = None  # stop | length | abort
+    usage_event: str | None = None  # the engine's raw usage chunk payload, for clients that asked
+
+
+class Error(_Frame):
+    type: Literal["error"] = "error"
+    request_id: str
+    status: int
+    message: str
+    error_type: str = "server_error"
+    param: str | None = None
+    chunks_sent: int = 0  # 0: nothing reached the orchestrator, a retry elsewhere is safe
+    prompt_tokens: int = Field(default=0, ge=0)
+    completion_tokens: int = Field(default=0, ge=0)
+
+
+class Drained(_Frame):
+    type: Literal["drained"] = "drained"
+    reason: str = "drain"
+
+
+# -- server -> node ---------------------------------------------------------------
+
+
+class RegisterAck(_Frame):
+    type: Literal["register_ack"] = "register_ack"
+    orchestrator_id: str
+    heartbeat_interval_s: float = 5.0
+    unknown_requests: list[str] = []  # in_flight ids the orchestrator no longer relays: cancel them
+
+
+class RegisterRefused(_Frame):
+    type: Literal["register_refused"] = "register_refused"
+    reason: str
+    retry_after_s: float | None = None
+
+
+class Assign(_Frame):
+    type: Literal["assign"] = "assign"
+    request_id: str
+    model: str
+    body: dict[str, Any]
+
+
+class Cancel(_Frame):
+    type: Literal["cancel"] = "cancel"
+    request_id: str
+
+
+class LoadModel(_Frame):
+    type: Literal["load_model"] = "load_model"
+    name: str
+
+
+class Drain(_Frame):
+    type: Literal["drain"] = "drain"
+    deadline_s: float = 120.0
+
+
+class DoneAck(_Frame):
+    type: Literal["done_ack"] = "done_ack"
+    request_id: str
+
+
+NodeFrame = Annotated[Register | Heartbeat | Chunk | Done | Error | Drained, Field(discriminator="type")]
+ServerFrame = Annotated[
+    RegisterAck | RegisterRefused | Assign | Cancel | LoadModel | Drain | DoneAck, Field(discriminator="type")
+]
+AnyFrame = NodeFrame | ServerFrame
+
+_node_adapter: TypeAdapter[NodeFrame] = TypeAdapter(NodeFrame)
+_server_adapter: TypeAdapter[ServerFrame] = TypeAdapter(ServerFrame)
+
+
+def encode(frame: _Frame) -> str:
+    """The one codec: compact JSON, fields in declaration order."""
+    return frame.model_dump_json()
+
+
+def decode_node_frame(text: str | bytes) -> NodeFrame:
+    """Parse a frame sent by a node; raises `pydantic.ValidationError` on anything else."""
+    return _node_adapter.validate_json(text)
+
+
+def decode_server_frame(text: str | bytes) -> ServerFrame:
+    """Parse a frame sent by the orchestrator."""
+    return _server_adapter.validate_json(text)

@@ -1,0 +1,134 @@
+"""OpenAI-compatible wire pieces shared by every app: SSE framing, the usage chunk,
+the error envelope, and assembling a non-streaming `chat.completion` from chunks.
+
+The relay path never decodes content chunks (ARCHITECTURE D5): `SseSplitter` only
+finds event boundaries, and `is_usage_event` recognises vLLM's final usage chunk by
+its `"choices":[]` without a JSON parse.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+DONE_PAYLOAD = b"[DONE]"
+SSE_DONE = b"data: [DONE]\n\n"
+
+
+def sse_event(payload: bytes) -> bytes:
+    """Frame one SSE `data:` event."""
+    return b"data: " + payload + b"\n\n"
+
+
+def sse_json(obj: object) -> bytes:
+    return sse_event(json.dumps(obj, separators=(",", ":")).encode())
+
+
+class SseSplitter:
+    """Incremental SSE reader: feed bytes, get whole `data:` payloads back.
+
+    Handles `\\n\\n` and `\\r\\n\\r\\n` separators and events split across reads. Comment
+    lines (`: keep-alive`) and non-data fields are dropped. Bounded: an event larger
+    than `max_event_bytes` raises `ValueError` instead of growing without limit.
+    """
+
+    def __init__(self, max_event_bytes: int = 4 * 1024 * 1024) -> None:
+        self._buf = b""
+        self._max = max_event_bytes
+
+    def feed(self, data: bytes) -> list[bytes]:
+        self._buf += data
+        if b"\r" in self._buf:
+            self._buf = self._buf.replace(b"\r\n", b"\n")
+        events: list[bytes] = []
+        while True:
+            end = self._buf.find(b"\n\n")
+            if end < 0:
+                break
+            raw, self._buf = self._buf[:end], self._buf[end + 2 :]
+            lines = [ln[5:].lstrip(b" ") if ln.startswith(b"data:") else None for ln in raw.split(b"\n")]
+            data_lines = [ln for ln in lines if ln is not None]
+            if data_lines:
+                events.append(b"\n".join(data_lines))
+        if len(self._buf) > self._max:
+            raise ValueError(f"SSE event larger than {self._max} bytes")
+        return events
+
+
+def is_usage_event(payload: bytes) -> bool:
+    """vLLM's final usage chunk: `"choices":[]` together with `"usage"` (no JSON parse)."""
+    return b'"choices":[]' in payload and b'"usage"' in payload
+
+
+def is_error_event(payload: bytes) -> bool:
+    return payload.startswith(b'{"error"')
+
+
+@dataclass(frozen=True)
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+def parse_usage(payload: bytes) -> Usage | None:
+    """Usage of a usage chunk (or of any chunk/body carrying `usage`), else None."""
+    try:
+        obj = json.loads(payload)
+    except ValueError:
+        return None
+    usage = obj.get("usage") if isinstance(obj, dict) else None
+    if not isinstance(usage, dict):
+        return None
+    prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
+    if not isinstance(prompt, int) or not isinstance(completion, int):
+        return None
+    return Usage(prompt, completion)
+
+
+def error_body(message: str, type_: str, param: str | None = None, code: str | int | None = None) -> dict[str, Any]:
+    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+
+
+def assemble_completion(payloads: list[bytes]) -> dict[str, Any]:
+    """Fold streamed `chat.completion.chunk` payloads into one `chat.completion` body.
+
+    Used only for clients that asked for `stream: false`; the engine is always streamed
+    so that usage and cancellation work the same for both kinds of client.
+    """
+    base: dict[str, Any] = {}
+    choices: dict[int, dict[str, Any]] = {}
+    usage: dict[str, Any] | None = None
+    for payload in payloads:
+        if payload == DONE_PAYLOAD:
+            continue
+        chunk = json.loads(payload)
+        if "error" in chunk:
+            raise ValueError(chunk["error"].get("message", "upstream error"))
+        if not base:
+            base = {k: chunk[k] for k in ("id", "created", "model") if k in chunk}
+            if "system_fingerprint" in chunk:
+                base["system_fingerprint"] = chunk["system_fingerprint"]
+        if chunk.get("usage"):
+            usage = chunk["usage"]
+        for choice in chunk.get("choices") or []:
+            idx = choice.get("index", 0)
+            slot = choices.setdefault(
+                idx,
+                {"index": idx, "message": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None},
+            )
+            delta = choice.get("delta") or {}
+            if delta.get("content"):
+                slot["message"]["content"] += delta["content"]
+            if delta.get("tool_calls"):
+                slot["message"].setdefault("tool_calls", []).extend(delta["tool_calls"])
+            if choice.get("finish_reason") is not None:
+                slot["finish_reason"] = choice["finish_reason"]
+    body: dict[str, Any] = {"object": "chat.completion", **base, "choices": [choices[i] for i in sorted(choices)]}
+    if usage is not None:
+        body["usage"] = usage
+    return body

@@ -1,0 +1,193 @@
+"""The capacity plan of a stack: spec in, per-model and fleet numbers out.
+
+The planner CLI prints this; the Pulumi program renders vLLM flags, replica bounds and
+KEDA thresholds from it (ARCHITECTURE D8), so both always agree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from apps.core.errors import SpecError
+from apps.core.sizing import fleet, kv
+from apps.core.spec import ModelSpec, StackSpec, parse_spec
+
+
+@dataclass(frozen=True)
+class ModelPlan:
+    name: str
+    gpu_type: str
+    kv_bytes_per_token: int
+    weights_gib: float
+    gpus_per_replica: int
+    kv_budget_gib_per_replica: float
+    kv_blocks_per_replica: int
+    planning_context_tokens: int
+    max_model_len: int
+    streams_per_replica: int  # streams that fit in KV at the planning context
+    streams_target: int  # streams per replica the plan schedules (latency headroom)
+    max_num_seqs: int
+    peak_streams: int
+    replicas: int
+    min_replicas: int
+    max_replicas: int
+    gpus: int
+    output_tokens_per_s_per_replica: float
+    tokens_per_s_per_stream: float
+    cost_per_million_tokens_usd: dict[str, float]
+    queue: fleet.QueueBudget
+
+
+@dataclass(frozen=True)
+class FleetPlan:
+    stack: str
+    models: dict[str, ModelPlan]
+    gpus_peak: int
+    gpus_onprem: int
+    gpus_cloud: int
+    cost_per_hour_peak_usd: float
+    average_cloud_gpus: float
+    cost_per_month_usd: float
+    queue_limit_s: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "stack": self.stack,
+            "models": {name: asdict(m) for name, m in self.models.items()},
+            "fleet": {
+                "gpus_peak": self.gpus_peak,
+                "gpus_onprem": self.gpus_onprem,
+                "gpus_cloud": self.gpus_cloud,
+                "cost_per_hour_peak_usd": self.cost_per_hour_peak_usd,
+                "average_cloud_gpus": self.average_cloud_gpus,
+                "cost_per_month_usd": self.cost_per_month_usd,
+                "queue_limit_s": self.queue_limit_s,
+            },
+        }
+
+
+def plan_model(spec: StackSpec, name: str, model: ModelSpec) -> ModelPlan:
+    serving = model.serving
+    gpu = spec.gpu_types[serving.gpu_type]
+    sizing = spec.sizing
+    mem = gpu.memory_gib * kv.GIB
+    reserve = sizing.activation_reserve_gib_per_gpu * kv.GIB
+    per_token = kv.kv_bytes_per_token(
+        model.layers, model.kv_heads, model.head_dim, kv.dtype_bytes(model.kv_dtype, "kv_dtype")
+    )
+    weights = kv.weights_bytes(model.parameters_b * 1e9, model.weight_dtype)
+    kv.check_context(serving.max_model_len, model.max_context, "max_model_len")
+    min_kv = serving.streams_per_replica * kv.kv_bytes_for_context(per_token, serving.planning_context_tokens)
+    tp = serving.tensor_parallel_size or kv.tensor_parallel_size(
+        gpu_memory_bytes=mem,
+        gpu_memory_utilization=sizing.gpu_memory_utilization,
+        weights_bytes=weights,
+        activation_reserve_bytes_per_gpu=reserve,
+        min_kv_bytes=min_kv,
+    )
+    budget = kv.kv_budget_bytes(
+        gpu_memory_bytes=mem,
+        gpus=tp,
+        gpu_memory_utilization=sizing.gpu_memory_utilization,
+        weights_bytes=weights,
+        activation_reserve_bytes_per_gpu=reserve,
+    )
+    blocks = kv.kv_blocks(budget, per_token, sizing.block_size)
+    fit = kv.streams_that_fit(blocks, serving.planning_context_tokens, sizing.block_size)
+    if fit < serving.streams_per_replica:
+        raise SpecError(
+            f"models.{name}.serving.streams_per_replica: {serving.streams_per_replica} streams of "
+            f"{serving.planning_context_tokens} tokens do not fit in {budget / kv.GIB:.1f} GiB of KV cache "
+            f"on {tp} GPU(s) (only {fit})",
+            param=f"models.{name}.serving.streams_per_replica",
+        )
+    if blocks * sizing.block_size < serving.max_model_len:
+        raise SpecError(
+            f"models.{name}.serving.max_model_len: one {serving.max_model_len}-token sequence does not fit "
+            f"in the KV cache ({blocks * sizing.block_size} tokens)",
+            param=f"models.{name}.serving.max_model_len",
+        )
+    max_num_seqs = serving.max_num_seqs or max(kv.largest_power_of_two_at_most(fit), serving.streams_per_replica)
+    peak = spec.peak_streams.get(name, 0)
+    replicas = fleet.replicas_for_load(peak, serving.streams_per_replica, serving.headroom)
+    bounds = serving.replicas
+    if not bounds.min <= replicas <= bounds.max:
+        raise SpecError(
+            f"models.{name}.serving.replicas: the peak needs {replicas} replicas, outside [{bounds.min}, {bounds.max}]",
+            param=f"models.{name}.serving.replicas",
+        )
+    tps = serving.output_tokens_per_s_per_replica
+    cost_full = fleet.cost_per_million_tokens(tp, gpu.price_per_gpu_hour_usd, tps, 1.0)
+    cost_half = fleet.cost_per_million_tokens(tp, gpu.price_per_gpu_hour_usd, tps, 0.5)
+    per_stream = tps / serving.streams_per_replica
+    return ModelPlan(
+        name=name,
+        gpu_type=serving.gpu_type,
+        kv_bytes_per_token=per_token,
+        weights_gib=weights / kv.GIB,
+        gpus_per_replica=tp,
+        kv_budget_gib_per_replica=budget / kv.GIB,
+        kv_blocks_per_replica=blocks,
+        planning_context_tokens=serving.planning_context_tokens,
+        max_model_len=serving.max_model_len,
+        streams_per_replica=fit,
+        streams_target=serving.streams_per_replica,
+        max_num_seqs=max_num_seqs,
+        peak_streams=peak,
+        replicas=replicas,
+        min_replicas=bounds.min,
+        max_replicas=bounds.max,
+        gpus=replicas * tp,
+        output_tokens_per_s_per_replica=tps,
+        tokens_per_s_per_stream=per_stream,
+        cost_per_million_tokens_usd={"full": cost_full, "half": cost_half},
+        queue=fleet.queue_budget(
+            serving.mean_answer_tokens, per_stream, serving.streams_per_replica, spec.slo.queue_limit_s
+        ),
+    )
+
+
+def plan_fleet(spec: StackSpec) -> FleetPlan:
+    models = {name: plan_model(spec, name, model) for name, model in spec.models.items()}
+    totals = fleet.fleet_totals({n: m.gpus for n, m in models.items()}, spec.onprem_gpus)
+    # One cloud GPU price: the fleet is priced at the GPU type most models use.
+    prices = [spec.gpu_types[m.gpu_type].price_per_gpu_hour_usd for m in models.values()] or [0.0]
+    price = max(set(prices), key=prices.count)
+    return FleetPlan(
+        stack=spec.name,
+        models=models,
+        gpus_peak=totals.gpus_peak,
+        gpus_onprem=totals.gpus_onprem,
+        gpus_cloud=totals.gpus_cloud,
+        cost_per_hour_peak_usd=fleet.cost_per_hour(totals.gpus_cloud, price),
+        average_cloud_gpus=spec.cost.average_cloud_gpus,
+        cost_per_month_usd=fleet.cost_per_month(spec.cost.average_cloud_gpus, price, spec.cost.hours_per_month),
+        queue_limit_s=spec.slo.queue_limit_s,
+    )
+
+
+def with_overrides(
+    spec: StackSpec,
+    *,
+    peak_streams: dict[str, int] | None = None,
+    gpu_type: str | None = None,
+    context_tokens: int | None = None,
+) -> StackSpec:
+    """What-if variants of a spec without editing the file (validated like the file)."""
+    data = spec.model_dump()
+    if peak_streams:
+        for name in peak_streams:
+            if name not in spec.models:
+                raise SpecError(f"--streams: unknown model {name!r}", param="peak_streams")
+        data["peak_streams"] = {**data["peak_streams"], **peak_streams}
+    for model in data["models"].values():
+        if gpu_type is not None:
+            if gpu_type not in spec.gpu_types:
+                known = ", ".join(spec.gpu_types)
+                raise SpecError(f"--gpu-type: unknown GPU type {gpu_type!r} (known: {known})", param="gpu_type")
+            model["serving"]["gpu_type"] = gpu_type
+        if context_tokens is not None:
+            model["serving"]["planning_context_tokens"] = context_tokens
+            model["serving"]["max_model_len"] = max(model["serving"]["max_model_len"], context_tokens)
+    return parse_spec(data, f"{spec.name} (what-if)")

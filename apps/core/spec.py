@@ -1,0 +1,193 @@
+"""The per-stack platform spec (`stacks/<stack>.yaml`): one source for the planner,
+the infrastructure, the gateway's prices and the load generator.
+
+Loading fails with the file, the field path and the reason (`SpecError`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from apps.core.errors import SpecError
+from apps.core.sizing.kv import DTYPE_BYTES
+
+PositiveInt = Annotated[int, Field(gt=0)]
+NonNegInt = Annotated[int, Field(ge=0)]
+PositiveFloat = Annotated[float, Field(gt=0)]
+NonNegFloat = Annotated[float, Field(ge=0)]
+
+STACKS_DIR = Path(__file__).resolve().parents[2] / "stacks"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class GpuType(_Strict):
+    memory_gib: PositiveFloat
+    price_per_gpu_hour_usd: NonNegFloat
+    instance_family: str
+    gpus_per_instance: tuple[PositiveInt, ...] = (1,)
+
+
+class Prices(_Strict):
+    """Credits are integer microcredits; 1 credit = 1,000,000 microcredits."""
+
+    prompt_per_million_microcredits: NonNegInt
+    completion_per_million_microcredits: NonNegInt
+
+
+class ReplicaBounds(_Strict):
+    min: NonNegInt
+    max: PositiveInt
+
+    @model_validator(mode="after")
+    def _ordered(self) -> ReplicaBounds:
+        if self.min > self.max:
+            raise ValueError(f"min ({self.min}) must not exceed max ({self.max})")
+        return self
+
+
+class Serving(_Strict):
+    gpu_type: str
+    max_model_len: PositiveInt
+    planning_context_tokens: PositiveInt = 2048
+    streams_per_replica: PositiveInt
+    headroom: NonNegFloat = 0.0
+    tensor_parallel_size: PositiveInt | None = None
+    max_num_seqs: PositiveInt | None = None
+    replicas: ReplicaBounds
+    output_tokens_per_s_per_replica: PositiveFloat
+    mean_answer_tokens: PositiveInt = 400
+    default_max_tokens: PositiveInt = 1024
+    spot: bool = False
+    on_demand_min_replicas: NonNegInt = 0
+    office_hours_warm_replicas: NonNegInt = 0
+
+
+class ModelSpec(_Strict):
+    parameters_b: PositiveFloat
+    layers: PositiveInt
+    kv_heads: PositiveInt
+    head_dim: PositiveInt
+    weight_dtype: str = "bf16"
+    kv_dtype: str = "bf16"
+    max_context: PositiveInt
+    revision: str = "main"
+    prices: Prices
+    serving: Serving
+
+    @model_validator(mode="after")
+    def _dtypes_and_context(self) -> ModelSpec:
+        for name in ("weight_dtype", "kv_dtype"):
+            value = getattr(self, name)
+            if value.lower() not in DTYPE_BYTES:
+                raise ValueError(f"{name}: unknown dtype {value!r} (known: {', '.join(sorted(DTYPE_BYTES))})")
+        if self.serving.max_model_len > self.max_context:
+            raise ValueError(
+                f"serving.max_model_len {self.serving.max_model_len} is longer than the model allows "
+                f"({self.max_context})"
+            )
+        if self.serving.planning_context_tokens > self.serving.max_model_len:
+            raise ValueError("serving.planning_context_tokens must not exceed serving.max_model_len")
+        return self
+
+
+class OnPremServer(_Strict):
+    name: str
+    gpu_type: str
+    gpus: PositiveInt
+
+
+class SizingDefaults(_Strict):
+    gpu_memory_utilization: Annotated[float, Field(gt=0, le=1)] = 0.9
+    activation_reserve_gib_per_gpu: NonNegFloat = 2.0
+    block_size: PositiveInt = 16
+
+
+class CostInputs(_Strict):
+    average_cloud_gpus: NonNegFloat
+    hours_per_month: PositiveFloat = 730
+
+
+class Slo(_Strict):
+    ttft_p50_s: PositiveFloat = 1.0
+    ttft_p95_s: PositiveFloat = 3.0
+    tokens_per_s_per_stream: PositiveFloat = 20
+    queue_wait_p95_s: PositiveFloat = 5.0
+    queue_limit_s: PositiveFloat = 30.0
+
+
+class StackSpec(_Strict):
+    name: str
+    region: str = "us-east-1"
+    cluster_name: str = "inference"
+    kubernetes_version: str = "1.31"
+    gpu_types: dict[str, GpuType]
+    sizing: SizingDefaults = SizingDefaults()
+    models: dict[str, ModelSpec]
+    peak_streams: dict[str, NonNegInt]
+    onprem: tuple[OnPremServer, ...] = ()
+    cost: CostInputs
+    slo: Slo = Slo()
+
+    @model_validator(mode="after")
+    def _references(self) -> StackSpec:
+        for name, model in self.models.items():
+            if model.serving.gpu_type not in self.gpu_types:
+                raise ValueError(f"models.{name}.serving.gpu_type: unknown GPU type {model.serving.gpu_type!r}")
+        for name in self.peak_streams:
+            if name not in self.models:
+                raise ValueError(f"peak_streams.{name}: not a model of this stack")
+        for server in self.onprem:
+            if server.gpu_type not in self.gpu_types:
+                raise ValueError(f"onprem.{server.name}.gpu_type: unknown GPU type {server.gpu_type!r}")
+        return self
+
+    @property
+    def onprem_gpus(self) -> int:
+        return sum(s.gpus for s in self.onprem)
+
+
+def _field_path(loc: tuple[int | str, ...]) -> str:
+    return ".".join(str(part) for part in loc) or "<root>"
+
+
+def parse_spec(data: object, source: str = "<spec>") -> StackSpec:
+    """Validate a decoded spec; errors name the source, the field path and the reason."""
+    try:
+        return StackSpec.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        path = _field_path(tuple(first["loc"]))
+        reason = first["msg"].removeprefix("Value error, ")
+        more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+        raise SpecError(f"{source}: {path}: {reason}{more}", param=path) from None
+
+
+def resolve_stack_path(stack: str) -> Path:
+    """`prod` -> `stacks/prod.yaml`; anything with a slash or a .yaml suffix is a path."""
+    if "/" in stack or stack.endswith((".yaml", ".yml")):
+        return Path(stack)
+    return STACKS_DIR / f"{stack}.yaml"
+
+
+def load_spec(stack: str | Path) -> StackSpec:
+    path = resolve_stack_path(str(stack))
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise SpecError(f"{path}: cannot read stack spec: {exc.strerror}", param="stack") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise SpecError(f"{path}: not valid YAML: {exc}", param="stack") from None
+    return parse_spec(data, str(path))
+
+
+ModelName = str
+CapacityType = Literal["on-demand", "spot"]

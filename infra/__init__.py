@@ -1,0 +1,1 @@
+"""llmfleet infrastructure: the Pulumi program and pure Kubernetes manifest renderers."""

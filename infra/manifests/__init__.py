@@ -1,0 +1,1 @@
+"""Pure renderers: stack spec + sizing in, Kubernetes object dicts out."""

