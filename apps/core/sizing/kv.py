@@ -131,7 +131,9 @@ def kv_cache_usage_perc(used_blocks: int, num_blocks: int) -> float:
     if num_blocks < 2:
         raise SpecError(f"num_blocks must be at least 2, got {num_blocks}", param="num_blocks")
     if not 0 <= used_blocks <= num_blocks - 1:
-        raise SpecError(f"used_blocks must be in [0, {num_blocks - 1}], got {used_blocks}", param="used_blocks")
+        raise SpecError(
+            f"used_blocks must be in [0, {num_blocks - 1}], got {used_blocks}", param="used_blocks"
+        )
     return used_blocks / (num_blocks - 1)
 
 

@@ -37,6 +37,7 @@ class ModelPlan:
     tokens_per_s_per_stream: float
     cost_per_million_tokens_usd: dict[str, float]
     queue: fleet.QueueBudget
+    warnings: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,11 @@ class FleetPlan:
     cost_per_month_usd: float
     queue_limit_s: float
 
+    @property
+    def warnings(self) -> list[str]:
+        """Plan problems that are not input errors (the peak needs more replicas than the bounds allow)."""
+        return [w for m in self.models.values() for w in m.warnings]
+
     def to_json(self) -> dict[str, Any]:
         return {
             "stack": self.stack,
@@ -64,6 +70,7 @@ class FleetPlan:
                 "cost_per_month_usd": self.cost_per_month_usd,
                 "queue_limit_s": self.queue_limit_s,
             },
+            "warnings": self.warnings,
         }
 
 
@@ -108,14 +115,17 @@ def plan_model(spec: StackSpec, name: str, model: ModelSpec) -> ModelPlan:
             f"in the KV cache ({blocks * sizing.block_size} tokens)",
             param=f"models.{name}.serving.max_model_len",
         )
-    max_num_seqs = serving.max_num_seqs or max(kv.largest_power_of_two_at_most(fit), serving.streams_per_replica)
+    max_num_seqs = serving.max_num_seqs or max(
+        kv.largest_power_of_two_at_most(fit), serving.streams_per_replica
+    )
     peak = spec.peak_streams.get(name, 0)
     replicas = fleet.replicas_for_load(peak, serving.streams_per_replica, serving.headroom)
     bounds = serving.replicas
+    warnings = []
     if not bounds.min <= replicas <= bounds.max:
-        raise SpecError(
-            f"models.{name}.serving.replicas: the peak needs {replicas} replicas, outside [{bounds.min}, {bounds.max}]",
-            param=f"models.{name}.serving.replicas",
+        warnings.append(
+            f"models.{name}.serving.replicas: the peak needs {replicas} replicas, "
+            f"outside [{bounds.min}, {bounds.max}]"
         )
     tps = serving.output_tokens_per_s_per_replica
     cost_full = fleet.cost_per_million_tokens(tp, gpu.price_per_gpu_hour_usd, tps, 1.0)
@@ -145,6 +155,7 @@ def plan_model(spec: StackSpec, name: str, model: ModelSpec) -> ModelPlan:
         queue=fleet.queue_budget(
             serving.mean_answer_tokens, per_stream, serving.streams_per_replica, spec.slo.queue_limit_s
         ),
+        warnings=tuple(warnings),
     )
 
 
@@ -162,7 +173,9 @@ def plan_fleet(spec: StackSpec) -> FleetPlan:
         gpus_cloud=totals.gpus_cloud,
         cost_per_hour_peak_usd=fleet.cost_per_hour(totals.gpus_cloud, price),
         average_cloud_gpus=spec.cost.average_cloud_gpus,
-        cost_per_month_usd=fleet.cost_per_month(spec.cost.average_cloud_gpus, price, spec.cost.hours_per_month),
+        cost_per_month_usd=fleet.cost_per_month(
+            spec.cost.average_cloud_gpus, price, spec.cost.hours_per_month
+        ),
         queue_limit_s=spec.slo.queue_limit_s,
     )
 
@@ -185,7 +198,9 @@ def with_overrides(
         if gpu_type is not None:
             if gpu_type not in spec.gpu_types:
                 known = ", ".join(spec.gpu_types)
-                raise SpecError(f"--gpu-type: unknown GPU type {gpu_type!r} (known: {known})", param="gpu_type")
+                raise SpecError(
+                    f"--gpu-type: unknown GPU type {gpu_type!r} (known: {known})", param="gpu_type"
+                )
             model["serving"]["gpu_type"] = gpu_type
         if context_tokens is not None:
             model["serving"]["planning_context_tokens"] = context_tokens
