@@ -105,12 +105,19 @@ def test_second_worked_example() -> None:
 
 
 def test_tensor_parallel_is_smallest_power_of_two_that_fits() -> None:
-    common = {"gpu_memory_bytes": L40S, "gpu_memory_utilization": 0.9, "activation_reserve_bytes_per_gpu": 2 * GIB}
+    common = {
+        "gpu_memory_bytes": L40S,
+        "gpu_memory_utilization": 0.9,
+        "activation_reserve_bytes_per_gpu": 2 * GIB,
+    }
     per_token_32b = kv.kv_bytes_per_token(64, 8, 128, 2)
     assert kv.tensor_parallel_size(weights_bytes=64e9, min_kv_bytes=16 * 2048 * per_token_32b, **common) == 2
     per_token_70b = kv.kv_bytes_per_token(80, 8, 128, 2)
     weights_70b = kv.weights_bytes(70.6e9, "fp8")
-    assert kv.tensor_parallel_size(weights_bytes=weights_70b, min_kv_bytes=8 * 8192 * per_token_70b, **common) == 4
+    assert (
+        kv.tensor_parallel_size(weights_bytes=weights_70b, min_kv_bytes=8 * 8192 * per_token_70b, **common)
+        == 4
+    )
     assert kv.tensor_parallel_size(weights_bytes=15 * GIB, min_kv_bytes=8 * GIB, **common) == 1
 
 

@@ -13,14 +13,22 @@ from apps.core.sizing.kv import GIB
 def test_zero_memory_names_the_field() -> None:
     with pytest.raises(ValueError, match="gpu_memory"):
         kv.kv_budget_bytes(
-            gpu_memory_bytes=0, gpus=1, gpu_memory_utilization=0.9, weights_bytes=1, activation_reserve_bytes_per_gpu=0
+            gpu_memory_bytes=0,
+            gpus=1,
+            gpu_memory_utilization=0.9,
+            weights_bytes=1,
+            activation_reserve_bytes_per_gpu=0,
         )
 
 
 def test_negative_memory_is_refused() -> None:
     with pytest.raises(SpecError, match="gpu_memory"):
         kv.kv_budget_bytes(
-            gpu_memory_bytes=-1, gpus=1, gpu_memory_utilization=0.9, weights_bytes=1, activation_reserve_bytes_per_gpu=0
+            gpu_memory_bytes=-1,
+            gpus=1,
+            gpu_memory_utilization=0.9,
+            weights_bytes=1,
+            activation_reserve_bytes_per_gpu=0,
         )
 
 

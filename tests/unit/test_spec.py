@@ -44,7 +44,9 @@ def test_missing_field_names_file_and_path(tmp_path: Path) -> None:
 def test_mistyped_field() -> None:
     data = _prod_data()
     data["models"]["llama-3.1-8b-instruct"]["kv_heads"] = "eight"  # type: ignore[index]
-    with pytest.raises(SpecError, match=r"models\.llama-3\.1-8b-instruct\.kv_heads: Input should be a valid integer"):
+    with pytest.raises(
+        SpecError, match=r"models\.llama-3\.1-8b-instruct\.kv_heads: Input should be a valid integer"
+    ):
         parse_spec(data, "x.yaml")
 
 

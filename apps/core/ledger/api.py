@@ -63,7 +63,7 @@ class Ledger(Protocol):
         estimated_prompt_tokens: int,
         max_tokens: int,
     ) -> Reservation:
-        """Insert a `reserved` row; raises `InsufficientBalance` (402) if balance - open reservations < estimate."""
+        """Insert a `reserved` row; `InsufficientBalance` (402) if balance - open reservations < estimate."""
         ...
 
     async def settle(self, request_id: str, prompt_tokens: int, completion_tokens: int) -> SettleResult:

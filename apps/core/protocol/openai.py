@@ -90,7 +90,9 @@ def parse_usage(payload: bytes) -> Usage | None:
     return Usage(prompt, completion)
 
 
-def error_body(message: str, type_: str, param: str | None = None, code: str | int | None = None) -> dict[str, Any]:
+def error_body(
+    message: str, type_: str, param: str | None = None, code: str | int | None = None
+) -> dict[str, Any]:
     return {"error": {"message": message, "type": type_, "param": param, "code": code}}
 
 
@@ -119,7 +121,12 @@ def assemble_completion(payloads: list[bytes]) -> dict[str, Any]:
             idx = choice.get("index", 0)
             slot = choices.setdefault(
                 idx,
-                {"index": idx, "message": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None},
+                {
+                    "index": idx,
+                    "message": {"role": "assistant", "content": ""},
+                    "logprobs": None,
+                    "finish_reason": None,
+                },
             )
             delta = choice.get("delta") or {}
             if delta.get("content"):
@@ -128,7 +135,11 @@ def assemble_completion(payloads: list[bytes]) -> dict[str, Any]:
                 slot["message"].setdefault("tool_calls", []).extend(delta["tool_calls"])
             if choice.get("finish_reason") is not None:
                 slot["finish_reason"] = choice["finish_reason"]
-    body: dict[str, Any] = {"object": "chat.completion", **base, "choices": [choices[i] for i in sorted(choices)]}
+    body: dict[str, Any] = {
+        "object": "chat.completion",
+        **base,
+        "choices": [choices[i] for i in sorted(choices)],
+    }
     if usage is not None:
         body["usage"] = usage
     return body
