@@ -1,0 +1,136 @@
+"""One WebSocket connection to the orchestrator: the register handshake and the writer.
+
+One reader (in `agent.py`) and one writer per connection; every frame to the
+orchestrator goes through a bounded queue, so a slow link pushes back on the relays
+instead of buffering without limit. When the connection ends, `close()` releases
+every sender that waits on a full queue (its frame is dropped: chunks of a dead
+connection are useless, dones are in the journal and replayed on the next one).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import aiohttp
+from pydantic import ValidationError
+
+from apps.core.protocol import node as proto
+
+log = logging.getLogger("llmfleet.agent.connection")
+
+
+class RegistrationFailed(Exception):
+    """The orchestrator did not accept our `register` (refusal, close code, or no answer)."""
+
+    def __init__(
+        self, reason: str, retry_after_s: float | None = None, close_code: int | None = None
+    ) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.retry_after_s = retry_after_s
+        self.close_code = close_code
+
+
+class ConnectionLost(Exception):
+    def __init__(self, close_code: int | None, reason: str = "") -> None:
+        super().__init__(f"connection lost (close code {close_code}) {reason}".strip())
+        self.close_code = close_code
+
+
+_CLOSE_REASONS = {
+    proto.CLOSE_UNSUPPORTED_VERSION: "protocol version not supported by the orchestrator",
+    proto.CLOSE_AUTH_FAILED: "node token rejected",
+    proto.CLOSE_REVOKED: "node token revoked",
+    proto.CLOSE_REGISTRATION_REFUSED: "registration rate limited",
+    proto.CLOSE_SUPERSEDED: "the same node_id registered elsewhere",
+    proto.CLOSE_PROTOCOL_ERROR: "protocol error",
+}
+
+
+def close_reason(code: int | None) -> str:
+    return _CLOSE_REASONS.get(code or 0, f"closed by the orchestrator (code {code})")
+
+
+async def register(
+    ws: aiohttp.ClientWebSocketResponse, frame: proto.Register, timeout_s: float
+) -> proto.RegisterAck:
+    """Send `register` and wait for `register_ack`; anything else raises `RegistrationFailed`."""
+    await ws.send_str(proto.encode(frame))
+    try:
+        msg = await ws.receive(timeout=timeout_s)
+    except TimeoutError as exc:
+        raise RegistrationFailed(f"no register_ack within {timeout_s:g} s") from exc
+    if msg.type == aiohttp.WSMsgType.TEXT:
+        try:
+            answer = proto.decode_server_frame(msg.data)
+        except ValidationError as exc:
+            raise RegistrationFailed("unreadable answer to register") from exc
+        if isinstance(answer, proto.RegisterAck):
+            return answer
+        if isinstance(answer, proto.RegisterRefused):
+            raise RegistrationFailed(answer.reason, answer.retry_after_s)
+        raise RegistrationFailed(f"unexpected {answer.type} before register_ack")
+    code = ws.close_code if msg.type != aiohttp.WSMsgType.CLOSE else int(msg.data)
+    retry_after = None
+    if msg.type == aiohttp.WSMsgType.CLOSE and isinstance(msg.extra, str):
+        # A server may put the hint in the close reason ("retry_after_s=2.5").
+        key = "retry_after_s="
+        if msg.extra.startswith(key):
+            try:
+                retry_after = float(msg.extra[len(key) :])
+            except ValueError:
+                retry_after = None
+    raise RegistrationFailed(close_reason(code), retry_after, close_code=code)
+
+
+class Connection:
+    def __init__(self, ws: aiohttp.ClientWebSocketResponse, queue_size: int) -> None:
+        self.ws = ws
+        self._queue: asyncio.Queue[str] = asyncio.Queue(maxsize=queue_size)
+        self._closed = asyncio.Event()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed.is_set()
+
+    async def send(self, frame: proto._Frame) -> bool:
+        """Queue one frame; False if the connection is gone (the frame is dropped)."""
+        if self._closed.is_set():
+            return False
+        text = proto.encode(frame)
+        try:
+            self._queue.put_nowait(text)
+            return True
+        except asyncio.QueueFull:
+            pass
+        # Slow path, only under backpressure: wait for room or for the end of the connection.
+        put = asyncio.ensure_future(self._queue.put(text))
+        gone = asyncio.ensure_future(self._closed.wait())
+        try:
+            await asyncio.wait({put, gone}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            put.cancel()
+            gone.cancel()
+        return put.done() and not put.cancelled() and put.exception() is None
+
+    async def flush(self, timeout_s: float) -> None:
+        """Wait (bounded) until the writer has sent everything queued so far."""
+        try:
+            async with asyncio.timeout(timeout_s):
+                await self._queue.join()
+        except TimeoutError:
+            log.warning("send queue not flushed in time", extra={"queued": self._queue.qsize()})
+
+    async def writer(self) -> None:
+        while True:
+            text = await self._queue.get()
+            try:
+                await self.ws.send_str(text)
+            except (ConnectionError, aiohttp.ClientError) as exc:
+                raise ConnectionLost(self.ws.close_code, "send failed") from exc
+            finally:
+                self._queue.task_done()
+
+    def close(self) -> None:
+        self._closed.set()

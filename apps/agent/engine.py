@@ -1,0 +1,141 @@
+"""HTTP client of the local engine (vLLM or enginesim on localhost, ARCHITECTURE D7).
+
+Owns the engine's non-streaming endpoints the agent needs: `/health` (readiness before
+registering), `/v1/models` (`max_model_len`), `/metrics` (heartbeat load), and
+`POST /tokenize` (exact prompt tokens after an abort, the one exception to D5, see
+`relay.py`). Streaming requests are opened by `relay.py` through `stream()`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
+
+log = logging.getLogger("llmfleet.agent.engine")
+
+CHAT_PATH = "/v1/chat/completions"
+
+
+@dataclass(frozen=True)
+class EngineLoad:
+    queue_depth: int
+    kv_cache_usage: float
+    running: int
+
+
+def parse_engine_metrics(text: str) -> EngineLoad | None:
+    """Queue depth and KV use from vLLM's Prometheus text.
+
+    Sums `vllm:num_requests_waiting` / `running` over engines (data parallelism gives one
+    series per engine) and takes the highest KV use. Accepts the pre-0.9.2 name
+    `vllm:gpu_cache_usage_perc` when `vllm:kv_cache_usage_perc` is absent. Returns None
+    when the page has no vLLM load metrics at all (e.g. `--disable-log-stats`).
+    """
+    waiting: float | None = None
+    running = 0.0
+    kv_new: float | None = None
+    kv_old: float | None = None
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "vllm:num_requests_waiting":
+                waiting = (waiting or 0.0) + sample.value
+            elif sample.name == "vllm:num_requests_running":
+                running += sample.value
+            elif sample.name == "vllm:kv_cache_usage_perc":
+                kv_new = max(kv_new or 0.0, sample.value)
+            elif sample.name == "vllm:gpu_cache_usage_perc":
+                kv_old = max(kv_old or 0.0, sample.value)
+    kv = kv_new if kv_new is not None else kv_old
+    if waiting is None and kv is None:
+        return None
+    return EngineLoad(
+        queue_depth=max(0, int(waiting or 0)),
+        kv_cache_usage=min(1.0, max(0.0, kv or 0.0)),
+        running=max(0, int(running)),
+    )
+
+
+def tokenize_body(chat_body: dict[str, Any]) -> dict[str, Any]:
+    """The chat form of vLLM's `/tokenize` for a chat request: the same template, so the
+    count equals the `prompt_tokens` the engine would have reported."""
+    body: dict[str, Any] = {"messages": chat_body.get("messages", []), "add_generation_prompt": True}
+    for key in ("model", "tools", "chat_template", "chat_template_kwargs", "continue_final_message"):
+        if key in chat_body:
+            body[key] = chat_body[key]
+    if chat_body.get("continue_final_message"):
+        body["add_generation_prompt"] = False
+    return body
+
+
+class EngineClient:
+    def __init__(self, session: aiohttp.ClientSession, base_url: str, probe_timeout_s: float) -> None:
+        self._session = session
+        self._base = base_url.rstrip("/")
+        self._probe_timeout = aiohttp.ClientTimeout(total=probe_timeout_s)
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        return self._session
+
+    def url(self, path: str) -> str:
+        return self._base + path
+
+    async def healthy(self) -> bool:
+        try:
+            async with self._session.get(self.url("/health"), timeout=self._probe_timeout) as resp:
+                return resp.status == 200
+        except (aiohttp.ClientError, TimeoutError):
+            return False
+
+    async def max_model_len(self, model: str) -> int | None:
+        try:
+            async with self._session.get(self.url("/v1/models"), timeout=self._probe_timeout) as resp:
+                if resp.status != 200:
+                    return None
+                data = await resp.json()
+        except (aiohttp.ClientError, TimeoutError, ValueError):
+            return None
+        raw_cards = data.get("data") if isinstance(data, dict) else None
+        cards: list[Any] = raw_cards if isinstance(raw_cards, list) else []
+        for card in cards:
+            if (
+                isinstance(card, dict)
+                and isinstance(card.get("max_model_len"), int)
+                and (card.get("id") == model or len(cards) == 1)
+            ):
+                return int(card["max_model_len"])
+        return None
+
+    async def load(self) -> EngineLoad | None:
+        try:
+            async with self._session.get(self.url("/metrics"), timeout=self._probe_timeout) as resp:
+                if resp.status != 200:
+                    return None
+                text = await resp.text()
+        except (aiohttp.ClientError, TimeoutError, UnicodeDecodeError):
+            return None
+        try:
+            return parse_engine_metrics(text)
+        except ValueError:
+            log.warning("engine /metrics is not Prometheus text")
+            return None
+
+    async def prompt_tokens(self, chat_body: dict[str, Any]) -> int | None:
+        """Exact prompt tokens from `POST /tokenize` (chat form), or None if the engine
+        cannot answer (e.g. it died, which is why the stream broke)."""
+        try:
+            async with self._session.post(
+                self.url("/tokenize"), json=tokenize_body(chat_body), timeout=self._probe_timeout
+            ) as resp:
+                if resp.status != 200:
+                    return None
+                data = json.loads(await resp.read())
+        except (aiohttp.ClientError, TimeoutError, ValueError):
+            return None
+        count = data.get("count") if isinstance(data, dict) else None
+        return count if isinstance(count, int) and count >= 0 else None

@@ -1,0 +1,272 @@
+"""Running one `assign` against the engine: stream, forward, and report usage.
+
+Owns the life of one request on this node:
+
+* The body goes to the engine's `/v1/chat/completions` with `stream: true` and
+  `stream_options.include_usage: true` forced (the measured erratum of
+  vllm-behaviour.md: `{}` gives no usage on 0.32).
+* SSE events are forwarded as `chunk` frames, each the engine's `data: ...\\n\\n` bytes
+  as text. Events that arrive in one socket read are coalesced into one frame (no timer,
+  so coalescing adds no latency). The usage chunk and `[DONE]` are not forwarded; the
+  usage goes into `done` (and its raw payload into `done.usage_event`).
+* Outcomes: `done` with the engine's usage; `done` with `finish_reason: "abort"` after a
+  cancel; `error` with `chunks_sent: 0` (nothing forwarded: a retry elsewhere is safe)
+  or `chunks_sent > 0` with the usage so far.
+
+Exception to D5 (documented in docs/agent.md): after an abort or a mid-stream failure
+the engine sends no usage, so completion tokens are counted as content chunks (vLLM
+sends one chunk per token, real-vllm-on-cpu.md §4.2; the role chunk carries none) and
+prompt tokens come from the engine's `POST /tokenize` with the same messages. An abort
+before the first chunk bills nothing: the engine had not finished prefill.
+
+Phases have deadlines: response headers and first event within
+`first_byte_timeout_s`, then at most `idle_timeout_s` between two reads. One
+`asyncio.timeout` scope carries both the deadlines and the abort: `abort()` reschedules
+it to now, so a cancel interrupts any await without swallowing a real cancellation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import aiohttp
+
+from apps.agent import errors
+from apps.agent.engine import CHAT_PATH, EngineClient
+from apps.core.protocol.node import Assign, Chunk, Done, Error
+from apps.core.protocol.openai import (
+    DONE_PAYLOAD,
+    SseSplitter,
+    is_error_event,
+    is_usage_event,
+    parse_usage,
+    sse_event,
+)
+
+log = logging.getLogger("llmfleet.agent.relay")
+
+_ROLE_MARK = b'"delta":{"role"'
+_FINISH_MARK = b'"finish_reason":"'
+_MAX_ERROR_BODY = 64 * 1024
+
+
+class ChunkSink(Protocol):
+    async def send_chunk(self, frame: Chunk) -> None:
+        """Queue a chunk frame for the orchestrator (may wait: the send queue is bounded)."""
+        ...
+
+
+class Outcome(enum.Enum):
+    COMPLETED = "completed"  # done with the engine's usage
+    ABORTED = "aborted"  # done with finish_reason abort (cancel, connection lost, drain deadline)
+    FAILED = "failed"  # error frame
+
+
+@dataclass(frozen=True)
+class RelayTimeouts:
+    connect_s: float = 5.0
+    first_byte_s: float = 600.0
+    idle_s: float = 60.0
+
+
+def engine_body(assign: Assign) -> dict[str, Any]:
+    """The body as the engine gets it: streaming with usage forced on."""
+    body = dict(assign.body)
+    body["model"] = assign.model
+    body["stream"] = True
+    options = body.get("stream_options")
+    options = dict(options) if isinstance(options, dict) else {}
+    options["include_usage"] = True
+    body["stream_options"] = options
+    return body
+
+
+def _finish_reason(payload: bytes) -> str | None:
+    at = payload.find(_FINISH_MARK)
+    if at < 0:
+        return None
+    start = at + len(_FINISH_MARK)
+    end = payload.find(b'"', start)
+    return payload[start:end].decode() if end > start else None
+
+
+class Relay:
+    def __init__(
+        self, assign: Assign, engine: EngineClient, sink: ChunkSink, timeouts: RelayTimeouts
+    ) -> None:
+        self.assign = assign
+        self._engine = engine
+        self._sink = sink
+        self._timeouts = timeouts
+        self._body = engine_body(assign)
+        self._scope: asyncio.Timeout | None = None
+        self._abort_reason: str | None = None
+        self._deadline_phase = "response headers"
+        # What has happened so far, for partial usage.
+        self.events_sent = 0  # SSE events forwarded (role chunk included)
+        self.tokens = 0  # content chunks = completion tokens
+        self.finish_reason: str | None = None
+        self.outcome: Outcome | None = None
+
+    @property
+    def request_id(self) -> str:
+        return self.assign.request_id
+
+    def abort(self, reason: str) -> None:
+        """Stop the request: close the upstream connection (vLLM aborts on disconnect)."""
+        if self._abort_reason is not None:
+            return
+        self._abort_reason = reason
+        scope = self._scope
+        if scope is not None and not scope.expired():
+            scope.reschedule(asyncio.get_running_loop().time())
+
+    async def run(self) -> Done | Error:
+        frame = await self._run()
+        if isinstance(frame, Error):
+            self.outcome = Outcome.FAILED
+        elif frame.finish_reason == "abort" and self._abort_reason is not None:
+            self.outcome = Outcome.ABORTED
+        else:
+            self.outcome = Outcome.COMPLETED
+        return frame
+
+    async def _run(self) -> Done | Error:
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout_at(loop.time() + self._timeouts.first_byte_s) as scope:
+                self._scope = scope
+                if self._abort_reason is not None:
+                    scope.reschedule(loop.time())
+                return await self._stream(scope)
+        except TimeoutError:
+            if self._abort_reason is not None:
+                return await self._aborted()
+            return await self._failed(
+                504, f"engine timed out waiting for {self._deadline_phase}", "server_error", None
+            )
+        except aiohttp.ClientConnectorError:
+            return await self._failed(503, "engine unreachable", "service_unavailable", None)
+        except (aiohttp.ClientError, ValueError) as exc:
+            # ClientPayloadError / ServerDisconnectedError: the engine died mid-response;
+            # ValueError: an SSE event over the size bound.
+            log.warning(
+                "engine stream broke", extra={"request_id": self.request_id, "error": type(exc).__name__}
+            )
+            return await self._failed(502, "engine closed the stream", "server_error", None)
+        finally:
+            self._scope = None
+
+    async def _stream(self, scope: asyncio.Timeout) -> Done | Error:
+        loop = asyncio.get_running_loop()
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=self._timeouts.connect_s)
+        async with self._engine.session.post(
+            self._engine.url(CHAT_PATH), json=self._body, timeout=timeout
+        ) as resp:
+            try:
+                if resp.status != 200:
+                    raw = await resp.content.read(_MAX_ERROR_BODY)
+                    err = errors.from_http(resp.status, raw)
+                    return await self._failed(err.status, err.message, err.error_type, err.param)
+                self._deadline_phase = "the first token"
+                return await self._read_events(resp, scope, loop)
+            finally:
+                # Never hand a half-read stream back to the pool: closing the socket is
+                # what makes vLLM abort the request.
+                if not resp.content.is_eof():
+                    resp.close()
+
+    async def _read_events(
+        self, resp: aiohttp.ClientResponse, scope: asyncio.Timeout, loop: asyncio.AbstractEventLoop
+    ) -> Done | Error:
+        splitter = SseSplitter()
+        usage_raw: bytes | None = None
+        saw_done = False
+        while True:
+            data = await resp.content.readany()
+            if not data:
+                break
+            if self._abort_reason is None:
+                self._deadline_phase = "the next token"
+                scope.reschedule(loop.time() + self._timeouts.idle_s)
+            out: list[bytes] = []
+            for payload in splitter.feed(data):
+                if payload == DONE_PAYLOAD:
+                    saw_done = True
+                elif is_usage_event(payload):
+                    usage_raw = payload
+                elif is_error_event(payload):
+                    if out:
+                        await self._forward(out)
+                    err = errors.from_stream_event(payload)
+                    return await self._failed(err.status, err.message, err.error_type, err.param)
+                else:
+                    out.append(sse_event(payload))
+                    if _ROLE_MARK not in payload:
+                        self.tokens += 1
+                    reason = _finish_reason(payload)
+                    if reason is not None:
+                        self.finish_reason = reason
+            if out:
+                await self._forward(out)
+            if saw_done:
+                break
+        if usage_raw is not None:
+            usage = parse_usage(usage_raw)
+            if usage is not None:
+                return Done(
+                    request_id=self.request_id,
+                    prompt_tokens=usage.prompt_tokens,
+                    completion_tokens=usage.completion_tokens,
+                    finish_reason=self.finish_reason,
+                    usage_event=usage_raw.decode(),
+                )
+        if saw_done:
+            # The engine ignored include_usage: bill what we can count (logged, should not happen).
+            log.warning("engine stream had no usage chunk", extra={"request_id": self.request_id})
+            return Done(
+                request_id=self.request_id,
+                prompt_tokens=await self._prompt_tokens(),
+                completion_tokens=self.tokens,
+                finish_reason=self.finish_reason,
+            )
+        return await self._failed(502, "engine closed the stream before it finished", "server_error", None)
+
+    async def _forward(self, events: list[bytes]) -> None:
+        self.events_sent += len(events)
+        await self._sink.send_chunk(Chunk(request_id=self.request_id, delta=b"".join(events).decode()))
+
+    async def _prompt_tokens(self) -> int:
+        if self.events_sent == 0:
+            return 0  # no first token: prefill never finished, nothing billable
+        count = await self._engine.prompt_tokens(self._body)
+        if count is None:
+            log.warning(
+                "prompt tokens unknown: engine /tokenize failed", extra={"request_id": self.request_id}
+            )
+            return 0
+        return count
+
+    async def _aborted(self) -> Done:
+        return Done(
+            request_id=self.request_id,
+            prompt_tokens=await self._prompt_tokens(),
+            completion_tokens=self.tokens,
+            finish_reason="abort",
+        )
+
+    async def _failed(self, status: int, message: str, error_type: str, param: str | None) -> Error:
+        return Error(
+            request_id=self.request_id,
+            status=status,
+            message=message,
+            error_type=error_type,
+            param=param,
+            chunks_sent=self.events_sent,
+            prompt_tokens=await self._prompt_tokens(),
+            completion_tokens=self.tokens,
+        )

@@ -1,0 +1,106 @@
+"""The requests running on this node: start them, abort them, report how they ended.
+
+Owns the in-flight table (`request_id` → `Relay`) and the order of reporting: a `done` is
+journaled (fsync) **before** it is sent, so a crash in between replays it later; an
+`error` is sent best-effort. Request tasks live in the agent-wide work TaskGroup, not in a
+connection's, so a request aborted by a lost connection still reports its `done`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Protocol
+
+from apps.agent.engine import EngineClient
+from apps.agent.health import AgentMetrics
+from apps.agent.journal import Journal
+from apps.agent.relay import Relay, RelayTimeouts
+from apps.core.protocol import node as proto
+
+log = logging.getLogger("llmfleet.agent.work")
+
+
+class Outlet(Protocol):
+    """Where frames go: the live connection, or nowhere while there is none."""
+
+    async def send_chunk(self, frame: proto.Chunk) -> None: ...
+
+    async def send_done(self, frame: proto.Done) -> None: ...
+
+    async def send_error(self, frame: proto.Error) -> None: ...
+
+
+class Work:
+    def __init__(
+        self,
+        engine: EngineClient,
+        timeouts: RelayTimeouts,
+        journal: Journal,
+        metrics: AgentMetrics,
+        outlet: Outlet,
+    ) -> None:
+        self._engine = engine
+        self._timeouts = timeouts
+        self._journal = journal
+        self._metrics = metrics
+        self._outlet = outlet
+        self._relays: dict[str, Relay] = {}
+        self.idle = asyncio.Event()  # set while nothing is in flight
+        self.idle.set()
+
+    def __len__(self) -> int:
+        return len(self._relays)
+
+    def __contains__(self, request_id: object) -> bool:
+        return request_id in self._relays
+
+    @property
+    def request_ids(self) -> list[str]:
+        return list(self._relays)
+
+    def start(self, group: asyncio.TaskGroup, assign: proto.Assign) -> None:
+        relay = Relay(assign, self._engine, self._outlet, self._timeouts)
+        self._relays[assign.request_id] = relay
+        self.idle.clear()
+        self._metrics.in_flight.set(len(self._relays))
+        group.create_task(self._run(relay), name=f"agent-request-{assign.request_id}")
+
+    def abort(self, request_id: str, reason: str) -> bool:
+        relay = self._relays.get(request_id)
+        if relay is None:
+            return False
+        relay.abort(reason)
+        return True
+
+    def abort_all(self, reason: str) -> None:
+        for relay in list(self._relays.values()):
+            relay.abort(reason)
+
+    async def _run(self, relay: Relay) -> None:
+        rid = relay.request_id
+        try:
+            try:
+                result = await relay.run()
+            except Exception:
+                log.exception("request failed inside the agent", extra={"request_id": rid})
+                result = proto.Error(
+                    request_id=rid,
+                    status=502,
+                    message="node agent failure",
+                    chunks_sent=relay.events_sent,
+                    completion_tokens=relay.tokens,
+                )
+            self._metrics.assignments.labels(relay.outcome.value if relay.outcome else "failed").inc()
+            if isinstance(result, proto.Done):
+                # Journal first (fsync), then send: a crash in between replays it later.
+                await asyncio.shield(self._journal.record_done(result))
+                self._metrics.journal_pending.set(len(self._journal.pending()))
+                await self._outlet.send_done(result)
+            else:
+                await self._outlet.send_error(result)
+        finally:
+            self._relays.pop(rid, None)
+            self._metrics.in_flight.set(len(self._relays))
+            if not self._relays:
+                self.idle.set()

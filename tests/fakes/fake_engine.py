@@ -1,0 +1,234 @@
+"""A tiny vLLM look-alike (aiohttp) for the agent's unit tests, until enginesim is ready.
+
+Speaks what the agent uses: streaming `/v1/chat/completions` (role chunk, one chunk per
+token, finish chunk, usage chunk only with `stream_options.include_usage`, `[DONE]`),
+`/metrics` (vllm:* gauges, old or new KV name), `POST /tokenize`, `/health`,
+`/v1/models`. Each request's behaviour comes from an `x_fake` object in its body (vLLM
+ignores unknown fields, so the agent forwards it untouched):
+
+    {"tokens": 5, "pace_s": 0, "prompt_tokens": 12,
+     "mode": "ok" | "http_error" | "stream_error" | "die" | "no_usage" | "infinite",
+     "status": 400, "shape": "nested" | "flat" | "unauthorized", "after": 0}
+
+Client disconnects are recorded in `aborted` (request ids, in order) with an event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+MODEL = "fake-8b"
+
+
+def _chunk(cid: str, model: str, delta: dict[str, Any], finish: str | None = None) -> bytes:
+    choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+    if "role" not in delta:
+        choice["token_ids"] = None
+    if finish is not None:
+        choice["stop_reason"] = None
+    obj = {
+        "id": cid,
+        "object": "chat.completion.chunk",
+        "created": 1730000000,
+        "model": model,
+        "choices": [choice],
+    }
+    return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
+
+
+def _error_body(shape: str, status: int, message: str) -> dict[str, Any]:
+    if shape == "flat":
+        return {
+            "object": "error",
+            "message": message,
+            "type": "BadRequestError",
+            "param": None,
+            "code": status,
+        }
+    if shape == "unauthorized":
+        return {"error": "Unauthorized"}
+    return {"error": {"message": message, "type": "BadRequestError", "param": "max_tokens", "code": status}}
+
+
+@dataclass
+class FakeEngine:
+    model: str = MODEL
+    healthy: bool = True
+    waiting: float = 0.0
+    running: float = 0.0
+    kv: float = 0.0
+    old_kv_name: bool = False
+    metrics_ok: bool = True
+    max_model_len: int = 4096
+    tokenize_count: int = 12
+    requests: list[dict[str, Any]] = field(default_factory=list)
+    tokenize_requests: list[dict[str, Any]] = field(default_factory=list)
+    aborted: list[str] = field(default_factory=list)
+    generated: dict[str, int] = field(default_factory=dict)  # request id -> tokens written
+    port: int = 0
+    _runner: web.AppRunner | None = None
+    _abort_event: asyncio.Event = field(default_factory=asyncio.Event)
+    _n: int = 0
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    async def start(self) -> str:
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", self._chat)
+        app.router.add_get("/metrics", self._metrics)
+        app.router.add_post("/tokenize", self._tokenize)
+        app.router.add_get("/health", self._health)
+        app.router.add_get("/v1/models", self._models)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", self.port))
+        self.port = sock.getsockname()[1]
+        site = web.SockSite(self._runner, sock)
+        await site.start()
+        return self.url
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    async def wait_aborted(self, count: int = 1, timeout: float = 5.0) -> list[str]:
+        async with asyncio.timeout(timeout):
+            while len(self.aborted) < count:
+                self._abort_event.clear()
+                await self._abort_event.wait()
+        return list(self.aborted)
+
+    # -- handlers -----------------------------------------------------------------------
+
+    async def _health(self, _: web.Request) -> web.Response:
+        return web.Response(status=200 if self.healthy else 503)
+
+    async def _models(self, _: web.Request) -> web.Response:
+        card = {"id": self.model, "object": "model", "owned_by": "vllm", "max_model_len": self.max_model_len}
+        return web.json_response({"object": "list", "data": [card]})
+
+    async def _tokenize(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        self.tokenize_requests.append(body)
+        if not self.healthy:
+            return web.Response(status=503)
+        return web.json_response(
+            {
+                "count": self.tokenize_count,
+                "max_model_len": self.max_model_len,
+                "tokens": [],
+                "token_strs": None,
+            }
+        )
+
+    async def _metrics(self, _: web.Request) -> web.Response:
+        if not self.metrics_ok:
+            return web.Response(status=500)
+        kv_name = "vllm:gpu_cache_usage_perc" if self.old_kv_name else "vllm:kv_cache_usage_perc"
+        labels = f'{{engine="0",model_name="{self.model}"}}'
+        text = (
+            "# HELP vllm:num_requests_running Number of requests in model execution batches.\n"
+            "# TYPE vllm:num_requests_running gauge\n"
+            f"vllm:num_requests_running{labels} {self.running}\n"
+            "# HELP vllm:num_requests_waiting Number of requests waiting to be processed.\n"
+            "# TYPE vllm:num_requests_waiting gauge\n"
+            f"vllm:num_requests_waiting{labels} {self.waiting}\n"
+            f"# HELP {kv_name} KV-cache usage. 1 means 100 percent usage.\n"
+            f"# TYPE {kv_name} gauge\n"
+            f"{kv_name}{labels} {self.kv}\n"
+        )
+        return web.Response(text=text, content_type="text/plain")
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        self.requests.append(body)
+        self._n += 1
+        rid = f"chatcmpl-fake-{self._n}"
+        fake: dict[str, Any] = body.get("x_fake") or {}
+        mode = fake.get("mode", "ok")
+        status = int(fake.get("status", 400))
+        if mode == "http_error":
+            shape = fake.get("shape", "nested")
+            return web.json_response(_error_body(shape, status, "bad max_tokens"), status=status)
+        tokens = int(fake.get("tokens", 5))
+        pace = float(fake.get("pace_s", 0.0))
+        after = int(fake.get("after", 0))
+        prompt_tokens = int(fake.get("prompt_tokens", 12))
+        opts = body.get("stream_options")
+        include_usage = isinstance(opts, dict) and opts.get("include_usage") is True and mode != "no_usage"
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8"})
+        await resp.prepare(request)
+        written = 0
+        try:
+            if mode == "stream_error" and after == 0:
+                err = json.dumps(
+                    {
+                        "error": {
+                            "message": "bad logprobs",
+                            "type": "BadRequestError",
+                            "param": None,
+                            "code": 400,
+                        }
+                    }
+                )
+                await resp.write(b"data: " + err.encode() + b"\n\n" + b"data: [DONE]\n\n")
+                return resp
+            await resp.write(_chunk(rid, self.model, {"role": "assistant", "content": ""}))
+            i = 0
+            while mode == "infinite" or i < tokens:
+                if mode in ("stream_error", "die") and i == after:
+                    break
+                if pace:
+                    await asyncio.sleep(pace)
+                last = mode != "infinite" and i == tokens - 1
+                await resp.write(_chunk(rid, self.model, {"content": f"t{i} "}, "length" if last else None))
+                written += 1
+                self.generated[rid] = written
+                i += 1
+            if mode == "die":
+                assert request.transport is not None
+                request.transport.abort()
+                return resp
+            if mode == "stream_error":
+                err = json.dumps(
+                    {
+                        "error": {
+                            "message": "EngineCore died",
+                            "type": "InternalServerError",
+                            "param": None,
+                            "code": 500,
+                        }
+                    }
+                )
+                await resp.write(b"data: " + err.encode() + b"\n\n" + b"data: [DONE]\n\n")
+                return resp
+            if include_usage:
+                usage = {
+                    "id": rid,
+                    "object": "chat.completion.chunk",
+                    "created": 1730000000,
+                    "model": self.model,
+                    "choices": [],
+                    "usage": {
+                        "prompt_tokens": prompt_tokens,
+                        "total_tokens": prompt_tokens + written,
+                        "completion_tokens": written,
+                    },
+                }
+                await resp.write(b"data: " + json.dumps(usage, separators=(",", ":")).encode() + b"\n\n")
+            await resp.write(b"data: [DONE]\n\n")
+            await resp.write_eof()
+        except (ConnectionError, asyncio.CancelledError):
+            self.aborted.append(rid)
+            self._abort_event.set()
+            raise
+        return resp

@@ -1,0 +1,107 @@
+"""Drain (frame or SIGTERM): no new work, in-flight finishes within a bound, `drained`,
+exit 0; readiness follows. A lost connection aborts in-flight work and journals it."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from pathlib import Path
+
+import aiohttp
+
+from apps.agent.deps import AgentDeps, AgentState
+from apps.agent.main import run_agent
+from apps.agent.telemetry import NoGpuProbe
+from apps.core.protocol import node as proto
+from tests.fakes.fake_engine import FakeEngine
+from tests.fakes.fake_orchestrator import FakeOrchestrator, agent_settings, running_agent
+
+
+async def _get(port: int, path: str) -> tuple[int, dict[str, object]]:
+    async with aiohttp.ClientSession() as s, s.get(f"http://127.0.0.1:{port}{path}") as resp:
+        return resp.status, await resp.json()
+
+
+async def test_drain_frame_finishes_in_flight_refuses_new_work_and_exits(tmp_path: Path) -> None:
+    async with running_agent(tmp_path, health_port=0) as run:
+        port = run.agent.health_port
+        assert port is not None
+        assert (await _get(port, "/readyz"))[0] == 200
+        await run.orch.send(run.assign("d1", {"tokens": 30, "pace_s": 0.01}))
+        await run.orch.wait_for(lambda _: "data: " in run.chunks("d1"))
+        await run.orch.send(proto.Drain(deadline_s=30))
+        await run.orch.wait_for(lambda _: any(h.draining for h in run.orch.of_type(proto.Heartbeat)))
+        status, body = await _get(port, "/readyz")
+        assert (status, body["state"]) == (503, "draining")
+        assert (await _get(port, "/livez"))[0] == 200  # draining is alive, not dead
+        await run.orch.send(run.assign("d2", {"tokens": 1}))
+        refused = await run.result("d2")
+        assert isinstance(refused, proto.Error)
+        assert (refused.status, refused.chunks_sent) == (503, 0)  # retryable elsewhere
+        done = await run.result("d1")
+        assert isinstance(done, proto.Done)
+        assert done.completion_tokens == 30
+        async with asyncio.timeout(10):
+            assert await run.task == 0
+        frames = [f for _, f in run.orch.frames]
+        assert isinstance(frames[-1], proto.Drained)
+        assert frames.index(done) < len(frames) - 1
+        assert run.agent.state is AgentState.STOPPED
+        assert [r["messages"] for r in run.engine.requests] == [[{"role": "user", "content": "hi"}]]
+
+
+async def test_drain_deadline_aborts_what_is_left(tmp_path: Path) -> None:
+    async with running_agent(tmp_path) as run:
+        await run.orch.send(run.assign("slow", {"mode": "infinite", "pace_s": 0.005}))
+        await run.orch.wait_for(lambda _: run.chunks("slow").count("data: ") >= 3)
+        await run.orch.send(proto.Drain(deadline_s=0.2))
+        done = await run.result("slow")
+        assert isinstance(done, proto.Done)
+        assert done.finish_reason == "abort"
+        assert done.completion_tokens == run.chunks("slow").count("data: ") - 1
+        async with asyncio.timeout(10):
+            assert await run.task == 0
+        assert isinstance(run.orch.frames[-1][1], proto.Drained)
+        assert await run.engine.wait_aborted(1)
+
+
+async def test_lost_connection_aborts_in_flight_and_replays_its_done(tmp_path: Path) -> None:
+    async with running_agent(tmp_path) as run:
+        await run.orch.send(run.assign("cut1", {"mode": "infinite", "pace_s": 0.005}))
+        await run.orch.wait_for(lambda _: run.chunks("cut1").count("data: ") >= 3)
+        await run.orch.cut()
+        assert await run.engine.wait_aborted(1)  # nobody to relay to: stop the GPU work
+        await run.orch.wait_for(lambda fs: any(c == 2 and isinstance(f, proto.Done) for c, f in fs))
+        (done,) = run.orch.of_type(proto.Done, conn=2)
+        assert isinstance(done, proto.Done)
+        assert done.finish_reason == "abort"
+        assert done.completion_tokens >= 2
+        assert run.orch.registrations[1].in_flight == []  # aborted before re-registering
+
+
+async def test_sigterm_drains_and_exits_zero(tmp_path: Path) -> None:
+    engine, orch = FakeEngine(), FakeOrchestrator()
+    await engine.start()
+    await orch.start()
+    try:
+        settings = agent_settings(orch, engine, tmp_path / "j.jsonl", drain_timeout_s=30)
+        task = asyncio.create_task(run_agent(settings, AgentDeps(gpu_probe=NoGpuProbe())))
+        await orch.wait_for(lambda _: bool(orch.of_type(proto.Heartbeat)))
+        await orch.send(
+            proto.Assign(request_id="s1", model=engine.model, body={"x_fake": {"tokens": 20, "pace_s": 0.01}})
+        )
+        await orch.wait_for(lambda _: bool(orch.of_type(proto.Chunk)))
+        os.kill(os.getpid(), signal.SIGTERM)
+        async with asyncio.timeout(10):
+            assert await task == 0
+        (done,) = orch.of_type(proto.Done)
+        assert isinstance(done, proto.Done)
+        assert done.completion_tokens == 20
+        drained = orch.of_type(proto.Drained)
+        assert drained == [proto.Drained(reason="sigterm")]
+    finally:
+        await orch.stop()
+        await engine.stop()
+    # the handler is gone again: a later SIGTERM would not reach a dead agent
+    assert signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, signal.default_int_handler, None)

@@ -1,0 +1,216 @@
+"""The agent relays assignments: chunks as engine bytes, done with the engine's usage,
+cancel → upstream closed and `done(abort)` with counted tokens, errors in every shape."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from apps.agent.engine import EngineClient
+from apps.agent.relay import Outcome, Relay, RelayTimeouts, engine_body
+from apps.core.protocol import node as proto
+from apps.core.protocol.openai import SseSplitter
+from tests.fakes.fake_engine import MODEL, FakeEngine
+from tests.fakes.fake_orchestrator import running_agent
+
+
+class ListSink:
+    def __init__(self) -> None:
+        self.frames: list[proto.Chunk] = []
+
+    async def send_chunk(self, frame: proto.Chunk) -> None:
+        self.frames.append(frame)
+
+    def events(self) -> list[bytes]:
+        return SseSplitter().feed("".join(f.delta for f in self.frames).encode())
+
+
+def _assign(fake: dict[str, Any] | None = None, **body: Any) -> proto.Assign:
+    payload: dict[str, Any] = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], **body}
+    if fake is not None:
+        payload["x_fake"] = fake
+    return proto.Assign(request_id="r1", model=MODEL, body=payload)
+
+
+async def _relay(
+    engine: FakeEngine, assign: proto.Assign, **timeouts: float
+) -> tuple[proto.Done | proto.Error, ListSink, Relay]:
+    sink = ListSink()
+    async with aiohttp.ClientSession() as session:
+        relay = Relay(assign, EngineClient(session, engine.url, 2.0), sink, RelayTimeouts(**timeouts))
+        frame = await relay.run()
+    return frame, sink, relay
+
+
+@pytest.fixture
+async def engine() -> Any:
+    eng = FakeEngine(tokenize_count=33)
+    await eng.start()
+    yield eng
+    await eng.stop()
+
+
+def test_engine_body_forces_streaming_and_usage() -> None:
+    body = engine_body(
+        _assign(stream=False, stream_options={"include_usage": False, "continuous_usage_stats": False})
+    )
+    assert body["stream"] is True
+    assert body["stream_options"] == {"include_usage": True, "continuous_usage_stats": False}
+    assert engine_body(_assign(stream_options={}))["stream_options"] == {"include_usage": True}
+    assert engine_body(_assign())["model"] == MODEL
+
+
+async def test_stream_forwards_engine_bytes_and_reports_usage(engine: FakeEngine) -> None:
+    frame, sink, relay = await _relay(engine, _assign({"tokens": 5, "prompt_tokens": 12}, stream=False))
+    assert isinstance(frame, proto.Done)
+    assert (frame.prompt_tokens, frame.completion_tokens, frame.finish_reason) == (12, 5, "length")
+    assert frame.usage_event is not None
+    assert json.loads(frame.usage_event)["usage"]["completion_tokens"] == 5
+    events = sink.events()
+    assert len(events) == 6  # role chunk + 5 tokens; usage chunk and [DONE] stripped
+    assert all(b'"choices":[]' not in e and e != b"[DONE]" for e in events)
+    assert b'"role":"assistant"' in events[0]
+    sent = engine.requests[0]
+    assert sent["stream"] is True
+    assert sent["stream_options"] == {"include_usage": True}
+    assert relay.outcome is Outcome.COMPLETED
+    assert engine.tokenize_requests == []  # D5: usage from the engine, no counting when it reports
+
+
+async def test_forwarded_bytes_are_the_engine_events_verbatim(engine: FakeEngine) -> None:
+    _, sink, _ = await _relay(engine, _assign({"tokens": 3}))
+    text = "".join(f.delta for f in sink.frames)
+    assert text.count("data: ") == 4
+    assert text.endswith("\n\n")
+    assert '"content":"t1 "' in text
+
+
+@pytest.mark.parametrize(
+    ("status", "shape", "want_status", "want_message"),
+    [
+        (400, "nested", 400, "bad max_tokens"),
+        (400, "flat", 400, "bad max_tokens"),
+        (404, "nested", 404, "bad max_tokens"),
+        (401, "unauthorized", 502, "the engine refused the node agent (check its --api-key)"),
+        (503, "nested", 503, "bad max_tokens"),
+        (500, "flat", 502, "bad max_tokens"),
+    ],
+)
+async def test_http_errors_in_every_vllm_shape(
+    engine: FakeEngine, status: int, shape: str, want_status: int, want_message: str
+) -> None:
+    frame, sink, _ = await _relay(engine, _assign({"mode": "http_error", "status": status, "shape": shape}))
+    assert isinstance(frame, proto.Error)
+    assert (frame.status, frame.message, frame.chunks_sent) == (want_status, want_message, 0)
+    assert (frame.prompt_tokens, frame.completion_tokens) == (0, 0)
+    assert sink.frames == []
+
+
+async def test_in_stream_error_before_any_chunk_is_retryable_information(engine: FakeEngine) -> None:
+    frame, sink, _ = await _relay(engine, _assign({"mode": "stream_error", "after": 0}))
+    assert isinstance(frame, proto.Error)
+    assert (frame.status, frame.chunks_sent, frame.message) == (400, 0, "bad logprobs")
+    assert sink.frames == []
+
+
+async def test_in_stream_error_mid_stream_reports_usage_so_far(engine: FakeEngine) -> None:
+    frame, _sink, relay = await _relay(engine, _assign({"mode": "stream_error", "after": 3}))
+    assert isinstance(frame, proto.Error)
+    assert frame.status == 502
+    assert frame.message == "EngineCore died"
+    assert frame.chunks_sent == 4  # role + 3 tokens reached the orchestrator
+    assert (frame.prompt_tokens, frame.completion_tokens) == (33, 3)  # /tokenize + counted chunks
+    assert engine.tokenize_requests[0]["messages"] == [{"role": "user", "content": "hi"}]
+    assert relay.outcome is Outcome.FAILED
+
+
+async def test_engine_dying_mid_stream_is_an_error_with_partial_usage(engine: FakeEngine) -> None:
+    frame, sink, _ = await _relay(engine, _assign({"mode": "die", "after": 2}))
+    assert isinstance(frame, proto.Error)
+    assert frame.status == 502
+    assert frame.chunks_sent == 3
+    assert (frame.prompt_tokens, frame.completion_tokens) == (33, 2)
+    assert len(sink.events()) == 3
+
+
+async def test_engine_unreachable_is_retryable() -> None:
+    dead = FakeEngine()
+    await dead.start()
+    await dead.stop()  # the port is now closed
+    frame, _sink, _ = await _relay(dead, _assign())
+    assert isinstance(frame, proto.Error)
+    assert (frame.status, frame.chunks_sent) == (503, 0)
+
+
+async def test_missing_usage_chunk_falls_back_to_counting(engine: FakeEngine) -> None:
+    frame, _, _ = await _relay(engine, _assign({"mode": "no_usage", "tokens": 4}))
+    assert isinstance(frame, proto.Done)
+    assert (frame.prompt_tokens, frame.completion_tokens, frame.usage_event) == (33, 4, None)
+
+
+async def test_idle_deadline_between_tokens(engine: FakeEngine) -> None:
+    frame, _, _ = await _relay(engine, _assign({"tokens": 3, "pace_s": 0.6}), idle_s=0.1, first_byte_s=5.0)
+    assert isinstance(frame, proto.Error)
+    assert frame.status == 504
+    assert "timed out" in frame.message
+    assert frame.chunks_sent == 1  # the role chunk came, then nothing
+    await engine.wait_aborted(1)  # the upstream connection was closed
+
+
+# -- through the whole agent (WebSocket + fake orchestrator) -------------------------
+
+
+async def test_assign_over_the_websocket(tmp_path: Path) -> None:
+    async with running_agent(tmp_path) as run:
+        await run.orch.send(run.assign("a1", {"tokens": 4}))
+        done = await run.result("a1")
+        assert isinstance(done, proto.Done)
+        assert (done.prompt_tokens, done.completion_tokens) == (12, 4)
+        assert run.chunks("a1").count("data: ") == 5
+        # the done frame comes after every chunk of its request
+        kinds = [type(f).__name__ for _, f in run.orch.frames if getattr(f, "request_id", None) == "a1"]
+        assert kinds[-1] == "Done"
+        assert set(kinds[:-1]) == {"Chunk"}
+
+
+async def test_cancel_closes_upstream_and_reports_tokens_so_far(tmp_path: Path) -> None:
+    engine = FakeEngine(tokenize_count=21)
+    async with running_agent(tmp_path, engine=engine) as run:
+        await run.orch.send(run.assign("c1", {"mode": "infinite", "pace_s": 0.005}))
+        await run.orch.wait_for(lambda _: run.chunks("c1").count("data: ") >= 4)
+        await run.orch.send(proto.Cancel(request_id="c1"))
+        done = await run.result("c1")
+        assert isinstance(done, proto.Done)
+        assert done.finish_reason == "abort"
+        assert done.usage_event is None
+        forwarded_tokens = run.chunks("c1").count("data: ") - 1  # minus the role chunk
+        assert done.completion_tokens == forwarded_tokens >= 3
+        assert done.prompt_tokens == 21
+        assert await engine.wait_aborted(1) == ["chatcmpl-fake-1"]
+        assert run.agent.in_flight == []
+
+
+async def test_wrong_model_and_unknown_cancel(tmp_path: Path) -> None:
+    async with running_agent(tmp_path) as run:
+        await run.orch.send(proto.Cancel(request_id="nobody"))
+        await run.orch.send(proto.Assign(request_id="m1", model="other-70b", body={"messages": []}))
+        err = await run.result("m1")
+        assert isinstance(err, proto.Error)
+        assert (err.status, err.chunks_sent) == (404, 0)
+        assert run.engine.requests == []
+
+
+async def test_runaway_assignments_are_refused_retryably(tmp_path: Path) -> None:
+    async with running_agent(tmp_path, max_in_flight=2) as run:
+        for rid in ("o1", "o2"):
+            await run.orch.send(run.assign(rid, {"mode": "infinite", "pace_s": 0.01}))
+        await run.orch.wait_for(lambda _: "data: " in run.chunks("o1") and "data: " in run.chunks("o2"))
+        await run.orch.send(run.assign("o3", {"tokens": 1}))
+        err = await run.result("o3")
+        assert isinstance(err, proto.Error)
+        assert (err.status, err.chunks_sent) == (503, 0)
+        assert len(run.engine.requests) == 2

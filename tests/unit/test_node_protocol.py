@@ -1,0 +1,92 @@
+"""Golden JSON of every frame of the orchestrator <-> agent protocol.
+
+Each fixture in tests/fixtures/protocol/ is the exact output of `encode`; decoding it
+with the right direction's decoder and encoding again gives the same bytes.
+"""
+
+from __future__ import annotations
+
+import typing
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from apps.core.protocol import node as proto
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "protocol"
+NODE_TYPES = {"register", "heartbeat", "chunk", "done", "error", "drained"}
+SERVER_TYPES = {"register_ack", "register_refused", "assign", "cancel", "load_model", "drain", "done_ack"}
+
+
+def _frame_classes(annotated: object) -> set[str]:
+    union = typing.get_args(annotated)[0]
+    return {cls.model_fields["type"].default for cls in typing.get_args(union)}
+
+
+def test_fixture_sets_match_the_protocol() -> None:
+    assert _frame_classes(proto.NodeFrame) == NODE_TYPES
+    assert _frame_classes(proto.ServerFrame) == SERVER_TYPES
+    types_with_fixture: set[str] = {proto.decode_node_frame(p.read_bytes()).type for p in _node_fixtures()}
+    types_with_fixture |= {proto.decode_server_frame(p.read_bytes()).type for p in _server_fixtures()}
+    assert types_with_fixture == NODE_TYPES | SERVER_TYPES
+
+
+def _node_fixtures() -> list[Path]:
+    return sorted(p for p in FIXTURES.glob("*.json") if _type_of(p) in NODE_TYPES)
+
+
+def _server_fixtures() -> list[Path]:
+    return sorted(p for p in FIXTURES.glob("*.json") if _type_of(p) in SERVER_TYPES)
+
+
+def _type_of(path: Path) -> str:
+    import json
+
+    return str(json.loads(path.read_bytes())["type"])
+
+
+@pytest.mark.parametrize("path", _node_fixtures(), ids=lambda p: p.stem)
+def test_node_frames_round_trip_byte_for_byte(path: Path) -> None:
+    raw = path.read_text()
+    frame = proto.decode_node_frame(raw)
+    assert proto.encode(frame) == raw
+
+
+@pytest.mark.parametrize("path", _server_fixtures(), ids=lambda p: p.stem)
+def test_server_frames_round_trip_byte_for_byte(path: Path) -> None:
+    raw = path.read_text()
+    frame = proto.decode_server_frame(raw)
+    assert proto.encode(frame) == raw
+
+
+def test_directions_are_not_mixed_up() -> None:
+    with pytest.raises(ValidationError):
+        proto.decode_server_frame((FIXTURES / "done.json").read_text())
+    with pytest.raises(ValidationError):
+        proto.decode_node_frame((FIXTURES / "assign.json").read_text())
+
+
+def test_unknown_fields_and_types_are_rejected() -> None:
+    with pytest.raises(ValidationError):
+        proto.decode_node_frame('{"type":"heartbeat","queue_depth":1,"kv_cache_usage":0.1,"bogus":1}')
+    with pytest.raises(ValidationError):
+        proto.decode_node_frame('{"type":"teleport","request_id":"x"}')
+    with pytest.raises(ValidationError):
+        proto.decode_node_frame('{"type":"heartbeat","queue_depth":1,"kv_cache_usage":1.5}')
+
+
+def test_chunk_delta_keeps_engine_bytes_exactly() -> None:
+    frame = proto.decode_node_frame((FIXTURES / "chunk.json").read_text())
+    assert isinstance(frame, proto.Chunk)
+    assert frame.delta.startswith("data: {")
+    assert frame.delta.endswith("}\n\n")
+    assert "\\u00e9" in frame.delta  # the engine's own escaping survives, not re-encoded
+
+
+def test_done_carries_the_raw_usage_event() -> None:
+    frame = proto.decode_node_frame((FIXTURES / "done.json").read_text())
+    assert isinstance(frame, proto.Done)
+    assert frame.usage_event is not None
+    assert '"choices":[]' in frame.usage_event
+    assert (frame.prompt_tokens, frame.completion_tokens) == (12, 5)
