@@ -1,1 +1,1 @@
-"""llmfleet loadgen."""
+"""loadgen: the measuring instrument. `run_load(LoadConfig) -> LoadReport` and `llmfleet loadgen`."""

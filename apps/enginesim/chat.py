@@ -1,0 +1,326 @@
+"""Chat-completion requests as vLLM 0.32 validates them, and the bodies it answers with.
+
+`plan_chat()` turns a decoded JSON body into a `ChatJob` (prompt tokens, the clamped output
+length of each choice, its finish reason and text) or raises `VllmError` with vLLM's status,
+`type`, message wording and `param` (`shared/reference/real-vllm-on-cpu.md` section 4, measured):
+pydantic-level problems are `type "Bad Request"` with `param "body.<field>"`; handler-level ones
+are `BadRequestError` with a ` (parameter=X, value=V)` suffix; an unknown model is a 404
+`NotFoundError`. A prompt longer than `max_model_len`, or `max_tokens` above it, is rejected;
+prompt plus `max_tokens` beyond it is clamped (`finish_reason: "length"`), as 0.32 does.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from apps.enginesim import textgen
+
+VLLM_VERSION = "0.32.0"
+
+
+class VllmError(Exception):
+    def __init__(self, status: int, type_: str, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.type = type_
+        self.message = message
+        self.param = param
+
+    def body(self) -> dict[str, Any]:
+        return {
+            "error": {"message": self.message, "type": self.type, "param": self.param, "code": self.status}
+        }
+
+
+def bad_request(message: str, param: str | None = None, value: object = None) -> VllmError:
+    suffix = ""
+    if param is not None:
+        suffix = f" (parameter={param}, value={value})" if value is not None else f" (parameter={param})"
+    return VllmError(400, "BadRequestError", message + suffix, param)
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    include_usage: bool | None = None
+    continuous_usage_stats: bool | None = False
+
+
+class ChatRequest(BaseModel):
+    """The fields enginesim acts on; unknown fields are accepted and ignored, as vLLM does."""
+
+    model_config = ConfigDict(extra="allow")
+    messages: list[dict[str, Any]]
+    model: str | None = None
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+    n: int | None = 1
+    seed: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    stop: str | list[str] | None = None
+    ignore_eos: bool = False
+
+
+def _validation_error(exc: ValidationError) -> VllmError:
+    errors = exc.errors(include_url=False)
+    lines = []
+    for err in errors:
+        loc = ".".join(str(p) for p in ("body", *err["loc"]))
+        lines.append(f"  {{'type': {err['type']!r}, 'loc': {loc!r}, 'msg': {err['msg']!r}}}")
+    first_loc = ".".join(str(p) for p in ("body", *errors[0]["loc"]))
+    n = len(errors)
+    message = f"{n} validation error{'s' if n > 1 else ''}:\n" + "\n".join(lines)
+    return VllmError(400, "Bad Request", message, first_loc)
+
+
+def parse_body(raw: bytes) -> Any:
+    try:
+        return json.loads(raw)
+    except ValueError as exc:
+        msg = (
+            "1 validation error:\n  {'type': 'json_invalid', 'loc': 'body.0', 'msg': 'JSON decode error', "
+            f"'ctx': {{'error': {str(exc).split(':')[0]!r}}}}}"
+        )
+        raise VllmError(400, "Bad Request", msg, "body.0") from None
+
+
+@dataclass
+class Choice:
+    index: int
+    words: list[str]  # content of each completion token, in order ("" for a hidden EOS)
+    target_tokens: int
+    finish_reason: str
+    stop_reason: str | None = None
+
+
+@dataclass
+class ChatJob:
+    request_id: str
+    model: str
+    created: int
+    prompt_tokens: int
+    stream: bool
+    include_usage: bool
+    choices: list[Choice] = field(default_factory=list)
+
+
+def plan_chat(
+    body: Any,
+    *,
+    served_model: str,
+    max_model_len: int,
+    mean_answer_tokens: int,
+    server_seed: int,
+) -> ChatJob:
+    if not isinstance(body, dict):
+        raise VllmError(
+            400,
+            "Bad Request",
+            "1 validation error:\n  {'type': 'model_attributes_type', 'loc': 'body', "
+            "'msg': 'Input should be a valid dictionary or object to extract fields from'}",
+            "body",
+        )
+    try:
+        req = ChatRequest.model_validate(body)
+    except ValidationError as exc:
+        raise _validation_error(exc) from None
+    if req.model not in (None, "", served_model):
+        raise VllmError(
+            404,
+            "NotFoundError",
+            f"The model `{req.model}` does not exist. Valid aliases: {served_model}.",
+            "model",
+        )
+    if req.stream_options is not None and not req.stream:
+        raise bad_request("Stream options can only be defined when `stream=True`.", "stream_options")
+    if not req.messages:
+        raise bad_request(
+            "Cannot apply chat template to an empty conversation. Provide at least one message."
+        )
+    n = req.n if req.n is not None else 1
+    if n < 1:
+        raise bad_request(f"n must be at least 1, got {n}.", "n", n)
+    if req.temperature is not None and req.temperature < 0:
+        raise bad_request(
+            f"temperature must be non-negative, got {req.temperature}.", "temperature", req.temperature
+        )
+    if req.top_p is not None and not 0 < req.top_p <= 1:
+        raise bad_request(f"top_p must be in (0, 1], got {req.top_p}.", "top_p", req.top_p)
+    stops = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
+    if any(s == "" for s in stops):
+        raise bad_request("stop cannot contain an empty string.", "stop")
+
+    prompt = textgen.chat_prompt_tokens(req.messages)
+    if prompt > max_model_len:
+        raise bad_request(
+            f"This model's maximum context length is {max_model_len} tokens. However, your prompt contains at "
+            f"least {max_model_len + 1} input tokens, which exceeds this limit even without any output tokens. "
+            "Please reduce the length of the input prompt.",
+            "input_tokens",
+            max_model_len + 1,
+        )
+    asked = req.max_completion_tokens or req.max_tokens
+    if asked is not None and asked < 1:
+        raise bad_request(f"max_tokens must be at least 1, got {asked}.", "max_tokens", asked)
+    if asked is not None and asked > max_model_len:
+        raise bad_request(
+            f"max_tokens={asked} cannot be greater than max_model_len={max_model_len}. "
+            "Please request fewer output tokens.",
+            "max_tokens",
+            asked,
+        )
+    room = max_model_len - prompt
+    if room < 1:
+        raise bad_request(f"max_tokens must be at least 1, got {room}.", "max_tokens", room)
+    limit = min(asked, room) if asked is not None else room
+
+    fingerprint = textgen.prompt_fingerprint(req.messages)
+    job = ChatJob(
+        request_id=f"chatcmpl-{uuid.uuid4().hex[:16]}",
+        model=served_model,
+        created=int(time.time()),
+        prompt_tokens=prompt,
+        stream=bool(req.stream),
+        # Measured on 0.32: `stream_options: {}` gives no usage chunk; only an explicit true does.
+        include_usage=bool(req.stream_options and req.stream_options.include_usage),
+    )
+    for index in range(n):
+        rng = textgen.output_rng(server_seed, req.seed, f"{fingerprint}:{index}")
+        natural = None if req.ignore_eos else textgen.natural_length(rng, mean_answer_tokens)
+        if natural is not None and natural <= limit:
+            target, reason = natural, "stop"
+            words = [*textgen.generate_words(rng, target - 1), ""]  # the EOS token is counted, not shown
+        else:
+            target, reason = limit, "length"
+            words = textgen.generate_words(rng, target)
+        choice = Choice(index=index, words=words, target_tokens=target, finish_reason=reason)
+        _apply_stop_strings(choice, stops)
+        job.choices.append(choice)
+    return job
+
+
+def _apply_stop_strings(choice: Choice, stops: list[str]) -> None:
+    if not stops:
+        return
+    text = ""
+    for i, word in enumerate(choice.words):
+        before = len(text)
+        text += word
+        hits = [(text.find(s), s) for s in stops if s in text]
+        if hits:
+            pos, stop = min(hits)
+            choice.words = [*choice.words[:i], text[before:pos] if pos > before else ""]
+            choice.target_tokens = i + 1
+            choice.finish_reason = "stop"
+            choice.stop_reason = stop
+            return
+
+
+# -- bodies -----------------------------------------------------------------------------
+
+
+def _dumps(obj: object) -> bytes:
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def fingerprint() -> str:
+    return f"vllm-{VLLM_VERSION}-enginesim"
+
+
+def chunk(job: ChatJob, choices: list[dict[str, Any]], extra: dict[str, Any] | None = None) -> bytes:
+    obj: dict[str, Any] = {
+        "id": job.request_id,
+        "object": "chat.completion.chunk",
+        "created": job.created,
+        "model": job.model,
+        "choices": choices,
+    }
+    if extra:
+        obj.update(extra)
+    return b"data: " + _dumps(obj) + b"\n\n"
+
+
+def role_chunk(job: ChatJob, index: int) -> bytes:
+    choice = {
+        "index": index,
+        "delta": {"role": "assistant", "content": ""},
+        "logprobs": None,
+        "finish_reason": None,
+    }
+    return chunk(job, [choice], {"prompt_token_ids": None, "prompt_text": None})
+
+
+def content_chunk(job: ChatJob, choice: Choice, token_index: int, last: bool, final_of_stream: bool) -> bytes:
+    body: dict[str, Any] = {
+        "index": choice.index,
+        "delta": {"content": choice.words[token_index]},
+        "logprobs": None,
+        "finish_reason": choice.finish_reason if last else None,
+    }
+    if last:
+        body["stop_reason"] = choice.stop_reason
+    body["token_ids"] = None
+    extra = {"system_fingerprint": fingerprint()} if final_of_stream else None
+    return chunk(job, [body], extra)
+
+
+def usage(job: ChatJob, completion_tokens: int) -> dict[str, int]:
+    return {
+        "prompt_tokens": job.prompt_tokens,
+        "total_tokens": job.prompt_tokens + completion_tokens,
+        "completion_tokens": completion_tokens,
+    }
+
+
+def usage_chunk(job: ChatJob, completion_tokens: int) -> bytes:
+    return chunk(job, [], {"usage": usage(job, completion_tokens), "system_fingerprint": fingerprint()})
+
+
+def error_event(message: str, type_: str = "InternalServerError", code: int = 500) -> bytes:
+    # vLLM serialises the in-stream error with json.dumps defaults (", " and ": ").
+    payload = json.dumps({"error": {"message": message, "type": type_, "param": None, "code": code}})
+    return b"data: " + payload.encode() + b"\n\n"
+
+
+def completion_body(job: ChatJob) -> dict[str, Any]:
+    total = sum(c.target_tokens for c in job.choices)
+    return {
+        "id": job.request_id,
+        "object": "chat.completion",
+        "created": job.created,
+        "model": job.model,
+        "choices": [
+            {
+                "index": c.index,
+                "message": {
+                    "role": "assistant",
+                    "content": "".join(c.words),
+                    "refusal": None,
+                    "annotations": None,
+                    "audio": None,
+                    "function_call": None,
+                    "tool_calls": [],
+                    "reasoning": None,
+                },
+                "logprobs": None,
+                "finish_reason": c.finish_reason,
+                "stop_reason": c.stop_reason,
+                "token_ids": None,
+            }
+            for c in job.choices
+        ],
+        "service_tier": None,
+        "system_fingerprint": fingerprint(),
+        "usage": {**usage(job, total), "prompt_tokens_details": None},
+        "prompt_logprobs": None,
+        "prompt_token_ids": None,
+        "kv_transfer_params": None,
+    }

@@ -1,0 +1,80 @@
+"""`llmfleet enginesim`: run the vLLM-compatible engine simulator as a process."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+
+from apps.core.errors import SpecError
+from apps.enginesim.faults import Faults
+from apps.enginesim.profiles import known_profiles
+from apps.enginesim.server import EngineSimSettings, run_enginesim, setup_logging
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", required=True, help="served model name (what clients send as `model`)")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument(
+        "--profile",
+        help="engine profile (default: the model name if it is one, else `tiny`); see --list-profiles",
+    )
+    parser.add_argument("--stack", default="prod", help="stack spec the catalog profiles come from")
+    parser.add_argument("--speed", type=float, default=1.0, help="time scale: 10 runs ten times faster")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--max-num-seqs", type=int)
+    parser.add_argument("--max-model-len", type=int)
+    parser.add_argument("--num-blocks", type=int, help="override the KV-block budget of the profile")
+    faults = parser.add_argument_group("fault injection (also at run time: POST /_sim/faults)")
+    faults.add_argument("--loading-s", type=float, default=0.0, help="refuse connections for T s at start")
+    faults.add_argument("--die-after-tokens", type=int, help="drop each stream's connection after K tokens")
+    faults.add_argument("--stall-s", type=float, help="each stream stops producing for T s ...")
+    faults.add_argument("--stall-after-tokens", type=int, default=0, help="... after K tokens (default 0)")
+    faults.add_argument("--error-after-tokens", type=int, help="in-stream error event after K tokens")
+    faults.add_argument("--fail-status", type=int, help="answer every chat request with this HTTP status")
+    faults.add_argument("--list-profiles", action="store_true", help="print the known profiles and exit")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.list_profiles:
+        for name, prof in sorted(known_profiles(args.stack).items()):
+            print(
+                f"{name:<28} blocks={prof.num_blocks:<6} max_num_seqs={prof.max_num_seqs:<4} "
+                f"max_model_len={prof.max_model_len:<6} "
+                f"{prof.decode_tokens_per_s_per_stream(1):.0f} tok/s at batch 1"
+            )
+        return 0
+    if args.speed <= 0:
+        raise SpecError(f"--speed must be greater than 0, got {args.speed}", param="speed")
+    try:
+        faults = Faults(
+            die_after_tokens=args.die_after_tokens,
+            stall_s=args.stall_s,
+            stall_after_tokens=args.stall_after_tokens,
+            error_after_tokens=args.error_after_tokens,
+            fail_status=args.fail_status,
+        )
+    except ValueError as exc:
+        raise SpecError(f"invalid fault flags: {exc}", param="faults") from None
+    settings = EngineSimSettings(
+        model=args.model,
+        profile=args.profile,
+        host=args.host,
+        port=args.port,
+        speed=args.speed,
+        seed=args.seed,
+        max_num_seqs=args.max_num_seqs,
+        max_model_len=args.max_model_len,
+        num_blocks=args.num_blocks,
+        stack=args.stack,
+        loading_s=args.loading_s,
+        faults=faults,
+    )
+    setup_logging()
+    try:
+        asyncio.run(run_enginesim(settings))
+    except OSError as exc:
+        raise SpecError(
+            f"cannot serve on {args.host}:{args.port}: {exc.strerror or exc}", param="port"
+        ) from None
+    return 0

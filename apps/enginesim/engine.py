@@ -1,0 +1,176 @@
+"""The engine loop: runs the pure `Scheduler` against the wall clock and feeds the HTTP streams.
+
+One task (started by the server inside its TaskGroup) repeats: plan a step, sleep until the step's
+simulated end (scaled by `--speed`, on a deadline schedule so event-loop jitter does not
+accumulate), then hand each produced token to its request's `OutputStream` and update the
+metrics. Idle time passes in simulated time too, so latencies are measured from arrival.
+
+Client disconnects call `abort()`, which removes the request from the scheduler and frees its KV
+blocks at once. As in real vLLM, an aborted request is NOT counted in `request_success_total`
+nor in the per-request histograms, but its tokens stay in `prompt_tokens_total` /
+`generation_tokens_total`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Callable
+
+from apps.enginesim.metrics import EngineMetrics
+from apps.enginesim.profiles import EngineProfile
+from apps.enginesim.scheduler import Scheduler, Sequence, StepResult, TokenOut
+
+CATCH_UP_WALL_S = 0.05
+
+
+class OutputStream:
+    """Tokens of one HTTP request (all its choices) on their way from the engine loop to the handler.
+
+    Holds at most the request's own completion tokens (bounded by `n x max_model_len`).
+    """
+
+    def __init__(self, request_id: str) -> None:
+        self.request_id = request_id
+        self._pending: deque[TokenOut] = deque()
+        self._ready = asyncio.Event()
+
+    def push(self, token: TokenOut) -> None:
+        self._pending.append(token)
+        self._ready.set()
+
+    async def next_tokens(self) -> list[TokenOut]:
+        """Wait for at least one token; returns every token produced since the last call."""
+        while not self._pending:
+            self._ready.clear()
+            await self._ready.wait()
+        out = list(self._pending)
+        self._pending.clear()
+        return out
+
+
+class Engine:
+    def __init__(
+        self,
+        profile: EngineProfile,
+        metrics: EngineMetrics,
+        speed: float = 1.0,
+        clock: Callable[[], float] | None = None,
+    ) -> None:
+        if speed <= 0:
+            raise ValueError(f"speed must be greater than 0, got {speed}")
+        self.profile = profile
+        self.metrics = metrics
+        self.speed = speed
+        self._clock = clock or (lambda: asyncio.get_running_loop().time())
+        self._t0: float | None = None
+        self.scheduler = Scheduler(profile)
+        self._streams: dict[str, OutputStream] = {}
+        self._wake = asyncio.Event()
+        self.dead = False  # the loop crashed: /health answers 503, as vLLM with a dead engine
+
+    def sim_now(self) -> float:
+        if self._t0 is None:
+            self._t0 = self._clock()
+        return (self._clock() - self._t0) * self.speed
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._streams)
+
+    def submit(
+        self,
+        request_id: str,
+        prompt_tokens: int,
+        target_tokens: int,
+        finish_reason: str,
+        sink: OutputStream | None = None,
+    ) -> OutputStream:
+        seq = Sequence(
+            request_id=request_id,
+            prompt_tokens=prompt_tokens,
+            target_tokens=target_tokens,
+            finish_reason=finish_reason,
+            arrival_s=self.sim_now(),
+        )
+        self.scheduler.add(seq)
+        stream = sink or OutputStream(request_id)
+        self._streams[request_id] = stream
+        self._update_gauges()
+        self._wake.set()
+        return stream
+
+    def abort(self, request_id: str) -> None:
+        """Client went away: drop the request and free its blocks now (idempotent)."""
+        self._streams.pop(request_id, None)
+        if self.scheduler.abort(request_id) is not None:
+            self._update_gauges()
+
+    def _update_gauges(self) -> None:
+        m = self.metrics
+        m.running.set(len(self.scheduler.running))
+        m.waiting.set(len(self.scheduler.waiting))
+        m.kv_usage.set(self.scheduler.kv_cache_usage)
+
+    async def run(self) -> None:
+        try:
+            await self._loop()
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            self.dead = True
+            raise
+
+    async def _loop(self) -> None:
+        sched = self.scheduler
+        self.sim_now()  # start the clock
+        assert self._t0 is not None
+        while True:
+            if not sched.has_work():
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            # Time that passed while idle, or while the loop fell far behind, is simulated time too;
+            # small lateness (timer jitter) is caught up by the following steps' shorter sleeps.
+            behind = self.sim_now() - sched.now_s
+            if behind > CATCH_UP_WALL_S * self.speed:
+                sched.now_s += behind
+            result = sched.step()
+            self._update_gauges()
+            delay = self._t0 + sched.now_s / self.speed - self._clock()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            self._deliver(result)
+            self._update_gauges()
+
+    def _deliver(self, result: StepResult) -> None:
+        m = self.metrics
+        if result.batch:
+            m.iteration_tokens.observe(result.scheduled_tokens)
+        if result.preempted:
+            m.preemptions.inc(len(result.preempted))
+        for seq in result.first_tokens:
+            # vLLM counts the whole prompt when the first token comes out.
+            m.prompt_tokens.inc(seq.prompt_tokens)
+            if seq.first_token_s is not None:
+                m.ttft.observe(seq.first_token_s - seq.arrival_s)
+        now = self.scheduler.now_s
+        live_tokens = 0
+        for token in result.tokens:
+            stream = self._streams.get(token.request_id)
+            if stream is None:
+                continue
+            live_tokens += 1
+            if token.index > 0:
+                m.itl.observe(result.duration_s)
+            stream.push(token)
+            if token.finish_reason is not None:
+                self._streams.pop(token.request_id, None)
+        m.generation_tokens.inc(live_tokens)
+        for seq in result.finished:
+            m.success[seq.finish_reason if seq.generated >= seq.target_tokens else "length"].inc()
+            m.e2e.observe(now - seq.arrival_s)
+            m.request_prompt_tokens.observe(seq.prompt_tokens)
+            m.request_generation_tokens.observe(seq.generated)
+            if seq.first_scheduled_s is not None:
+                m.queue_time.observe(max(0.0, seq.first_scheduled_s - seq.arrival_s))

@@ -1,0 +1,215 @@
+"""The simulated vLLM V1 scheduler: continuous batching over a KV-block budget, in simulated time.
+
+Pure and synchronous (no I/O, no clock): `step()` plans one engine step the way vLLM's
+`Scheduler.schedule` does (`shared/reference/vllm-behaviour.md` section 7) and returns its
+simulated duration and the tokens it produced; the async engine loop (`engine.py`) sleeps that
+duration scaled by `--speed` and hands the tokens to the HTTP streams. Unit tests drive it
+directly to check calibration in simulated time.
+
+Rules followed:
+- one token budget per step (`max_num_batched_tokens`) shared by decodes and prefill chunks
+  (chunked prefill); running requests first, in order;
+- KV blocks of `block_size` tokens are allocated for computed tokens as they grow; when none are
+  free the LAST running request is preempted: its blocks are freed, its computed tokens reset to
+  0 (recompute, no swap) and it goes back to the FRONT of the waiting queue;
+- waiting requests are admitted only if nothing was preempted in this step, while fewer than
+  `max_num_seqs` run and blocks for their first chunk are free;
+- a request yields one token in each step that completes its prompt (plus already generated
+  tokens after a preemption) or decodes it; it finishes at its target length (`length` or
+  `stop`) or at `max_model_len`.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import deque
+from dataclasses import dataclass, field
+
+from apps.enginesim.profiles import EngineProfile
+
+
+class SeqState(enum.Enum):
+    WAITING = "waiting"  # queued, or preempted and waiting to recompute
+    RUNNING = "running"
+    FINISHED = "finished"  # left the scheduler (finished or aborted)
+
+
+@dataclass
+class Sequence:
+    request_id: str
+    prompt_tokens: int
+    target_tokens: int  # completion tokens it will produce (after clamping to the context)
+    finish_reason: str  # reported when target_tokens is reached: "length" or "stop"
+    arrival_s: float
+    state: SeqState = SeqState.WAITING
+    computed: int = 0  # tokens whose KV is in the cache
+    generated: int = 0
+    blocks: int = 0
+    first_scheduled_s: float | None = None
+    first_token_s: float | None = None
+    last_token_s: float | None = None
+    preemptions: int = 0
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens the model has to have seen before producing the next one."""
+        return self.prompt_tokens + self.generated
+
+
+@dataclass(frozen=True)
+class TokenOut:
+    request_id: str
+    index: int  # 0-based completion token index
+    finish_reason: str | None  # set on the last token
+
+
+@dataclass
+class StepResult:
+    duration_s: float
+    tokens: list[TokenOut] = field(default_factory=list)
+    prefill_tokens: int = 0
+    scheduled_tokens: int = 0  # prefill chunks plus decodes: what vLLM's iteration_tokens observes
+    batch: int = 0
+    preempted: list[str] = field(default_factory=list)
+    finished: list[Sequence] = field(default_factory=list)
+    first_tokens: list[Sequence] = field(default_factory=list)
+
+
+class Scheduler:
+    def __init__(self, profile: EngineProfile) -> None:
+        self.profile = profile
+        self.free_blocks = profile.num_blocks - 1  # one null block, as vLLM
+        self.running: list[Sequence] = []
+        self.waiting: deque[Sequence] = deque()
+        self.by_id: dict[str, Sequence] = {}
+        self.num_preemptions = 0
+        self.now_s = 0.0  # simulated time: the sum of step durations
+
+    # -- queue management -------------------------------------------------------------
+
+    def add(self, seq: Sequence) -> None:
+        if seq.request_id in self.by_id:
+            raise ValueError(f"duplicate request id {seq.request_id}")
+        self.by_id[seq.request_id] = seq
+        self.waiting.append(seq)
+
+    def abort(self, request_id: str) -> Sequence | None:
+        """Remove a request now and free its blocks (client disconnect)."""
+        seq = self.by_id.pop(request_id, None)
+        if seq is None:
+            return None
+        if seq.state is SeqState.RUNNING:
+            self.running.remove(seq)
+        elif seq.state is SeqState.WAITING:
+            self.waiting.remove(seq)
+        self._free(seq)
+        seq.state = SeqState.FINISHED
+        return seq
+
+    def has_work(self) -> bool:
+        return bool(self.running or self.waiting)
+
+    @property
+    def used_blocks(self) -> int:
+        return self.profile.num_blocks - 1 - self.free_blocks
+
+    @property
+    def kv_cache_usage(self) -> float:
+        return self.used_blocks / (self.profile.num_blocks - 1)
+
+    # -- one step --------------------------------------------------------------------
+
+    def _blocks_for(self, tokens: int) -> int:
+        return -(-tokens // self.profile.block_size)
+
+    def _free(self, seq: Sequence) -> None:
+        self.free_blocks += seq.blocks
+        seq.blocks = 0
+
+    def _allocate(self, seq: Sequence, new_tokens: int) -> bool:
+        need = self._blocks_for(seq.computed + new_tokens) - seq.blocks
+        if need > self.free_blocks:
+            return False
+        self.free_blocks -= need
+        seq.blocks += need
+        return True
+
+    def _preempt(self, seq: Sequence, result: StepResult) -> None:
+        self.running.remove(seq)
+        self._free(seq)
+        seq.computed = 0
+        seq.state = SeqState.WAITING
+        seq.preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(seq)
+        result.preempted.append(seq.request_id)
+
+    def step(self) -> StepResult:
+        prof = self.profile
+        result = StepResult(duration_s=0.0)
+        budget = prof.max_num_batched_tokens
+        scheduled: list[tuple[Sequence, int]] = []
+
+        for seq in list(self.running):
+            if budget <= 0:
+                break
+            if seq not in self.running:  # preempted earlier in this loop
+                continue
+            new = min(seq.num_tokens - seq.computed, budget, prof.max_model_len - 1 - seq.computed)
+            new = max(new, 1)
+            while not self._allocate(seq, new):
+                victim = self.running[-1]
+                self._preempt(victim, result)
+                if victim is seq:
+                    break
+            if seq.state is not SeqState.RUNNING:
+                continue
+            scheduled.append((seq, new))
+            budget -= new
+
+        if not result.preempted:
+            while self.waiting and len(self.running) < prof.max_num_seqs and budget > 0:
+                seq = self.waiting[0]
+                new = min(seq.num_tokens - seq.computed, budget)
+                if not self._allocate(seq, new):
+                    break
+                self.waiting.popleft()
+                seq.state = SeqState.RUNNING
+                self.running.append(seq)
+                scheduled.append((seq, new))
+                budget -= new
+
+        # A decode is one new token on top of a complete context; anything else is prefill work.
+        prefill = sum(n for s, n in scheduled if not (n == 1 and s.computed == s.num_tokens - 1))
+        result.batch = len(scheduled)
+        result.scheduled_tokens = sum(n for _, n in scheduled)
+        result.prefill_tokens = prefill
+        result.duration_s = prof.step_s(result.batch, prefill) if scheduled else 0.0
+        self.now_s += result.duration_s
+        now = self.now_s
+
+        for seq, new in scheduled:
+            if seq.first_scheduled_s is None:
+                seq.first_scheduled_s = now - result.duration_s
+            seq.computed += new
+            if seq.computed < seq.num_tokens:
+                continue  # a prefill chunk that did not reach the end of the prompt
+            index = seq.generated
+            seq.generated += 1
+            seq.last_token_s = now
+            if seq.first_token_s is None:
+                seq.first_token_s = now
+                result.first_tokens.append(seq)
+            reason: str | None = None
+            if seq.generated >= seq.target_tokens:
+                reason = seq.finish_reason
+            elif seq.prompt_tokens + seq.generated >= prof.max_model_len:
+                reason = "length"
+            result.tokens.append(TokenOut(seq.request_id, index, reason))
+            if reason is not None:
+                self.running.remove(seq)
+                self.by_id.pop(seq.request_id, None)
+                self._free(seq)
+                seq.state = SeqState.FINISHED
+                result.finished.append(seq)
+        return result

@@ -1,0 +1,214 @@
+"""Wiring of one simulator instance: settings, `create_app`, `start_enginesim`, `run_enginesim`.
+
+`start_enginesim(settings)` is the in-process entry point for tests (agent, gateway, chaos):
+it returns a `RunningEngine` with `.url` once the server listens (or, with `loading_s`, once the
+port is bound but refusing connections, the way vLLM loads its model) and `await .close()`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import signal
+import socket
+import sys
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from aiohttp import web
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from apps.enginesim.api import STATE_KEY, SimState, add_routes
+from apps.enginesim.engine import Engine
+from apps.enginesim.faults import FaultBox, Faults
+from apps.enginesim.metrics import EngineMetrics
+from apps.enginesim.profiles import EngineProfile, get_profile
+
+log = logging.getLogger("llmfleet.enginesim")
+
+
+class EngineSimSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="LLMFLEET_ENGINESIM_", extra="forbid")
+
+    model: str = "tiny"  # the served model name
+    profile: str | None = None  # default: the model name when it is a profile, else "tiny"
+    host: str = "127.0.0.1"
+    port: int = 8000  # 0 picks a free port (in-process tests)
+    speed: float = 1.0
+    seed: int = 0
+    max_num_seqs: int | None = None
+    max_model_len: int | None = None
+    num_blocks: int | None = None
+    stack: str = "prod"  # where the catalog profiles come from
+    loading_s: float = 0.0
+    faults: Faults = Faults()
+
+
+@dataclass
+class EngineSimDeps:
+    """Test seams: an explicit profile instead of a named one."""
+
+    profile: EngineProfile | None = None
+
+
+def resolve_profile(settings: EngineSimSettings, deps: EngineSimDeps) -> EngineProfile:
+    if deps.profile is not None:
+        base = deps.profile
+    elif settings.profile is not None:
+        base = get_profile(settings.profile, settings.stack)
+    else:
+        try:
+            base = get_profile(settings.model, settings.stack)
+        except ValueError:
+            base = get_profile("tiny", settings.stack)
+    return base.with_overrides(
+        max_num_seqs=settings.max_num_seqs,
+        max_model_len=settings.max_model_len,
+        num_blocks=settings.num_blocks,
+    )
+
+
+def _report_crash(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("enginesim engine loop crashed: %r; /health now answers 503", task.exception())
+
+
+ENGINE_TASK_KEY = web.AppKey("enginesim_engine_task", asyncio.Task[None])
+
+
+def create_app(settings: EngineSimSettings, deps: EngineSimDeps | None = None) -> web.Application:
+    deps = deps or EngineSimDeps()
+    if settings.speed <= 0:
+        raise ValueError(f"speed must be greater than 0, got {settings.speed}")
+    profile = resolve_profile(settings, deps)
+    metrics = EngineMetrics(settings.model, profile.max_model_len, profile.num_blocks, profile.block_size)
+    engine = Engine(profile, metrics, speed=settings.speed)
+    state = SimState(
+        served_model=settings.model,
+        profile=profile,
+        engine=engine,
+        metrics=metrics,
+        faults=FaultBox(settings.faults),
+        seed=settings.seed,
+    )
+    app = web.Application()
+    app[STATE_KEY] = state
+    add_routes(app)
+
+    async def engine_ctx(app: web.Application) -> AsyncIterator[None]:
+        task = asyncio.create_task(engine.run(), name="enginesim-engine")
+        task.add_done_callback(_report_crash)
+        app[ENGINE_TASK_KEY] = task
+        yield
+        task.cancel()
+        # The crash (if any) was logged when it happened; shutdown must not fail on it.
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await asyncio.wait_for(asyncio.shield(task), timeout=5)
+
+    app.cleanup_ctx.append(engine_ctx)
+    return app
+
+
+@dataclass
+class RunningEngine:
+    url: str
+    port: int
+    app: web.Application
+    runner: web.AppRunner
+    sock: socket.socket
+    _tasks: list[asyncio.Task[None]] = field(default_factory=list)
+
+    @property
+    def state(self) -> SimState:
+        return self.app[STATE_KEY]
+
+    def set_faults(self, faults: Faults) -> None:
+        self.state.faults.set(faults)
+
+    async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await asyncio.shield(asyncio.wait_for(self.runner.cleanup(), timeout=10))
+        self.sock.close()
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise OSError(exc.errno, f"cannot bind {host}:{port}: {exc.strerror}") from None
+    sock.setblocking(False)
+    return sock
+
+
+async def start_enginesim(settings: EngineSimSettings, deps: EngineSimDeps | None = None) -> RunningEngine:
+    app = create_app(settings, deps)
+    # handler_cancellation: a client disconnect cancels the handler, which aborts the request.
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+    await runner.setup()
+    # Bound but not listening while "loading": connections are refused, as with vLLM.
+    sock = _bind(settings.host, settings.port)
+    port = sock.getsockname()[1]
+    site = web.SockSite(runner, sock)
+    running = RunningEngine(
+        url=f"http://{settings.host}:{port}", port=port, app=app, runner=runner, sock=sock
+    )
+    if settings.loading_s > 0:
+
+        async def finish_loading() -> None:
+            await asyncio.sleep(settings.loading_s)
+            await site.start()
+            log.info("enginesim listening after loading", extra={"url": running.url})
+
+        running._tasks.append(asyncio.create_task(finish_loading()))
+    else:
+        await site.start()
+    return running
+
+
+class JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        out = {
+            "ts": self.formatTime(record),
+            "level": record.levelname,
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        for key in ("url", "model", "profile", "speed"):
+            if key in record.__dict__:
+                out[key] = record.__dict__[key]
+        return json.dumps(out)
+
+
+async def run_enginesim(settings: EngineSimSettings, deps: EngineSimDeps | None = None) -> None:
+    """Serve until SIGTERM or SIGINT."""
+    running = await start_enginesim(settings, deps)
+    prof = running.state.profile
+    log.info(
+        "enginesim started",
+        extra={"url": running.url, "model": settings.model, "profile": prof.name, "speed": settings.speed},
+    )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        await running.close()
+
+
+def setup_logging() -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter())
+    root = logging.getLogger("llmfleet")
+    root.handlers[:] = [handler]
+    root.setLevel(logging.INFO)

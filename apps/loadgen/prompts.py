@@ -1,0 +1,101 @@
+"""Prompts of a given token length.
+
+Words from a list of short, common English words: each is one token for Llama-family BPE
+tokenizers and for enginesim's documented rule (one token per word), so `--prompt-tokens P`
+gives a message of about P tokens plus the chat template's few. The request index is mixed in
+so that no two prompts share a prefix beyond a few words (no accidental prefix-cache hits).
+"""
+
+from __future__ import annotations
+
+import random
+
+WORDS = [
+    "time",
+    "year",
+    "people",
+    "way",
+    "day",
+    "man",
+    "thing",
+    "woman",
+    "life",
+    "child",
+    "world",
+    "school",
+    "state",
+    "family",
+    "student",
+    "group",
+    "country",
+    "problem",
+    "hand",
+    "part",
+    "place",
+    "case",
+    "week",
+    "company",
+    "system",
+    "program",
+    "question",
+    "work",
+    "government",
+    "number",
+    "night",
+    "point",
+    "home",
+    "water",
+    "room",
+    "mother",
+    "area",
+    "money",
+    "story",
+    "fact",
+    "month",
+    "lot",
+    "right",
+    "study",
+    "book",
+    "eye",
+    "job",
+    "word",
+    "business",
+    "issue",
+    "side",
+    "kind",
+    "head",
+    "house",
+    "service",
+    "friend",
+    "father",
+    "power",
+    "hour",
+    "game",
+    "line",
+    "end",
+    "member",
+    "law",
+    "car",
+    "city",
+    "name",
+    "team",
+    "minute",
+    "idea",
+    "kid",
+    "body",
+    "back",
+    "parent",
+    "face",
+    "others",
+    "level",
+    "office",
+    "door",
+    "health",
+    "person",
+    "art",
+]
+
+
+def make_prompt(tokens: int, index: int, seed: int = 0) -> str:
+    rng = random.Random(seed * 1_000_003 + index)
+    return " ".join(rng.choice(WORDS) for _ in range(tokens))

@@ -1,0 +1,163 @@
+"""The engines under test: enginesim (always) and the real vLLM 0.32 on CPU (marked `realvllm`).
+
+Both are started once per session as processes serving the model `tiny` with
+`--max-model-len 1024 --max-num-seqs 8`. The real one needs the vLLM venv's python in
+`LLMFLEET_VLLM_PYTHON` (see `tools/install-vllm.sh`); when it is missing or cannot `import vllm`
+the stage is skipped loudly, or FAILS when `LLMFLEET_REQUIRE_REAL_VLLM=1` (CI).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conformance.differences import ENGINE_TRAITS, EngineTraits
+from tests.conformance.procs import ServerProcess, ServerStartError, free_port, log_tail
+
+REPO = Path(__file__).resolve().parents[2]
+MODEL = "tiny"
+MAX_MODEL_LEN = 1024
+MAX_NUM_SEQS = 8
+VLLM_READY_DEADLINE_S = 180.0
+
+
+class EngineUnderTest:
+    def __init__(self, kind: str, url: str, process: ServerProcess) -> None:
+        self.kind = kind
+        self.url = url
+        self.process = process
+        self.model = MODEL
+        self.max_model_len = MAX_MODEL_LEN
+        self.traits: EngineTraits = ENGINE_TRAITS[kind]
+
+    def __repr__(self) -> str:
+        return f"<{self.kind} at {self.url}>"
+
+
+def _start(
+    name: str, argv: list[str], log_path: Path, port: int, deadline_s: float, **kw: object
+) -> ServerProcess:
+    proc = ServerProcess(name, argv, log_path, **kw)  # type: ignore[arg-type]
+    proc.start()
+    try:
+        proc.wait_ready(f"http://127.0.0.1:{port}/health", deadline_s)
+    except ServerStartError:
+        proc.stop()
+        raise
+    return proc
+
+
+@pytest.fixture(scope="session")
+def enginesim_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineUnderTest]:
+    log_path = tmp_path_factory.mktemp("enginesim") / "enginesim.log"
+    port = free_port()
+    argv = [
+        sys.executable, "-m", "apps.cli.main", "enginesim", "--model", MODEL, "--profile", "tiny",
+        "--port", str(port), "--max-model-len", str(MAX_MODEL_LEN), "--max-num-seqs", str(MAX_NUM_SEQS),
+    ]  # fmt: skip
+    proc = _start("enginesim", argv, log_path, port, 30.0, cwd=REPO)
+    try:
+        yield EngineUnderTest("enginesim", f"http://127.0.0.1:{port}", proc)
+    finally:
+        proc.stop()
+
+
+def _vllm_python() -> str:
+    """The real vLLM's interpreter, or skip/fail loudly."""
+    required = os.environ.get("LLMFLEET_REQUIRE_REAL_VLLM") == "1"
+    python = os.environ.get("LLMFLEET_VLLM_PYTHON", "")
+    how = "run `bash tools/install-vllm.sh /var/cache/llmfleet/vllm-venv` and set LLMFLEET_VLLM_PYTHON"
+    reason = ""
+    if not python:
+        reason = "LLMFLEET_VLLM_PYTHON is not set"
+    elif not Path(python).exists():
+        reason = f"LLMFLEET_VLLM_PYTHON={python} does not exist"
+    else:
+        probe = subprocess.run([python, "-c", "import vllm"], capture_output=True, text=True, timeout=300)
+        if probe.returncode != 0:
+            reason = f"`import vllm` fails in {python}: {probe.stderr.strip().splitlines()[-1:]}"
+    if reason:
+        message = f"skipped: real vLLM not installed ({reason}); {how}"
+        if required:
+            pytest.fail(f"LLMFLEET_REQUIRE_REAL_VLLM=1 but real vLLM is not usable: {reason}; {how}")
+        print(f"\n*** {message} ***", file=sys.stderr)
+        pytest.skip(message)
+    return python
+
+
+@pytest.fixture(scope="session")
+def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineUnderTest]:
+    python = _vllm_python()
+    work = tmp_path_factory.mktemp("vllm")
+    model_dir = work / "tiny-llama"
+    build = subprocess.run(
+        [python, str(REPO / "tools" / "build_tiny_llama.py"), str(model_dir)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"},
+    )
+    if build.returncode != 0:
+        pytest.fail(f"building the tiny model failed:\n{build.stdout[-2000:]}\n{build.stderr[-4000:]}")
+    for sub in ("tmpdir", "cache"):
+        (work / sub).mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "VLLM_CPU_KVCACHE_SPACE"}
+    env.update(
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        TMPDIR=str(work / "tmpdir"),
+        VLLM_CACHE_ROOT=str(work / "cache"),
+        HF_HOME=str(work / "cache" / "hf"),
+        VLLM_HOST_IP="127.0.0.1",
+        VLLM_NO_USAGE_STATS="1",
+        DO_NOT_TRACK="1",
+    )
+    proc: ServerProcess | None = None
+    last_error: Exception | None = None
+    for attempt in range(3):  # a free port can be taken between probe and bind: retry on another
+        port = free_port()
+        argv = [
+            python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
+            "--served-model-name", MODEL, "--host", "127.0.0.1", "--port", str(port),
+            "--max-model-len", str(MAX_MODEL_LEN), "--max-num-seqs", str(MAX_NUM_SEQS),
+            "--enforce-eager", "--dtype", "float32", "--kv-cache-memory-bytes", "64M",
+        ]  # fmt: skip
+        log_path = work / f"vllm-{attempt}.log"
+        try:
+            proc = _start("vllm", argv, log_path, port, VLLM_READY_DEADLINE_S, env=env, cwd=work)
+            break
+        except ServerStartError as exc:
+            last_error = exc
+            if "address already in use" not in log_tail(log_path, 200).lower():
+                raise
+    if proc is None:
+        raise last_error or RuntimeError("vllm did not start")
+    try:
+        yield EngineUnderTest("vllm", f"http://127.0.0.1:{port}", proc)
+    finally:
+        proc.stop()
+        shutil.rmtree(work / "tmpdir", ignore_errors=True)
+
+
+@pytest.fixture(
+    scope="session",
+    params=["enginesim", pytest.param("vllm", marks=pytest.mark.realvllm)],
+)
+def engine(request: pytest.FixtureRequest) -> EngineUnderTest:
+    server: EngineUnderTest = request.getfixturevalue(f"{request.param}_server")
+    return server
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> object:
+    report = yield
+    engine = getattr(item, "funcargs", {}).get("engine")
+    if isinstance(engine, EngineUnderTest) and getattr(report, "failed", False):
+        report.sections.append((f"{engine.kind} server log (tail)", log_tail(engine.process.log_path)))  # type: ignore[attr-defined]
+    return report
