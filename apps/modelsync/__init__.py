@@ -1,0 +1,1 @@
+"""`llmfleet model-sync`: S3 -> local NVMe model cache (init container)."""

@@ -1,0 +1,153 @@
+"""Copy one model revision from S3 into the node's local model cache, at most once.
+
+Owns the on-disk contract of the cache: `<root>/<name>/<revision>/` is complete if and only
+if it holds the marker file `MARKER`. A copy is downloaded into a hidden temporary
+directory next to it, the marker is written last, and the directory is renamed into place
+in one `rename(2)`, so a pod killed mid-copy (or two pods racing on one node) never leaves
+a directory that looks complete.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import os
+import shutil
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Protocol
+
+from apps.core.errors import LlmfleetError
+
+MARKER = ".llmfleet-complete"
+# A partial directory this old belongs to a pod that was killed mid-copy (SIGKILL skips our
+# cleanup); a live copy of even the largest model finishes well within it.
+STALE_PARTIAL_S = 6 * 3600
+
+
+class ModelSyncError(LlmfleetError):
+    """The revision cannot be copied (missing in S3, unsafe key, size mismatch)."""
+
+    code = "model_sync_failed"
+
+
+class SyncOutcome(enum.Enum):
+    COPIED = "copied"
+    SKIPPED = "skipped"  # the marker was already there (or a racing pod finished first)
+
+
+@dataclass(frozen=True)
+class SyncResult:
+    outcome: SyncOutcome
+    path: Path
+    files: int
+    bytes: int
+
+
+@dataclass(frozen=True)
+class RemoteObject:
+    key: str
+    size: int
+
+
+class ObjectStore(Protocol):
+    """The two S3 operations the copy needs; `Boto3ObjectStore` is the production one."""
+
+    def list_objects(self, bucket: str, prefix: str) -> Iterator[RemoteObject]: ...
+
+    def download(self, bucket: str, key: str, dest: Path) -> None: ...
+
+
+def _safe_component(value: str, field: str) -> str:
+    if not value or value in (".", "..") or "/" in value or value.startswith("."):
+        raise ModelSyncError(f"{field}: {value!r} is not a valid path component", param=field)
+    return value
+
+
+def _relative_path(key: str, prefix: str) -> PurePosixPath:
+    rel = PurePosixPath(key[len(prefix) :])
+    if rel.is_absolute() or ".." in rel.parts or not rel.parts or rel.name == MARKER:
+        raise ModelSyncError(f"refusing unsafe object key {key!r}", param="key")
+    return rel
+
+
+def remove_stale_partials(parent: Path, revision: str, now: float, max_age_s: float = STALE_PARTIAL_S) -> int:
+    """Delete temporary directories of `revision` left by killed copies; returns how many."""
+    removed = 0
+    for candidate in parent.glob(f".{revision}.partial-*"):
+        try:
+            age = now - candidate.stat().st_mtime
+        except FileNotFoundError:  # its owner just published or removed it
+            continue
+        if age > max_age_s:
+            shutil.rmtree(candidate, ignore_errors=True)
+            removed += 1
+    return removed
+
+
+def sync_model(
+    store: ObjectStore, bucket: str, name: str, revision: str, root: Path, now: float | None = None
+) -> SyncResult:
+    """Make `root/name/revision` a complete copy of `s3://bucket/name/revision/`.
+
+    `now` (wall-clock seconds, injectable for tests) ages leftovers of killed copies.
+    """
+    final = root / _safe_component(name, "model") / _safe_component(revision, "revision")
+    marker = final / MARKER
+    if marker.is_file():
+        return _result_from_marker(SyncOutcome.SKIPPED, final)
+    prefix = f"{name}/{revision}/"
+    objects = [obj for obj in store.list_objects(bucket, prefix) if not obj.key.endswith("/")]
+    if not objects:
+        raise ModelSyncError(f"no objects under s3://{bucket}/{prefix}", param="revision")
+    final.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_partials(final.parent, revision, time.time() if now is None else now)
+    tmp = final.parent / f".{revision}.partial-{uuid.uuid4().hex}"
+    tmp.mkdir()
+    try:
+        total = 0
+        for obj in objects:
+            dest = tmp.joinpath(*_relative_path(obj.key, prefix).parts)
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            store.download(bucket, obj.key, dest)
+            size = dest.stat().st_size
+            if size != obj.size:
+                raise ModelSyncError(f"s3://{bucket}/{obj.key}: got {size} bytes, expected {obj.size}")
+            total += size
+        _write_marker(tmp, {"bucket": bucket, "prefix": prefix, "files": len(objects), "bytes": total})
+        return _publish(tmp, final, len(objects), total)
+    finally:
+        # Whatever happened, a temporary directory never outlives this call.
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _write_marker(directory: Path, content: dict[str, object]) -> None:
+    path = directory / MARKER
+    with path.open("w", encoding="utf-8") as fh:
+        json.dump(content, fh, sort_keys=True)
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def _publish(tmp: Path, final: Path, files: int, size: int) -> SyncResult:
+    if final.exists() and not (final / MARKER).is_file():
+        # A directory without a marker is never trusted (left by something other than us).
+        shutil.rmtree(final)
+    try:
+        tmp.rename(final)
+    except OSError:
+        if (final / MARKER).is_file():  # a pod on the same node won the race
+            return _result_from_marker(SyncOutcome.SKIPPED, final)
+        raise
+    return SyncResult(SyncOutcome.COPIED, final, files, size)
+
+
+def _result_from_marker(outcome: SyncOutcome, final: Path) -> SyncResult:
+    try:
+        data = json.loads((final / MARKER).read_text(encoding="utf-8"))
+        return SyncResult(outcome, final, int(data.get("files", 0)), int(data.get("bytes", 0)))
+    except (OSError, ValueError):
+        return SyncResult(outcome, final, 0, 0)

@@ -1,0 +1,130 @@
+"""Karpenter: controller role (IRSA), node role and access entry, the interruption queue with
+its EventBridge rules, the Helm release, and the EC2NodeClass/NodePools from the stack spec."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import pulumi
+import pulumi_aws as aws
+import pulumi_kubernetes as k8s
+
+from infra.components.cluster import node_role
+from infra.components.irsa import irsa_role
+from infra.components.kube import KubeObject
+from infra.manifests import karpenter as manifests
+from infra.manifests.iam import karpenter_controller
+
+KARPENTER_VERSION = "1.14.1"
+INTERRUPTION_EVENTS = {
+    "spot-interruption": {"source": ["aws.ec2"], "detail-type": ["EC2 Spot Instance Interruption Warning"]},
+    "rebalance": {"source": ["aws.ec2"], "detail-type": ["EC2 Instance Rebalance Recommendation"]},
+    "state-change": {"source": ["aws.ec2"], "detail-type": ["EC2 Instance State-change Notification"]},
+    "scheduled-change": {"source": ["aws.health"], "detail-type": ["AWS Health Event"]},
+}
+
+
+@dataclass(frozen=True)
+class KarpenterArgs:
+    cluster_name: str
+    region: str
+    account_id: pulumi.Input[str]
+    cluster_arn: pulumi.Input[str]
+    oidc_provider_arn: pulumi.Input[str]
+    oidc_provider_url: pulumi.Input[str]
+    provider: pulumi.ProviderResource
+    pools: manifests.GpuPoolSpec
+    ami_alias: str
+
+
+class Karpenter(pulumi.ComponentResource):
+    def __init__(self, name: str, args: KarpenterArgs, opts: pulumi.ResourceOptions | None = None) -> None:
+        super().__init__("llmfleet:infra:Karpenter", name, None, opts)
+        child = pulumi.ResourceOptions(parent=self)
+        # The EC2NodeClass names this role, so its name is fixed rather than generated.
+        node_role_name = f"{args.cluster_name}-karpenter-node"
+        self.node_role = node_role(f"{name}-node", self, role_name=node_role_name)
+        aws.eks.AccessEntry(
+            f"{name}-node",
+            cluster_name=args.cluster_name,
+            principal_arn=self.node_role.arn,
+            type="EC2_LINUX",
+            opts=child,
+        )
+        queue = aws.sqs.Queue(
+            f"{name}-interruption",
+            name=f"{args.cluster_name}-karpenter",
+            message_retention_seconds=300,
+            sqs_managed_sse_enabled=True,
+            opts=child,
+        )
+        aws.sqs.QueuePolicy(
+            f"{name}-interruption",
+            queue_url=queue.url,
+            policy=queue.arn.apply(
+                lambda arn: json.dumps(
+                    {
+                        "Version": "2012-10-17",
+                        "Statement": [
+                            {
+                                "Effect": "Allow",
+                                "Principal": {"Service": ["events.amazonaws.com", "sqs.amazonaws.com"]},
+                                "Action": "sqs:SendMessage",
+                                "Resource": arn,
+                            }
+                        ],
+                    }
+                )
+            ),
+            opts=child,
+        )
+        for rule_name, pattern in INTERRUPTION_EVENTS.items():
+            rule = aws.cloudwatch.EventRule(
+                f"{name}-{rule_name}", event_pattern=json.dumps(pattern, sort_keys=True), opts=child
+            )
+            aws.cloudwatch.EventTarget(f"{name}-{rule_name}", rule=rule.name, arn=queue.arn, opts=child)
+        policy = pulumi.Output.all(args.cluster_arn, self.node_role.arn, queue.arn, args.account_id).apply(
+            lambda v: karpenter_controller(
+                cluster_name=args.cluster_name,
+                cluster_arn=str(v[0]),
+                node_role_arn=str(v[1]),
+                queue_arn=str(v[2]),
+                region=args.region,
+                account=str(v[3]),
+            )
+        )
+        controller = irsa_role(
+            f"{name}-controller",
+            oidc_provider_arn=args.oidc_provider_arn,
+            oidc_provider_url=args.oidc_provider_url,
+            namespace="kube-system",
+            service_account="karpenter",
+            policy=policy,
+            parent=self,
+        )
+        k8s_opts = pulumi.ResourceOptions(parent=self, provider=args.provider)
+        release = k8s.helm.v3.Release(
+            f"{name}-helm",
+            name="karpenter",
+            namespace="kube-system",
+            chart="oci://public.ecr.aws/karpenter/karpenter",
+            version=KARPENTER_VERSION,
+            values={
+                "settings": {"clusterName": args.cluster_name, "interruptionQueue": queue.name},
+                "serviceAccount": {"annotations": {"eks.amazonaws.com/role-arn": controller.arn}},
+                "nodeSelector": {"llmfleet.io/pool": "system"},
+                "replicas": 2,
+            },
+            opts=k8s_opts,
+        )
+        after_helm = pulumi.ResourceOptions(parent=self, provider=args.provider, depends_on=[release])
+        self.node_class = KubeObject(
+            manifests.ec2_node_class(
+                cluster_name=args.cluster_name, node_role_name=node_role_name, ami_alias=args.ami_alias
+            ),
+            after_helm,
+        )
+        for pool in manifests.node_pools(args.pools):
+            KubeObject(pool, after_helm)
+        self.register_outputs({"queue": queue.name})

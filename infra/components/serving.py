@@ -1,0 +1,132 @@
+"""Model serving: per model the vLLM Deployment(s) with the agent sidecar, Service, PDBs and
+KEDA ScaledObjects, plus the model-sync service account (IRSA: reads the model bucket only)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pulumi
+
+from apps.core.sizing.plan import FleetPlan
+from apps.core.spec import StackSpec
+from infra.components.irsa import irsa_role
+from infra.components.kube import KubeObject
+from infra.config import OfficeHours
+from infra.manifests import keda, vllm
+from infra.manifests.common import NAMESPACE, Manifest, meta
+from infra.manifests.iam import model_sync_read
+
+
+@dataclass(frozen=True)
+class ServingArgs:
+    spec: StackSpec
+    plan: FleetPlan
+    vllm_image: str
+    agent_image: pulumi.Input[str]
+    model_bucket: pulumi.Input[str]
+    model_bucket_arn: pulumi.Input[str]
+    oidc_provider_arn: pulumi.Input[str]
+    oidc_provider_url: pulumi.Input[str]
+    office_hours: OfficeHours
+    provider: pulumi.ProviderResource
+    # The KEDA and Prometheus-operator releases: their CRDs must exist before our objects.
+    depends_on: list[pulumi.Resource]
+
+
+def serving_objects(
+    spec: StackSpec, plan: FleetPlan, office_hours: OfficeHours, agent_image: str, bucket: str
+) -> list[Manifest]:
+    """Every Kubernetes object of the serving plane, from the spec and the plan (pure)."""
+    objects: list[Manifest] = []
+    for name, model in spec.models.items():
+        mp = plan.models[name]
+        serving = model.serving
+        target = vllm.VllmTarget(
+            plan=mp,
+            revision=model.revision,
+            vllm_image="",
+            agent_image=agent_image,
+            model_bucket=bucket,
+            block_size=spec.sizing.block_size,
+        )
+        objects.append(vllm.service(name))
+        scaling = []
+        if serving.spot:
+            # Warm floor on on-demand capacity (spot reclaims must not take the floor), spot on top.
+            base = max(serving.on_demand_min_replicas, mp.min_replicas)
+            objects.append(vllm.deployment(target, vllm.Capacity.ON_DEMAND, replicas=base))
+            objects.append(vllm.pdb(name, vllm.Capacity.ON_DEMAND))
+            burst = vllm.deployment_name(name, vllm.Capacity.SPOT)
+            objects.append(vllm.deployment(target, vllm.Capacity.SPOT, replicas=None))
+            objects.append(vllm.pdb(name, vllm.Capacity.SPOT))
+            scaling.append(
+                keda.ScalingTarget(
+                    burst,
+                    mp,
+                    0,
+                    max(mp.max_replicas - base, 1),
+                    spec.slo.queue_wait_p95_s,
+                    base_replicas=base,
+                )
+            )
+        else:
+            objects.append(vllm.deployment(target, vllm.Capacity.ON_DEMAND, replicas=None))
+            objects.append(vllm.pdb(name, vllm.Capacity.ON_DEMAND))
+            scaling.append(
+                keda.ScalingTarget(
+                    vllm.deployment_name(name, vllm.Capacity.ON_DEMAND),
+                    mp,
+                    mp.min_replicas,
+                    mp.max_replicas,
+                    spec.slo.queue_wait_p95_s,
+                    office_hours=office_hours,
+                    office_hours_replicas=serving.office_hours_warm_replicas,
+                )
+            )
+        objects.extend(keda.scaled_object(s) for s in scaling)
+    return objects
+
+
+class ModelServing(pulumi.ComponentResource):
+    def __init__(self, name: str, args: ServingArgs, opts: pulumi.ResourceOptions | None = None) -> None:
+        super().__init__("llmfleet:infra:ModelServing", name, None, opts)
+        # Explicit per child: a component's depends_on does not reach its children.
+        k8s_opts = pulumi.ResourceOptions(parent=self, provider=args.provider, depends_on=args.depends_on)
+        role = irsa_role(
+            f"{name}-model-sync",
+            oidc_provider_arn=args.oidc_provider_arn,
+            oidc_provider_url=args.oidc_provider_url,
+            namespace=NAMESPACE,
+            service_account=vllm.MODEL_SYNC_SERVICE_ACCOUNT,
+            policy=pulumi.Output.from_input(args.model_bucket_arn).apply(model_sync_read),
+            parent=self,
+        )
+        sa: Manifest = {
+            "apiVersion": "v1",
+            "kind": "ServiceAccount",
+            "metadata": {
+                **meta(vllm.MODEL_SYNC_SERVICE_ACCOUNT, "model-sync"),
+                "annotations": {"eks.amazonaws.com/role-arn": role.arn},
+            },
+        }
+        KubeObject(sa, k8s_opts)
+        # Images and bucket are outputs; the renderer works on placeholders we swap in here.
+        objects = serving_objects(args.spec, args.plan, args.office_hours, "@AGENT_IMAGE@", "@MODEL_BUCKET@")
+        for obj in objects:
+            KubeObject(_bind(obj, args), k8s_opts)
+        self.register_outputs({"objects": len(objects)})
+
+
+def _bind(obj: Manifest, args: ServingArgs) -> Manifest:
+    if obj["kind"] != "Deployment":
+        return obj
+    pod = obj["spec"]["template"]["spec"]
+    for container in pod["containers"]:
+        if container["name"] == "vllm":
+            container["image"] = args.vllm_image
+        else:
+            container["image"] = args.agent_image
+    init = pod["initContainers"][0]
+    init["image"] = args.agent_image
+    init["args"] = [args.model_bucket if a == "@MODEL_BUCKET@" else a for a in init["args"]]
+    return obj

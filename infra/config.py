@@ -1,0 +1,93 @@
+"""Deployment settings of one Pulumi stack (region, domain, sizes of managed services).
+
+Platform numbers (models, GPUs, replica bounds) never live here: they come from
+`stacks/<stack>.yaml` through `apps.core.sizing` (ARCHITECTURE D8). This module only
+parses the `llmfleet:*` keys of `Pulumi.<stack>.yaml` into a typed, frozen value.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class OfficeHours:
+    """KEDA cron trigger that keeps warm replicas of a scale-to-zero model during office hours."""
+
+    timezone: str = "Europe/Berlin"
+    start: str = "0 8 * * 1-5"
+    end: str = "0 19 * * 1-5"
+
+
+@dataclass(frozen=True)
+class InfraConfig:
+    stack: str  # stack spec name or path (stacks/<stack>.yaml)
+    region: str = "us-east-1"
+    availability_zones: tuple[str, ...] = ("us-east-1a", "us-east-1b", "us-east-1c")
+    vpc_cidr: str = "10.40.0.0/16"
+    single_nat_gateway: bool = True
+    api_host: str = "api.llmfleet.example.com"
+    nodes_host: str = "nodes.llmfleet.example.com"
+    certificate_arn: str = "arn:aws:acm:us-east-1:123456789012:certificate/replace-me"
+    image_tag: str = "0.1.0"
+    vllm_image: str = "vllm/vllm-openai:v0.11.0"
+    # Pinned AL2023 alias: `@latest` drifts every AMI release (kubernetes-facts §2).
+    ami_alias: str = "al2023@v20251120"
+    system_instance_type: str = "m6i.xlarge"
+    system_nodes_min: int = 2
+    system_nodes_desired: int = 2
+    system_nodes_max: int = 4
+    gpu_limit: int = 16
+    aurora_instance_class: str = "db.r6g.large"
+    aurora_instances: int = 2
+    redis_node_type: str = "cache.r7g.large"
+    redis_replicas: int = 1
+    gateway_min_replicas: int = 2
+    gateway_max_replicas: int = 6
+    orchestrator_replicas: int = 2
+    office_hours: OfficeHours = field(default_factory=OfficeHours)
+
+    @classmethod
+    def from_mapping(cls, stack: str, values: Mapping[str, str], region: str | None = None) -> InfraConfig:
+        """Build from `llmfleet:*` config values (strings, as Pulumi stores them)."""
+        base = cls(stack=stack)
+
+        def text(key: str, default: str) -> str:
+            return values.get(key, default)
+
+        def number(key: str, default: int) -> int:
+            raw = values.get(key)
+            return default if raw is None else int(raw)
+
+        azs = values.get("availabilityZones")
+        return cls(
+            stack=values.get("stack", stack),
+            region=region or base.region,
+            availability_zones=tuple(a.strip() for a in azs.split(",")) if azs else base.availability_zones,
+            vpc_cidr=text("vpcCidr", base.vpc_cidr),
+            single_nat_gateway=text("singleNatGateway", "true").lower() == "true",
+            api_host=text("apiHost", base.api_host),
+            nodes_host=text("nodesHost", base.nodes_host),
+            certificate_arn=text("certificateArn", base.certificate_arn),
+            image_tag=text("imageTag", base.image_tag),
+            vllm_image=text("vllmImage", base.vllm_image),
+            ami_alias=text("amiAlias", base.ami_alias),
+            system_instance_type=text("systemInstanceType", base.system_instance_type),
+            system_nodes_min=number("systemNodesMin", base.system_nodes_min),
+            system_nodes_desired=number("systemNodesDesired", base.system_nodes_desired),
+            system_nodes_max=number("systemNodesMax", base.system_nodes_max),
+            gpu_limit=number("gpuLimit", base.gpu_limit),
+            aurora_instance_class=text("auroraInstanceClass", base.aurora_instance_class),
+            aurora_instances=number("auroraInstances", base.aurora_instances),
+            redis_node_type=text("redisNodeType", base.redis_node_type),
+            redis_replicas=number("redisReplicas", base.redis_replicas),
+            gateway_min_replicas=number("gatewayMinReplicas", base.gateway_min_replicas),
+            gateway_max_replicas=number("gatewayMaxReplicas", base.gateway_max_replicas),
+            orchestrator_replicas=number("orchestratorReplicas", base.orchestrator_replicas),
+            office_hours=OfficeHours(
+                timezone=text("officeHoursTimezone", base.office_hours.timezone),
+                start=text("officeHoursStart", base.office_hours.start),
+                end=text("officeHoursEnd", base.office_hours.end),
+            ),
+        )

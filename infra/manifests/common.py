@@ -1,0 +1,46 @@
+"""Names, labels and constants shared by every Kubernetes renderer."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+Manifest = dict[str, Any]
+
+NAMESPACE = "llmfleet"
+MONITORING_NAMESPACE = "monitoring"
+PROMETHEUS_URL = "http://kube-prometheus-stack-prometheus.monitoring.svc:9090"
+PROMETHEUS_RELEASE_LABEL = {"release": "kube-prometheus-stack"}
+
+GPU_RESOURCE = "nvidia.com/gpu"
+GPU_TAINT: dict[str, str] = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
+# Only pods that tolerate this taint may land on the spot pool; only the spot model's pods do.
+SPOT_TAINT_KEY = "llmfleet.io/spot-model"
+MODEL_LABEL = "llmfleet.io/model"
+POOL_LABEL = "llmfleet.io/pool"
+CAPACITY_TYPE = "karpenter.sh/capacity-type"
+
+# The vLLM pod's hostPath cache: Karpenter's instanceStorePolicy RAID0 mounts the NVMe here.
+MODEL_CACHE_HOST_PATH = "/mnt/k8s-disks/0/models"
+MODEL_CACHE_MOUNT = "/models"
+
+GATEWAY_PORT = 8080
+ORCHESTRATOR_PORT = 8081
+VLLM_PORT = 8000
+AGENT_HEALTH_PORT = 8090
+
+
+def slug(model: str) -> str:
+    """DNS-1123 label from a model name: `llama-3.1-8b-instruct` -> `llama-3-1-8b-instruct`."""
+    value = re.sub(r"[^a-z0-9-]+", "-", model.lower()).strip("-")
+    if not value or len(value) > 40:
+        raise ValueError(f"model name {model!r} does not make a short DNS label")
+    return value
+
+
+def labels(component: str, **extra: str) -> dict[str, str]:
+    return {"app.kubernetes.io/name": component, "app.kubernetes.io/part-of": "llmfleet", **extra}
+
+
+def meta(name: str, component: str, namespace: str = NAMESPACE, **extra: str) -> Manifest:
+    return {"name": name, "namespace": namespace, "labels": labels(component, **extra)}

@@ -1,0 +1,244 @@
+"""Gateway and orchestrator: Deployments, Services, PDBs, the gateway HPA and the ALB ingresses.
+
+Both read their connection strings from the Secret `llmfleet-app` (written by the program
+from Aurora / ElastiCache / Secrets Manager outputs). The public ALB terminates TLS for the
+OpenAI API and, on a second host, forwards only `/v1/nodes/connect` (WebSocket) to the
+orchestrator so on-premises nodes behind NAT can dial in; `/internal/*` is never exposed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from infra.manifests.common import GATEWAY_PORT, NAMESPACE, ORCHESTRATOR_PORT, Manifest, labels, meta
+
+APP_SECRET = "llmfleet-app"
+SYSTEM_POOL_SELECTOR = {"llmfleet.io/pool": "system"}
+
+
+@dataclass(frozen=True)
+class PlatformTarget:
+    gateway_image: str
+    orchestrator_image: str
+    stack: str
+    api_host: str
+    nodes_host: str
+    certificate_arn: str
+    gateway_min_replicas: int
+    gateway_max_replicas: int
+    orchestrator_replicas: int
+
+
+def _env(app: str, stack: str) -> list[Manifest]:
+    keys = ["LLMFLEET_DATABASE_URL", "LLMFLEET_REDIS_URL", "LLMFLEET_INTERNAL_TOKEN", "LLMFLEET_SECRET_KEY"]
+    env: list[Manifest] = [
+        {"name": key, "valueFrom": {"secretKeyRef": {"name": APP_SECRET, "key": key}}} for key in keys
+    ]
+    env.append({"name": "LLMFLEET_STACK", "value": stack})
+    if app == "gateway":
+        env.append(
+            {
+                "name": "LLMFLEET_ORCHESTRATOR_URL",
+                "value": f"http://orchestrator.{NAMESPACE}.svc:{ORCHESTRATOR_PORT}",
+            }
+        )
+    return env
+
+
+def _deployment(app: str, image: str, port: int, replicas: int | None, stack: str, grace_s: int) -> Manifest:
+    selector = labels(app)
+    spec: Manifest = {
+        "selector": {"matchLabels": selector},
+        "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
+        "template": {
+            "metadata": {"labels": selector},
+            "spec": {
+                "serviceAccountName": app,
+                "nodeSelector": dict(SYSTEM_POOL_SELECTOR),
+                "terminationGracePeriodSeconds": grace_s,
+                "securityContext": {"runAsNonRoot": True, "runAsUser": 10001, "runAsGroup": 10001},
+                "containers": [
+                    {
+                        "name": app,
+                        "image": image,
+                        "args": [app, "--host", "0.0.0.0", "--port", str(port)],
+                        "env": _env(app, stack),
+                        "ports": [{"name": "http", "containerPort": port}],
+                        "readinessProbe": {
+                            "httpGet": {"path": "/readyz", "port": "http"},
+                            "periodSeconds": 5,
+                        },
+                        "livenessProbe": {"httpGet": {"path": "/livez", "port": "http"}, "periodSeconds": 10},
+                        # Endpoints are removed in parallel with SIGTERM: keep serving a few seconds.
+                        "lifecycle": {"preStop": {"sleep": {"seconds": 10}}},
+                        "resources": {
+                            "requests": {"cpu": "500m", "memory": "512Mi"},
+                            "limits": {"memory": "1Gi"},
+                        },
+                        "securityContext": {
+                            "allowPrivilegeEscalation": False,
+                            "readOnlyRootFilesystem": True,
+                            "capabilities": {"drop": ["ALL"]},
+                        },
+                    }
+                ],
+                "topologySpreadConstraints": [
+                    {
+                        "maxSkew": 1,
+                        "topologyKey": "topology.kubernetes.io/zone",
+                        "whenUnsatisfiable": "ScheduleAnyway",
+                        "labelSelector": {"matchLabels": selector},
+                    }
+                ],
+            },
+        },
+    }
+    if replicas is not None:
+        spec["replicas"] = replicas
+    return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": meta(app, app), "spec": spec}
+
+
+def _service(app: str, port: int) -> Manifest:
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": meta(app, app),
+        "spec": {"selector": labels(app), "ports": [{"name": "http", "port": port, "targetPort": "http"}]},
+    }
+
+
+def _pdb(app: str) -> Manifest:
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": meta(app, app),
+        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": labels(app)}},
+    }
+
+
+def _service_account(app: str) -> Manifest:
+    return {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta(app, app)}
+
+
+def _hpa(t: PlatformTarget) -> Manifest:
+    return {
+        "apiVersion": "autoscaling/v2",
+        "kind": "HorizontalPodAutoscaler",
+        "metadata": meta("gateway", "gateway"),
+        "spec": {
+            "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": "gateway"},
+            "minReplicas": t.gateway_min_replicas,
+            "maxReplicas": t.gateway_max_replicas,
+            "metrics": [
+                {
+                    "type": "Resource",
+                    "resource": {"name": "cpu", "target": {"type": "Utilization", "averageUtilization": 60}},
+                }
+            ],
+            "behavior": {"scaleDown": {"stabilizationWindowSeconds": 600}},
+        },
+    }
+
+
+def _ingress(
+    name: str, host: str, service: str, port: int, path: str, path_type: str, t: PlatformTarget
+) -> Manifest:
+    annotations = {
+        "alb.ingress.kubernetes.io/scheme": "internet-facing",
+        "alb.ingress.kubernetes.io/target-type": "ip",
+        "alb.ingress.kubernetes.io/group.name": "llmfleet",
+        "alb.ingress.kubernetes.io/certificate-arn": t.certificate_arn,
+        "alb.ingress.kubernetes.io/listen-ports": '[{"HTTPS": 443}]',
+        "alb.ingress.kubernetes.io/ssl-policy": "ELBSecurityPolicy-TLS13-1-2-2021-06",
+        # Long SSE streams and node WebSockets must outlive the ALB's 60 s default idle timeout.
+        "alb.ingress.kubernetes.io/load-balancer-attributes": "idle_timeout.timeout_seconds=3600",
+        "alb.ingress.kubernetes.io/healthcheck-path": "/readyz",
+    }
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "Ingress",
+        "metadata": {**meta(name, service), "annotations": annotations},
+        "spec": {
+            "ingressClassName": "alb",
+            "tls": [{"hosts": [host]}],
+            "rules": [
+                {
+                    "host": host,
+                    "http": {
+                        "paths": [
+                            {
+                                "path": path,
+                                "pathType": path_type,
+                                "backend": {"service": {"name": service, "port": {"number": port}}},
+                            }
+                        ]
+                    },
+                }
+            ],
+        },
+    }
+
+
+def migrate_job(image: str, stack: str) -> Manifest:
+    """`llmfleet admin migrate` before the apps roll out (idempotent; Pulumi replaces the Job on change)."""
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": meta("llmfleet-migrate", "migrate"),
+        "spec": {
+            "backoffLimit": 3,
+            "activeDeadlineSeconds": 600,
+            "template": {
+                "metadata": {"labels": labels("migrate")},
+                "spec": {
+                    "restartPolicy": "OnFailure",
+                    "nodeSelector": dict(SYSTEM_POOL_SELECTOR),
+                    "securityContext": {"runAsNonRoot": True, "runAsUser": 10001, "runAsGroup": 10001},
+                    "containers": [
+                        {
+                            "name": "migrate",
+                            "image": image,
+                            "args": ["admin", "migrate"],
+                            "env": _env("migrate", stack)[:1],
+                            "resources": {
+                                "requests": {"cpu": "100m", "memory": "128Mi"},
+                                "limits": {"memory": "256Mi"},
+                            },
+                            "securityContext": {
+                                "allowPrivilegeEscalation": False,
+                                "readOnlyRootFilesystem": True,
+                                "capabilities": {"drop": ["ALL"]},
+                            },
+                        }
+                    ],
+                },
+            },
+        },
+    }
+
+
+def platform_objects(t: PlatformTarget) -> list[Manifest]:
+    return [
+        _service_account("gateway"),
+        _service_account("orchestrator"),
+        # uvicorn stops listening at SIGTERM; streams get the grace period to finish.
+        _deployment("gateway", t.gateway_image, GATEWAY_PORT, None, t.stack, 120),
+        _deployment(
+            "orchestrator", t.orchestrator_image, ORCHESTRATOR_PORT, t.orchestrator_replicas, t.stack, 120
+        ),
+        _service("gateway", GATEWAY_PORT),
+        _service("orchestrator", ORCHESTRATOR_PORT),
+        _pdb("gateway"),
+        _pdb("orchestrator"),
+        _hpa(t),
+        _ingress("gateway", t.api_host, "gateway", GATEWAY_PORT, "/", "Prefix", t),
+        _ingress(
+            "orchestrator-nodes",
+            t.nodes_host,
+            "orchestrator",
+            ORCHESTRATOR_PORT,
+            "/v1/nodes/connect",
+            "Exact",
+            t,
+        ),
+    ]

@@ -1,0 +1,179 @@
+"""The Pulumi program: the stack spec and the planner in, every component out.
+
+`define(spec, config)` is called by `__main__.py` under `pulumi up` and by `infra.render`
+under mocks; it creates no resource inside an `apply`.
+"""
+
+from __future__ import annotations
+
+import pulumi
+import pulumi_aws as aws
+
+from apps.core.sizing.plan import plan_fleet
+from apps.core.spec import StackSpec, load_spec
+from infra.components.addons import Addons, AddonsArgs
+from infra.components.artifacts import ArtifactsArgs, Images, ModelBucket
+from infra.components.cluster import Cluster, ClusterArgs
+from infra.components.datastores import Cache, Database, DatastoreArgs
+from infra.components.karpenter import Karpenter, KarpenterArgs
+from infra.components.network import Network, NetworkArgs
+from infra.components.observability import Observability, ObservabilityArgs
+from infra.components.platform import PlatformApps, PlatformArgs
+from infra.components.serving import ModelServing, ServingArgs
+from infra.config import InfraConfig
+from infra.manifests.karpenter import gpu_pool_spec
+from infra.manifests.platform import PlatformTarget
+
+
+def define(config: InfraConfig, spec: StackSpec | None = None) -> None:
+    spec = spec or load_spec(config.stack)
+    plan = plan_fleet(spec)
+    name = spec.cluster_name
+    account_id = aws.get_caller_identity_output().account_id
+    network = Network(
+        "network",
+        NetworkArgs(
+            name, config.vpc_cidr, config.availability_zones, config.region, config.single_nat_gateway
+        ),
+    )
+    cluster = Cluster(
+        name,
+        ClusterArgs(
+            name=name,
+            version=spec.kubernetes_version,
+            vpc_id=network.vpc.id,
+            private_subnet_ids=network.private_subnet_ids,
+            public_subnet_ids=network.public_subnet_ids,
+            system_instance_type=config.system_instance_type,
+            system_min=config.system_nodes_min,
+            system_desired=config.system_nodes_desired,
+            system_max=config.system_nodes_max,
+        ),
+    )
+    cluster_arn = pulumi.Output.concat("arn:aws:eks:", config.region, ":", account_id, ":cluster/", name)
+    Karpenter(
+        "karpenter",
+        KarpenterArgs(
+            cluster_name=name,
+            region=config.region,
+            account_id=account_id,
+            cluster_arn=cluster_arn,
+            oidc_provider_arn=cluster.oidc_provider_arn,
+            oidc_provider_url=cluster.oidc_provider_url,
+            provider=cluster.provider,
+            pools=gpu_pool_spec(spec, config.gpu_limit),
+            ami_alias=config.ami_alias,
+        ),
+    )
+    addons = Addons(
+        "addons",
+        AddonsArgs(
+            cluster_name=name,
+            region=config.region,
+            vpc_id=network.vpc.id,
+            oidc_provider_arn=cluster.oidc_provider_arn,
+            oidc_provider_url=cluster.oidc_provider_url,
+            provider=cluster.provider,
+        ),
+    )
+    artifacts = ArtifactsArgs(name=f"llmfleet-{spec.name}", image_tag=config.image_tag)
+    bucket = ModelBucket("models", artifacts)
+    images = Images("images", artifacts)
+    stores = DatastoreArgs(
+        name=f"llmfleet-{spec.name}",
+        vpc_id=network.vpc.id,
+        vpc_cidr=config.vpc_cidr,
+        private_subnet_ids=network.private_subnet_ids,
+        aurora_instance_class=config.aurora_instance_class,
+        aurora_instances=config.aurora_instances,
+        redis_node_type=config.redis_node_type,
+        redis_replicas=config.redis_replicas,
+    )
+    database = Database("database", stores)
+    cache = Cache("cache", stores)
+    crds: list[pulumi.Resource] = [addons.releases["keda"], addons.releases["kube-prometheus-stack"]]
+    ModelServing(
+        "serving",
+        ServingArgs(
+            spec=spec,
+            plan=plan,
+            vllm_image=config.vllm_image,
+            agent_image=images.refs["agent"],
+            model_bucket=bucket.bucket.bucket,
+            model_bucket_arn=bucket.bucket.arn,
+            oidc_provider_arn=cluster.oidc_provider_arn,
+            oidc_provider_url=cluster.oidc_provider_url,
+            office_hours=config.office_hours,
+            provider=cluster.provider,
+            depends_on=crds,
+        ),
+    )
+    PlatformApps(
+        "platform",
+        PlatformArgs(
+            target=PlatformTarget(
+                gateway_image="",
+                orchestrator_image="",
+                stack=spec.name,
+                api_host=config.api_host,
+                nodes_host=config.nodes_host,
+                certificate_arn=config.certificate_arn,
+                gateway_min_replicas=config.gateway_min_replicas,
+                gateway_max_replicas=config.gateway_max_replicas,
+                orchestrator_replicas=config.orchestrator_replicas,
+            ),
+            gateway_image=images.refs["gateway"],
+            orchestrator_image=images.refs["orchestrator"],
+            database_url=database.url,
+            redis_url=cache.url,
+            provider=cluster.provider,
+            depends_on=[addons.releases["aws-load-balancer-controller"]],
+        ),
+    )
+    Observability(
+        "observability",
+        ObservabilityArgs(
+            models_at_zero=[n for n, m in plan.models.items() if m.min_replicas == 0],
+            provider=cluster.provider,
+            depends_on=[addons.releases["kube-prometheus-stack"]],
+        ),
+    )
+    pulumi.export("cluster", name)
+    pulumi.export("kubeconfig", pulumi.Output.secret(cluster.cluster.kubeconfig_json))
+    pulumi.export("model_bucket", bucket.bucket.bucket)
+    pulumi.export("gpus_peak", plan.gpus_peak)
+    pulumi.export("gpus_cloud", plan.gpus_cloud)
+
+
+def config_from_pulumi() -> InfraConfig:
+    cfg = pulumi.Config("llmfleet")
+    keys = [
+        "stack",
+        "availabilityZones",
+        "vpcCidr",
+        "singleNatGateway",
+        "apiHost",
+        "nodesHost",
+        "certificateArn",
+        "imageTag",
+        "vllmImage",
+        "amiAlias",
+        "systemInstanceType",
+        "systemNodesMin",
+        "systemNodesDesired",
+        "systemNodesMax",
+        "gpuLimit",
+        "auroraInstanceClass",
+        "auroraInstances",
+        "redisNodeType",
+        "redisReplicas",
+        "gatewayMinReplicas",
+        "gatewayMaxReplicas",
+        "orchestratorReplicas",
+        "officeHoursTimezone",
+        "officeHoursStart",
+        "officeHoursEnd",
+    ]
+    values = {k: v for k in keys if (v := cfg.get(k)) is not None}
+    region = pulumi.Config("aws").get("region")
+    return InfraConfig.from_mapping(pulumi.get_stack(), values, region=region)

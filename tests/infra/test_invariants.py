@@ -1,0 +1,275 @@
+"""Invariants of the rendered program for both stacks (issue 6, "Offline verification")."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from apps.core.sizing.plan import FleetPlan, plan_fleet
+from apps.core.spec import StackSpec, load_spec
+from infra.manifests.common import GPU_RESOURCE, GPU_TAINT, SPOT_TAINT_KEY, slug
+from infra.manifests.iam import is_scoped
+from infra.manifests.keda import KV_CACHE_TARGET, ORCHESTRATOR_QUEUE_METRIC, kv_query, waiting_threshold
+from tests.infra.conftest import kube_objects, of_kind, program
+
+
+def _arg(args: list[str], flag: str) -> str:
+    return args[args.index(flag) + 1]
+
+
+def _vllm_pods(kube: list[dict[str, Any]]) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    out = []
+    for dep in of_kind(kube, "Deployment"):
+        pod = dep["spec"]["template"]["spec"]
+        for c in pod["containers"]:
+            if c["name"] == "vllm":
+                out.append((dep, pod))
+    return out
+
+
+def _model_of(pod: dict[str, Any]) -> str:
+    vllm = next(c for c in pod["containers"] if c["name"] == "vllm")
+    return _arg(vllm["args"], "--served-model-name")
+
+
+def test_every_gpu_pod_tolerates_the_taint_and_requests_whole_gpus(
+    kube: list[dict[str, Any]], plan: FleetPlan
+) -> None:
+    pods = _vllm_pods(kube)
+    assert pods
+    for dep, pod in pods:
+        tolerations = pod["tolerations"]
+        assert any(t["key"] == GPU_TAINT["key"] and t["effect"] == "NoSchedule" for t in tolerations), dep
+        vllm = next(c for c in pod["containers"] if c["name"] == "vllm")
+        mp = plan.models[_model_of(pod)]
+        assert vllm["resources"]["limits"][GPU_RESOURCE] == str(mp.gpus_per_replica)
+        assert vllm["resources"]["requests"][GPU_RESOURCE] == str(mp.gpus_per_replica)
+        assert _arg(vllm["args"], "--tensor-parallel-size") == str(mp.gpus_per_replica)
+
+
+def test_vllm_flags_equal_the_planner(kube: list[dict[str, Any]], plan: FleetPlan) -> None:
+    seen = set()
+    for _, pod in _vllm_pods(kube):
+        name = _model_of(pod)
+        seen.add(name)
+        mp = plan.models[name]
+        args = next(c for c in pod["containers"] if c["name"] == "vllm")["args"]
+        assert _arg(args, "--max-num-seqs") == str(mp.max_num_seqs)
+        assert _arg(args, "--max-model-len") == str(mp.max_model_len)
+        agent = next(c for c in pod["containers"] if c["name"] == "agent")["args"]
+        assert _arg(agent, "--max-num-seqs") == str(mp.max_num_seqs)
+        assert _arg(agent, "--location") == "cloud"
+    assert seen == set(plan.models)
+
+
+def test_prod_matches_the_brief() -> None:
+    kube = kube_objects("prod")
+    flags = {}
+    for _, pod in _vllm_pods(kube):
+        args = next(c for c in pod["containers"] if c["name"] == "vllm")["args"]
+        flags[_model_of(pod)] = (
+            _arg(args, "--tensor-parallel-size"),
+            _arg(args, "--max-model-len"),
+            _arg(args, "--max-num-seqs"),
+        )
+    assert flags["llama-3.1-8b-instruct"] == ("1", "8192", "64")
+    assert flags["qwen2.5-32b-instruct"][0] == "2"
+    assert flags["llama-3.3-70b-instruct-fp8"][0] == "4"
+
+
+def _replica_bounds(kube: list[dict[str, Any]], model: str) -> tuple[int, int]:
+    deps = {d["metadata"]["name"]: d for d in of_kind(kube, "Deployment")}
+    low = high = 0
+    for so in of_kind(kube, "ScaledObject"):
+        target = so["spec"]["scaleTargetRef"]["name"]
+        if deps[target]["metadata"]["labels"].get("llmfleet.io/model") == slug(model):
+            low += so["spec"]["minReplicaCount"]
+            high += so["spec"]["maxReplicaCount"]
+    for dep in deps.values():
+        if dep["metadata"]["labels"].get("llmfleet.io/model") == slug(model) and "replicas" in dep["spec"]:
+            low += dep["spec"]["replicas"]
+            high += dep["spec"]["replicas"]
+    return low, high
+
+
+def _base_replicas(kube: list[dict[str, Any]], so: dict[str, Any]) -> int:
+    """Fixed replicas of the same model outside this ScaledObject (the on-demand floor)."""
+    model = so["metadata"]["labels"]["llmfleet.io/model"]
+    return sum(
+        d["spec"].get("replicas", 0)
+        for d in of_kind(kube, "Deployment")
+        if d["metadata"]["labels"].get("llmfleet.io/model") == model
+        and d["metadata"]["name"] != so["spec"]["scaleTargetRef"]["name"]
+    )
+
+
+def test_replica_bounds_and_keda_thresholds_come_from_the_spec(
+    kube: list[dict[str, Any]], spec: StackSpec, plan: FleetPlan
+) -> None:
+    for name, mp in plan.models.items():
+        assert _replica_bounds(kube, name) == (mp.min_replicas, mp.max_replicas), name
+    for so in of_kind(kube, "ScaledObject"):
+        s = so["spec"]
+        assert (
+            s["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]["scaleDown"][
+                "stabilizationWindowSeconds"
+            ]
+            == 600
+        )
+        by_name = {t["name"]: t for t in s["triggers"]}
+        model = by_name["vllm-waiting"]["metadata"]["query"].split('"')[1]
+        expected = waiting_threshold(plan.models[model], spec.slo.queue_wait_p95_s)
+        assert by_name["vllm-waiting"]["metadata"]["threshold"] == str(expected)
+        assert by_name["vllm-kv-cache"]["metadata"]["threshold"] == str(KV_CACHE_TARGET)
+        base = _base_replicas(kube, so)
+        assert by_name["vllm-kv-cache"]["metadata"]["query"] == kv_query(model, base)
+        for trigger in s["triggers"]:
+            assert all(isinstance(v, str) for v in trigger["metadata"].values()), trigger
+            if trigger["type"] == "prometheus":
+                query = trigger["metadata"]["query"]
+                assert query.startswith(("sum(", "clamp_min(sum(")), "one series only"
+                assert " by " not in query, "one series only"
+        # KEDA webhook rules the CRD schema does not carry
+        assert s["minReplicaCount"] <= s["maxReplicaCount"]
+        assert len(by_name) == len(s["triggers"]), "trigger names unique"
+        assert len(f"keda-hpa-{so['metadata']['name']}") <= 63
+
+
+def test_eight_b_keeps_two_on_demand_replicas_in_prod() -> None:
+    kube = kube_objects("prod")
+    base = next(
+        d for d in of_kind(kube, "Deployment") if d["metadata"]["name"] == "vllm-llama-3-1-8b-instruct"
+    )
+    assert base["spec"]["replicas"] >= 2
+    terms = base["spec"]["template"]["spec"]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ]
+    assert {"key": "karpenter.sh/capacity-type", "operator": "In", "values": ["on-demand"]} in terms[
+        "nodeSelectorTerms"
+    ][0]["matchExpressions"]
+
+
+def test_spot_pool_admits_only_the_spot_model(kube: list[dict[str, Any]], spec: StackSpec) -> None:
+    spot_model = next(n for n, m in spec.models.items() if m.serving.spot)
+    pools = {p["metadata"]["name"]: p for p in of_kind(kube, "NodePool")}
+    spot = pools["gpu-l40s-spot"]["spec"]["template"]["spec"]
+    assert {"key": SPOT_TAINT_KEY, "value": spot_model, "effect": "NoSchedule"} in spot["taints"]
+    assert {"key": "karpenter.sh/capacity-type", "operator": "In", "values": ["spot"]} in spot["requirements"]
+    for _, pod in _vllm_pods(kube):
+        if any(t["key"] == SPOT_TAINT_KEY for t in pod["tolerations"]):
+            assert _model_of(pod) == spot_model
+    for pool in pools.values():
+        s = pool["spec"]
+        assert GPU_TAINT in s["template"]["spec"]["taints"]
+        assert s["disruption"]["consolidateAfter"] == "10m"
+        assert s["limits"][GPU_RESOURCE] > 0
+
+
+def test_scale_to_zero_models_activate_on_a_metric_that_exists_at_zero(
+    kube: list[dict[str, Any]], plan: FleetPlan
+) -> None:
+    at_zero = [so for so in of_kind(kube, "ScaledObject") if so["spec"]["minReplicaCount"] == 0]
+    assert at_zero
+    for so in at_zero:
+        queue = [
+            t for t in so["spec"]["triggers"] if ORCHESTRATOR_QUEUE_METRIC in t["metadata"].get("query", "")
+        ]
+        assert queue, so["metadata"]["name"]
+        assert queue[0]["metadata"]["activationThreshold"] == "0", so["metadata"]["name"]
+    seventy = plan.models["llama-3.3-70b-instruct-fp8"]
+    assert seventy.min_replicas == 0
+
+
+def test_seventy_b_office_hours_cron_in_prod() -> None:
+    kube = kube_objects("prod")
+    so = next(s for s in of_kind(kube, "ScaledObject") if "70b" in s["metadata"]["name"])
+    cron = [t for t in so["spec"]["triggers"] if t["type"] == "cron"]
+    assert cron
+    assert cron[0]["metadata"]["desiredReplicas"] == "1"
+
+
+def test_no_security_group_opens_anything_to_the_internet(resources: list[dict[str, Any]]) -> None:
+    groups = [r for r in resources if r["type"] == "aws:ec2/securityGroup:SecurityGroup"]
+    assert groups
+    for group in groups:
+        for rule in group["inputs"].get("ingress", []):
+            assert "0.0.0.0/0" not in rule.get("cidrBlocks", []), group["name"]
+            assert "::/0" not in rule.get("ipv6CidrBlocks", []), group["name"]
+    for r in resources:
+        if r["type"] == "aws:rds/clusterInstance:ClusterInstance":
+            assert r["inputs"]["publiclyAccessible"] is False
+
+
+def test_every_iam_policy_is_scoped(resources: list[dict[str, Any]]) -> None:
+    policies = [r for r in resources if r["type"] == "aws:iam/rolePolicy:RolePolicy"]
+    assert len(policies) >= 3
+    for r in policies:
+        assert is_scoped(json.loads(r["inputs"]["policy"])) == [], r["name"]
+    for r in resources:
+        if r["type"] == "aws:iam/role:Role":
+            trust = json.loads(r["inputs"]["assumeRolePolicy"])
+            for stmt in trust["Statement"]:
+                if "Federated" in stmt["Principal"]:
+                    assert "StringEquals" in stmt["Condition"], r["name"]
+
+
+def test_model_sync_reads_only_the_model_bucket(resources: list[dict[str, Any]]) -> None:
+    policy = next(
+        r for r in resources if r["name"] == "serving-model-sync" and r["type"].endswith("RolePolicy")
+    )
+    doc = json.loads(policy["inputs"]["policy"])
+    actions = {a for s in doc["Statement"] for a in s["Action"]}
+    assert actions == {"s3:ListBucket", "s3:GetObject"}
+    for stmt in doc["Statement"]:
+        assert all(res.startswith("arn:") and "models" in res for res in stmt["Resource"])
+
+
+def test_bucket_is_versioned_encrypted_and_private(resources: list[dict[str, Any]]) -> None:
+    types = {r["type"]: r["inputs"] for r in resources}
+    assert types["aws:s3/bucketVersioning:BucketVersioning"]["versioningConfiguration"]["status"] == "Enabled"
+    block = types["aws:s3/bucketPublicAccessBlock:BucketPublicAccessBlock"]
+    assert all(
+        block[k] is True
+        for k in ("blockPublicAcls", "blockPublicPolicy", "ignorePublicAcls", "restrictPublicBuckets")
+    )
+
+
+def test_secrets_are_masked(resources: list[dict[str, Any]]) -> None:
+    text = json.dumps(resources)
+    assert "mock-" not in text.replace("mock-nodes", "")
+    secrets = [r for r in resources if r["type"] == "kubernetes:core/v1:Secret"]
+    assert secrets
+    assert all(r["inputs"]["stringData"] == "[secret]" for r in secrets)
+
+
+def test_every_component_parents_its_children(stack: str) -> None:
+    result = program(stack)
+    components = {r["type"] for r in result.rows if r["type"].startswith("llmfleet:infra:")}
+    assert {
+        "llmfleet:infra:Network",
+        "llmfleet:infra:Cluster",
+        "llmfleet:infra:Karpenter",
+        "llmfleet:infra:Addons",
+        "llmfleet:infra:ModelServing",
+        "llmfleet:infra:PlatformApps",
+        "llmfleet:infra:Database",
+        "llmfleet:infra:Cache",
+        "llmfleet:infra:ModelBucket",
+        "llmfleet:infra:Images",
+        "llmfleet:infra:Observability",
+    } <= components
+    for row in result.rows:
+        parent = result.parents[(row["type"], row["name"])]
+        if row["type"].startswith("llmfleet:infra:"):
+            assert parent == "pulumi:pulumi:Stack", row["name"]
+        else:
+            assert parent.startswith("llmfleet:infra:"), f"{row['type']} {row['name']} has parent {parent!r}"
+
+
+def test_dev_is_small() -> None:
+    dev = plan_fleet(load_spec("dev"))
+    assert dev.models["llama-3.1-8b-instruct"].replicas == 1
+    assert dev.models["qwen2.5-32b-instruct"].min_replicas == 0
+    assert dev.models["llama-3.3-70b-instruct-fp8"].min_replicas == 0
+    bounds = _replica_bounds(kube_objects("dev"), "llama-3.1-8b-instruct")
+    assert bounds == (1, 2)

@@ -1,0 +1,48 @@
+"""Shutdown of a vLLM pod: the preStop hook waits for the agent's drain, bounded by the budget."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+
+from apps.core.sizing.plan import plan_fleet
+from apps.core.spec import load_spec
+from infra.manifests.vllm import timing, wait_for_agent_exit
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_hook_returns_at_once_when_the_agent_is_gone() -> None:
+    # A budget far beyond the test timeout: the hook must not be waiting for it.
+    proc = subprocess.run(
+        [sys.executable, "-c", wait_for_agent_exit(100_000, _free_port())], timeout=60, check=False
+    )
+    assert proc.returncode == 0
+
+
+def test_hook_waits_while_the_agent_listens_and_returns_when_it_closes() -> None:
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(16)
+        port = int(server.getsockname()[1])
+        proc = subprocess.Popen([sys.executable, "-c", wait_for_agent_exit(100_000, port)])
+        server.settimeout(60)
+        conn, _ = server.accept()  # the hook is polling: the agent is still "draining"
+        conn.close()
+        assert proc.poll() is None
+    # listener closed = the agent exited
+    assert proc.wait(timeout=60) == 0
+
+
+def test_grace_period_covers_drain_and_vllm_shutdown() -> None:
+    for name, mp in plan_fleet(load_spec("prod")).models.items():
+        tm = timing(mp)
+        assert tm.stream_budget_s * mp.tokens_per_s_per_stream >= mp.max_model_len, name
+        assert tm.shutdown_timeout_s > tm.stream_budget_s
+        assert tm.grace_period_s > tm.stream_budget_s + tm.shutdown_timeout_s
+        assert tm.startup_failure_threshold * 10 >= 300
