@@ -1,0 +1,49 @@
+"""Redis key and channel names of the node control plane (one place, shared by every replica).
+
+- `node:{id}`            HASH of the last heartbeat, TTL 15 s; `orchestrator_id` = owner replica,
+                         `conn` = id of the owning WebSocket connection (fences a superseded socket).
+- `node:{id}:inflight`   ZSET of request ids assigned to the node, score = expiry (unix s); the
+                         cross-replica capacity counter (`ZCARD` < max_num_seqs, taken atomically).
+- `nodes:index`          ZSET node id -> last heartbeat time, so a replica lists live nodes without SCAN.
+- `nodes:revoked`        SET of revoked node ids (checked atomically with every heartbeat write).
+- `nodech:{id}`          pub/sub channel of the replica that owns node `id` (assign, cancel, drain, revoke).
+- `orch:{replica}`       pub/sub channel of one orchestrator replica (frames relayed back to it).
+- `req:{request_id}`     HASH of the current assignment (node, origin replica, attempt), TTL max request time.
+- `done:{request_id}`    the usage a node reported (JSON), kept for the sweeper; TTL 24 h.
+- `partial:{request_id}` content events relayed before a node vanished (JSON), for the sweeper.
+- `orch:sweeper`         lock so one replica sweeps at a time.
+"""
+
+from __future__ import annotations
+
+NODES_INDEX = "nodes:index"
+NODES_REVOKED = "nodes:revoked"
+SWEEPER_LOCK = "orch:sweeper"
+
+
+def node_hash(node_id: str) -> str:
+    return f"node:{node_id}"
+
+
+def node_inflight(node_id: str) -> str:
+    return f"node:{node_id}:inflight"
+
+
+def node_channel(node_id: str) -> str:
+    return f"nodech:{node_id}"
+
+
+def replica_channel(orchestrator_id: str) -> str:
+    return f"orch:{orchestrator_id}"
+
+
+def request_key(request_id: str) -> str:
+    return f"req:{request_id}"
+
+
+def done_key(request_id: str) -> str:
+    return f"done:{request_id}"
+
+
+def partial_key(request_id: str) -> str:
+    return f"partial:{request_id}"

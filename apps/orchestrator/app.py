@@ -1,0 +1,284 @@
+"""Wiring of one orchestrator replica: `create_app(settings, deps)` and `run_orchestrator(settings)`.
+
+Routes: `WS /v1/nodes/connect`, `POST /internal/v1/dispatch`, `POST
+/internal/v1/nodes/{node_id}/drain`, `POST /internal/v1/nodes/{node_id}/load_model`,
+`/livez`, `/readyz`, `/metrics`. Background work
+(pub/sub reader, fleet refresh, settle workers, sweeper) runs in one TaskGroup owned
+by the app's cleanup context; shutdown closes node sockets first (nodes reconnect to
+another replica with backoff), then stops the background work, all bounded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import hmac
+import logging
+import signal
+from collections.abc import AsyncIterator
+
+from aiohttp import web
+from psycopg_pool import AsyncConnectionPool
+from redis.asyncio import BlockingConnectionPool, Redis
+from redis.exceptions import RedisError
+
+from apps.core.errors import LlmfleetError
+from apps.core.ledger.pg import PgLedger
+from apps.core.metering import settle_usage
+from apps.core.nodes.store import NodeStore
+from apps.core.protocol.dispatch import DISPATCH_PATH
+from apps.core.protocol.openai import error_body
+from apps.core.spec import load_spec
+from apps.orchestrator.logs import event
+from apps.orchestrator.node_ws import NodeSockets
+from apps.orchestrator.plane import ControlPlane, OrchestratorDeps
+from apps.orchestrator.ratelimit import TokenBucket
+from apps.orchestrator.relay import DispatchHandler
+from apps.orchestrator.settings import OrchestratorSettings
+from apps.orchestrator.settle import Settler, Sweeper
+
+PLANE: web.AppKey[ControlPlane] = web.AppKey("plane", ControlPlane)
+SETTLER: web.AppKey[Settler] = web.AppKey("settler", Settler)
+SWEEPER: web.AppKey[Sweeper] = web.AppKey("sweeper", Sweeper)
+NODE_PATH = "/v1/nodes/connect"
+
+
+def create_app(settings: OrchestratorSettings, deps: OrchestratorDeps) -> web.Application:
+    plane = ControlPlane(settings, deps)
+    settler = Settler(
+        deps.redis,
+        plane.fleet,
+        deps.settle,
+        plane.metrics,
+        queue_size=settings.settle_queue,
+        record_ttl_s=settings.done_record_ttl_s,
+    )
+    sweeper = Sweeper(
+        deps.redis,
+        deps.ledger,
+        deps.settle,
+        plane.metrics,
+        orchestrator_id=plane.id,
+        max_request_s=settings.max_request_s,
+        interval_s=settings.sweep_interval_s,
+    )
+    bucket = TokenBucket(
+        settings.registrations_per_s,
+        settings.registration_burst,
+        max_hint_s=settings.max_retry_hint_s,
+        clock=deps.monotonic,
+    )
+    sockets = NodeSockets(plane, settler, bucket)
+    dispatch = DispatchHandler(plane)
+    token = settings.internal_token.get_secret_value().encode()
+
+    def authorized(request: web.Request) -> bool:
+        supplied = request.headers.get("Authorization", "").removeprefix("Bearer ").encode()
+        return bool(token) and hmac.compare_digest(supplied, token)
+
+    async def livez(_: web.Request) -> web.Response:
+        return web.json_response({"status": "ok", "orchestrator_id": plane.id})
+
+    async def readyz(_: web.Request) -> web.Response:
+        problems: list[str] = []
+        try:
+            await asyncio.wait_for(deps.redis.ping(), 2.0)
+        except (RedisError, OSError, TimeoutError):
+            problems.append("redis")
+        try:
+            await asyncio.wait_for(deps.node_store.ping(), 2.0)
+        except Exception:
+            problems.append("postgresql")
+        if plane.stopping:
+            problems.append("stopping")
+        status = 503 if problems else 200
+        return web.json_response({"ready": not problems, "problems": problems}, status=status)
+
+    async def metrics(_: web.Request) -> web.Response:
+        counts = {"ready": 0, "draining": 0}
+        for conn in plane.local.values():
+            counts["draining" if conn.draining else "ready"] += 1
+        for state, n in counts.items():
+            plane.metrics.nodes.labels(state=state).set(n)
+        for model in deps.models:
+            plane.metrics.queue_depth.labels(model=model).set(plane.queues.depth(model))
+        return web.Response(body=plane.metrics.render(), content_type="text/plain", charset="utf-8")
+
+    async def drain(request: web.Request) -> web.Response:
+        if not authorized(request):
+            return web.json_response(error_body("invalid internal token", "authentication_error"), status=401)
+        node_id = request.match_info["node_id"]
+        ok = await plane.drain_local(node_id) or await deps.node_store.request_drain(node_id)
+        if not ok:
+            return web.json_response(
+                error_body(f"node {node_id!r} is not connected", "not_found_error"), status=404
+            )
+        return web.json_response({"node_id": node_id, "draining": True}, status=202)
+
+    async def load_model(request: web.Request) -> web.Response:
+        if not authorized(request):
+            return web.json_response(error_body("invalid internal token", "authentication_error"), status=401)
+        node_id = request.match_info["node_id"]
+        try:
+            name = str((await request.json())["name"])
+        except (ValueError, KeyError, TypeError):
+            return web.json_response(
+                error_body('body must be {"name": model}', "invalid_request_error", "name"), status=400
+            )
+        if not await plane.load_model(node_id, name):
+            return web.json_response(
+                error_body(f"node {node_id!r} is not connected", "not_found_error"), status=404
+            )
+        return web.json_response({"node_id": node_id, "load_model": name}, status=202)
+
+    async def background(app: web.Application) -> AsyncIterator[None]:
+        stop = asyncio.Event()
+
+        async def refresh_loop() -> None:
+            while not stop.is_set():
+                try:
+                    await plane.fleet.refresh()
+                    plane.check_remote_streams()
+                    plane.queues.notify()
+                except RedisError as exc:
+                    event("fleet_refresh_failed", logging.WARNING, error=type(exc).__name__)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), settings.fleet_refresh_s)
+
+        async def supervise() -> None:
+            async with asyncio.TaskGroup() as tg:
+                tg.create_task(plane.bus.run())
+                tg.create_task(refresh_loop())
+                tg.create_task(settler.run(settings.settle_workers))
+                tg.create_task(sweeper.run(stop))
+
+        task = asyncio.create_task(supervise())
+        await plane.bus.ready.wait()
+        await plane.fleet.refresh()
+        event("orchestrator_started", orchestrator_id=plane.id, models=sorted(deps.models))
+        yield
+        plane.stopping = True
+        stop.set()
+        # Pending settles finish before the workers stop (bounded): dones stay unacked otherwise.
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(settler.idle.wait(), settings.shutdown_grace_s)
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await plane.bus.close()
+
+    async def on_shutdown(app: web.Application) -> None:
+        plane.stopping = True
+        await sockets.close_all()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(sockets.all_closed.wait(), settings.shutdown_grace_s)
+
+    app = web.Application(client_max_size=8 * 1024 * 1024)
+    app[PLANE] = plane
+    app[SETTLER] = settler
+    app[SWEEPER] = sweeper
+    app.router.add_get(NODE_PATH, sockets.handle)
+    app.router.add_post(DISPATCH_PATH, dispatch.handle)
+    app.router.add_post("/internal/v1/nodes/{node_id}/drain", drain)
+    app.router.add_post("/internal/v1/nodes/{node_id}/load_model", load_model)
+    app.router.add_get("/livez", livez)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/metrics", metrics)
+    app.cleanup_ctx.append(background)
+    app.on_shutdown.append(on_shutdown)
+    return app
+
+
+async def build_deps(settings: OrchestratorSettings) -> tuple[OrchestratorDeps, AsyncConnectionPool]:
+    if not settings.secret_key.get_secret_value():
+        raise LlmfleetError("LLMFLEET_SECRET_KEY is not set (the server key for node token hashes)")
+    if not settings.internal_token.get_secret_value():
+        raise LlmfleetError("LLMFLEET_INTERNAL_TOKEN is not set (the bearer the gateway uses)")
+    spec = load_spec(settings.stack)
+    pool: AsyncConnectionPool = AsyncConnectionPool(
+        settings.database_url, min_size=1, max_size=10, open=False
+    )
+    await pool.open()
+    # A blocking pool: under a burst, callers wait briefly for a connection instead of
+    # failing with "Too many connections" (redis-py's default pool raises at 100).
+    redis = Redis(
+        connection_pool=BlockingConnectionPool.from_url(
+            settings.redis_url, max_connections=settings.redis_max_connections, timeout=5
+        )
+    )
+    ledger = PgLedger(pool, {name: m.prices for name, m in spec.models.items()})
+    store = NodeStore(
+        pool,
+        redis,
+        settings.secret_key.get_secret_value().encode(),
+        heartbeat_interval_s=settings.heartbeat_interval_s,
+    )
+    deps = OrchestratorDeps(
+        redis=redis,
+        node_store=store,
+        ledger=ledger,
+        settle=functools.partial(settle_usage, ledger, redis),
+        models=frozenset(spec.models),
+    )
+    return deps, pool
+
+
+async def run_orchestrator(settings: OrchestratorSettings, ready: asyncio.Event | None = None) -> None:
+    """Serve until SIGTERM/SIGINT; then close node sockets and stop, bounded."""
+    deps, pool = await build_deps(settings)
+    app = create_app(settings, deps)
+    runner = web.AppRunner(app, shutdown_timeout=settings.shutdown_grace_s, handler_cancellation=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await runner.setup()
+        await web.TCPSite(runner, settings.host, settings.port).start()
+        event("listening", host=settings.host, port=settings.port, orchestrator_id=settings.orchestrator_id)
+        if ready is not None:
+            ready.set()
+        await stop.wait()
+    finally:
+        await runner.cleanup()
+        await deps.redis.aclose()
+        await pool.close()
+
+
+class RunningOrchestrator:
+    """An orchestrator served in-process on a free port (tests, `llmfleet dev`)."""
+
+    def __init__(self, app: web.Application, runner: web.AppRunner, port: int) -> None:
+        self.app = app
+        self.runner = runner
+        self.port = port
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def ws_url(self) -> str:
+        return f"ws://127.0.0.1:{self.port}{NODE_PATH}"
+
+    @property
+    def plane(self) -> ControlPlane:
+        return self.app[PLANE]
+
+    async def close(self) -> None:
+        await self.runner.cleanup()
+
+
+async def start_orchestrator(
+    settings: OrchestratorSettings, deps: OrchestratorDeps, host: str = "127.0.0.1", port: int = 0
+) -> RunningOrchestrator:
+    app = create_app(settings, deps)
+    runner = web.AppRunner(app, shutdown_timeout=settings.shutdown_grace_s, handler_cancellation=True)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    await site.start()
+    server = site._server
+    sockets = getattr(server, "sockets", None) or []
+    bound = sockets[0].getsockname()[1] if sockets else port
+    return RunningOrchestrator(app, runner, int(bound))

@@ -1,0 +1,80 @@
+"""Cross-replica forwarding over Redis pub/sub, keyed by node id.
+
+The replica holding a node's socket subscribes to `nodech:{node_id}`; any replica that
+picked that node publishes `assign` / `cancel` there, and PUBLISH's receiver count tells
+it at once whether anyone owns the node now (0 -> retry elsewhere, nothing was sent).
+Frames for a forwarded request go back on the origin replica's own channel
+`orch:{replica}`, published in the order the node sent them (one reader task per node,
+sequential awaits). The node channel follows the node when it reconnects to another
+replica, so a forwarder never needs to know who owns the node. Lost pub/sub messages
+(a replica restarting) are caught by the relay's first-token and idle deadlines and by
+the fleet view noticing the owner's heartbeats stopped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from redis.asyncio import Redis
+from redis.exceptions import RedisError
+
+from apps.core.nodes import keys
+from apps.orchestrator.logs import event
+
+Handler = Callable[[str, dict[str, Any]], None]
+
+
+class Bus:
+    def __init__(self, redis: Redis, orchestrator_id: str, on_node: Handler, on_replica: Handler) -> None:
+        self._redis = redis
+        self._id = orchestrator_id
+        self._on_node = on_node
+        self._on_replica = on_replica
+        self._pubsub = redis.pubsub(ignore_subscribe_messages=True)
+        self._own = keys.replica_channel(orchestrator_id)
+        self.ready = asyncio.Event()
+
+    async def run(self) -> None:
+        """Reader loop; reconnects (redis-py re-subscribes) after a Redis outage."""
+        await self._pubsub.subscribe(self._own)
+        self.ready.set()
+        delay = 0.1
+        while True:
+            try:
+                msg = await self._pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
+                delay = 0.1
+            except RedisError as exc:
+                event("bus_error", logging.WARNING, error=type(exc).__name__)
+                await asyncio.sleep(delay)
+                delay = min(5.0, delay * 2)
+                continue
+            if msg is None or msg.get("type") != "message":
+                continue
+            channel = msg["channel"].decode() if isinstance(msg["channel"], bytes) else str(msg["channel"])
+            try:
+                payload = json.loads(msg["data"])
+            except ValueError:
+                continue
+            if channel == self._own:
+                self._on_replica(channel, payload)
+            elif channel.startswith("nodech:"):
+                self._on_node(channel.removeprefix("nodech:"), payload)
+
+    async def close(self) -> None:
+        await self._pubsub.aclose()  # type: ignore[no-untyped-call]
+
+    async def subscribe_node(self, node_id: str) -> None:
+        await self._pubsub.subscribe(keys.node_channel(node_id))
+
+    async def unsubscribe_node(self, node_id: str) -> None:
+        await self._pubsub.unsubscribe(keys.node_channel(node_id))
+
+    async def to_node(self, node_id: str, message: dict[str, Any]) -> int:
+        return int(await self._redis.publish(keys.node_channel(node_id), json.dumps(message)))
+
+    async def to_replica(self, orchestrator_id: str, message: dict[str, Any]) -> int:
+        return int(await self._redis.publish(keys.replica_channel(orchestrator_id), json.dumps(message)))

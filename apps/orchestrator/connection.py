@@ -1,0 +1,96 @@
+"""One node's WebSocket as held by its owner replica: identity, live load, routes, send queue.
+
+The reader task (in `node_ws`) updates it; the writer task drains `send_q` (bounded: a
+node that cannot keep up with its frames is disconnected rather than buffered forever).
+`routes` maps each request running on the node to where its frames go: a local
+`RequestStream`, or the replica that took the dispatch (`RemoteRoute`, via pub/sub).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from apps.core.protocol.node import CLOSE_NORMAL, _Frame, encode
+from apps.orchestrator.streams import RequestStream
+
+
+@dataclass(frozen=True)
+class RemoteRoute:
+    origin: str  # orchestrator id of the replica relaying this request
+
+
+Route = RequestStream | RemoteRoute
+
+
+class NodeConnection:
+    def __init__(
+        self,
+        *,
+        node_id: str,
+        location: str,
+        gpus: int,
+        models: dict[str, int],
+        send_limit: int,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.node_id = node_id
+        self.conn_id = uuid.uuid4().hex
+        self.location = location
+        self.gpus = gpus
+        self.models = models
+        self._clock = monotonic
+        self.send_q: asyncio.Queue[str] = asyncio.Queue(maxsize=send_limit)
+        self.routes: dict[str, Route] = {}
+        self.closing = asyncio.Event()
+        self.close_code = CLOSE_NORMAL
+        self.close_reason = ""
+        self.last_heartbeat = monotonic()
+        self.draining = False
+        self.drained = False
+        self.kv_cache_usage = 0.0
+        self.queue_depth = 0
+        self.gpu_util: float | None = None
+        self.running = 0
+
+    def send(self, frame: _Frame) -> bool:
+        """Queue a frame for the writer; False when the connection is closing or saturated."""
+        if self.closing.is_set():
+            return False
+        try:
+            self.send_q.put_nowait(encode(frame))
+        except asyncio.QueueFull:
+            self.close(1011, "send queue full")
+            return False
+        return True
+
+    def close(self, code: int, reason: str) -> None:
+        if not self.closing.is_set():
+            self.close_code = code
+            self.close_reason = reason
+            self.closing.set()
+
+    def heartbeat_age(self) -> float:
+        return self._clock() - self.last_heartbeat
+
+    def touch(self) -> None:
+        self.last_heartbeat = self._clock()
+
+    def hash_fields(self, orchestrator_id: str) -> dict[str, str | int | float]:
+        import json
+
+        return {
+            "orchestrator_id": orchestrator_id,
+            "location": self.location,
+            "gpus": self.gpus,
+            "models": json.dumps(self.models, separators=(",", ":")),
+            "queue_depth": self.queue_depth,
+            "kv_cache_usage": self.kv_cache_usage,
+            "gpu_util": "" if self.gpu_util is None else self.gpu_util,
+            "running": self.running,
+            "in_flight": len(self.routes),
+            "draining": "1" if self.draining else "0",
+        }

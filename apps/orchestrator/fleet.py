@@ -1,0 +1,226 @@
+"""The fleet as every replica sees it, kept in Redis (heartbeats, ownership, slot counters).
+
+Writes (owner replica): `write_heartbeat` is one Lua script that refuses to write when the
+node was revoked or when another socket (`conn`) took the node over, so a revoked or
+superseded socket learns it on its next heartbeat. Reads (every replica): `refresh` loads
+all live nodes in one pipeline every `fleet_refresh_s`. Capacity across replicas:
+`acquire_slot` atomically checks the node is alive and not draining, that its in-flight
+ZSET is below `max_num_seqs`, adds the request and records the assignment `req:{id}`;
+entries carry an expiry so a crashed replica's slots free themselves.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from redis.asyncio import Redis
+
+from apps.core.nodes import keys
+from apps.core.nodes.state import derive_state
+from apps.core.nodes.store import decode_hash
+from apps.orchestrator.scheduling.view import NodeView
+
+HEARTBEAT_OK = 1
+HEARTBEAT_SUPERSEDED = 0
+HEARTBEAT_REVOKED = -1
+
+_HEARTBEAT_LUA = """
+-- KEYS: node hash, revoked set, index. ARGV: node_id, conn, ttl_ms, now, force, field, value, ...
+if redis.call('SISMEMBER', KEYS[2], ARGV[1]) == 1 then return -1 end
+if ARGV[5] ~= '1' then
+  local cur = redis.call('HGET', KEYS[1], 'conn')
+  if cur and cur ~= ARGV[2] then return 0 end
+else
+  redis.call('DEL', KEYS[1])
+end
+local fields = {}
+for i = 6, #ARGV do fields[#fields + 1] = ARGV[i] end
+redis.call('HSET', KEYS[1], 'conn', ARGV[2], unpack(fields))
+redis.call('PEXPIRE', KEYS[1], ARGV[3])
+redis.call('ZADD', KEYS[3], ARGV[4], ARGV[1])
+return 1
+"""
+
+_REMOVE_LUA = """
+-- KEYS: node hash. ARGV: conn. Delete only our own registration.
+if redis.call('HGET', KEYS[1], 'conn') == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
+_DRAIN_LUA = """
+if redis.call('HGET', KEYS[1], 'conn') == ARGV[1] then return redis.call('HSET', KEYS[1], 'draining', '1') end
+return -1
+"""
+
+_ACQUIRE_LUA = """
+-- KEYS: node hash, inflight zset, req hash. ARGV: request_id, max, now, expiry, node_id, origin, req_ttl_s
+local h = redis.call('HMGET', KEYS[1], 'conn', 'draining')
+if not h[1] then return -1 end
+if h[2] == '1' then return -2 end
+redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', ARGV[3])
+if redis.call('ZCARD', KEYS[2]) >= tonumber(ARGV[2]) then return 0 end
+redis.call('ZADD', KEYS[2], ARGV[4], ARGV[1])
+redis.call('EXPIRE', KEYS[2], ARGV[7])
+redis.call('HSET', KEYS[3], 'node', ARGV[5], 'origin', ARGV[6])
+redis.call('HINCRBY', KEYS[3], 'attempt', 1)
+redis.call('EXPIRE', KEYS[3], ARGV[7])
+return 1
+"""
+
+
+def _f(value: str | None, default: float = 0.0) -> float:
+    try:
+        return float(value) if value not in (None, "") else default
+    except ValueError:
+        return default
+
+
+class Fleet:
+    def __init__(
+        self,
+        redis: Redis,
+        *,
+        heartbeat_interval_s: float,
+        heartbeat_ttl_s: float,
+        missed_heartbeats: int,
+        max_request_s: float,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._redis = redis
+        self._interval = heartbeat_interval_s
+        self._ttl_ms = int(heartbeat_ttl_s * 1000)
+        self._missed = missed_heartbeats
+        self._max_request_s = max_request_s
+        self._clock = wall_clock
+        self._heartbeat = redis.register_script(_HEARTBEAT_LUA)
+        self._remove = redis.register_script(_REMOVE_LUA)
+        self._drain = redis.register_script(_DRAIN_LUA)
+        self._acquire = redis.register_script(_ACQUIRE_LUA)
+        self._nodes: dict[str, NodeView] = {}
+
+    # -- owner side ---------------------------------------------------------------
+
+    async def write_heartbeat(
+        self, node_id: str, conn_id: str, fields: Mapping[str, str | int | float], *, register: bool = False
+    ) -> int:
+        now = self._clock()
+        flat: list[str | int | float] = []
+        for k, v in {**fields, "ts": now}.items():
+            flat += [k, v]
+        result = await self._heartbeat(
+            keys=[keys.node_hash(node_id), keys.NODES_REVOKED, keys.NODES_INDEX],
+            args=[node_id, conn_id, self._ttl_ms, now, "1" if register else "0", *flat],
+        )
+        return int(result)
+
+    async def remove(self, node_id: str, conn_id: str) -> bool:
+        return int(await self._remove(keys=[keys.node_hash(node_id)], args=[conn_id])) > 0
+
+    async def mark_draining(self, node_id: str, conn_id: str) -> None:
+        await self._drain(keys=[keys.node_hash(node_id)], args=[conn_id])
+        if node_id in self._nodes:
+            self._nodes.pop(node_id)
+
+    # -- every replica --------------------------------------------------------------
+
+    async def refresh(self) -> dict[str, NodeView]:
+        now = self._clock()
+        ids = [
+            k.decode() if isinstance(k, bytes) else str(k)
+            for k in await self._redis.zrange(keys.NODES_INDEX, 0, -1)
+        ]
+        pipe = self._redis.pipeline(transaction=False)
+        for node_id in ids:
+            pipe.hgetall(keys.node_hash(node_id))
+            pipe.zcount(keys.node_inflight(node_id), now, "+inf")
+        # Forget index entries whose node has been silent for a long time (the hash is gone).
+        pipe.zremrangebyscore(keys.NODES_INDEX, "-inf", now - 3600)
+        answers = await pipe.execute() if ids else []
+        nodes: dict[str, NodeView] = {}
+        for i, node_id in enumerate(ids):
+            view = self._view(node_id, decode_hash(answers[2 * i]), int(answers[2 * i + 1]), now)
+            if view is not None:
+                nodes[node_id] = view
+        self._nodes = nodes
+        return nodes
+
+    def _view(self, node_id: str, hb: dict[str, str], in_flight: int, now: float) -> NodeView | None:
+        if not hb.get("conn"):
+            return None
+        try:
+            models = {str(k): int(v) for k, v in json.loads(hb.get("models", "{}")).items()}
+        except (ValueError, AttributeError):
+            models = {}
+        state = derive_state(
+            revoked=False,
+            heartbeat_present=True,
+            heartbeat_age_s=max(0.0, now - _f(hb.get("ts"), now)),
+            draining=hb.get("draining") == "1",
+            heartbeat_interval_s=self._interval,
+            missed_heartbeats=self._missed,
+        )
+        return NodeView(
+            node_id=node_id,
+            location=hb.get("location", "cloud"),
+            models=models,
+            state=state,
+            in_flight=in_flight,
+            kv_cache_usage=_f(hb.get("kv_cache_usage")),
+            queue_depth=int(_f(hb.get("queue_depth"))),
+            owner=hb.get("orchestrator_id", ""),
+        )
+
+    def snapshot(self) -> list[NodeView]:
+        return list(self._nodes.values())
+
+    def get(self, node_id: str) -> NodeView | None:
+        return self._nodes.get(node_id)
+
+    def put(self, view: NodeView) -> None:
+        """A local change known before the next refresh (registration, heartbeat)."""
+        self._nodes[view.node_id] = view
+
+    def forget(self, node_id: str) -> None:
+        self._nodes.pop(node_id, None)
+
+    async def acquire_slot(self, node: NodeView, model: str, request_id: str, origin: str) -> int:
+        """1 taken; 0 full; -1 node gone; -2 draining. Records `req:{id}` = {node, origin, attempt}."""
+        now = self._clock()
+        result = int(
+            await self._acquire(
+                keys=[
+                    keys.node_hash(node.node_id),
+                    keys.node_inflight(node.node_id),
+                    keys.request_key(request_id),
+                ],
+                args=[
+                    request_id,
+                    node.models.get(model, 0),
+                    now,
+                    now + self._max_request_s,
+                    node.node_id,
+                    origin,
+                    int(self._max_request_s) + 60,
+                ],
+            )
+        )
+        if result == 1:
+            self._nodes[node.node_id] = node.with_in_flight(+1)
+        elif result in (-1, -2):
+            self._nodes.pop(node.node_id, None)
+        return result
+
+    async def release_slot(self, node_id: str, request_id: str) -> None:
+        removed = int(await self._redis.zrem(keys.node_inflight(node_id), request_id))
+        current = self._nodes.get(node_id)
+        if removed and current is not None:
+            self._nodes[node_id] = current.with_in_flight(-1)
+
+    async def assignment_node(self, request_id: str) -> str | None:
+        raw: Any = await self._redis.hget(keys.request_key(request_id), "node")
+        if raw is None:
+            return None
+        return raw.decode() if isinstance(raw, bytes) else str(raw)

@@ -1,0 +1,305 @@
+"""`WS /v1/nodes/connect`: registration handshake, then one reader, one writer and one
+watchdog per connection in a TaskGroup; when any of them ends, all end.
+
+Handshake order is cheapest first: parse the `register` frame, check the protocol
+version (close 4001), take a registration token (refusal with a spread-out retry hint,
+close 4029), then verify the node token against PostgreSQL (close 4003). Only then is
+the node written to PostgreSQL (registration event), to Redis (heartbeat hash with this
+replica as owner) and subscribed on its pub/sub channel.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from aiohttp import WSMsgType, web
+from pydantic import ValidationError
+
+from apps.core.protocol.node import (
+    CLOSE_AUTH_FAILED,
+    CLOSE_NORMAL,
+    CLOSE_PROTOCOL_ERROR,
+    CLOSE_REGISTRATION_REFUSED,
+    CLOSE_REVOKED,
+    CLOSE_SUPERSEDED,
+    CLOSE_UNSUPPORTED_VERSION,
+    PROTOCOL_VERSION,
+    SUPPORTED_VERSIONS,
+    Chunk,
+    Done,
+    Drained,
+    Error,
+    Heartbeat,
+    Register,
+    RegisterAck,
+    RegisterRefused,
+    decode_node_frame,
+    encode,
+)
+from apps.orchestrator.aio import shielded, until_first_ends
+from apps.orchestrator.connection import NodeConnection
+from apps.orchestrator.fleet import HEARTBEAT_REVOKED, HEARTBEAT_SUPERSEDED
+from apps.orchestrator.logs import event
+from apps.orchestrator.plane import ControlPlane
+from apps.orchestrator.ratelimit import TokenBucket
+from apps.orchestrator.settle import SettleJob, Settler
+from apps.orchestrator.streams import LostReason
+
+CLOSE_HEARTBEAT_TIMEOUT = 4008  # missed heartbeats: the node is treated as dead
+CLOSE_GOING_AWAY = 1001
+
+
+class NodeSockets:
+    def __init__(self, plane: ControlPlane, settler: Settler, bucket: TokenBucket) -> None:
+        self.plane = plane
+        self.settler = settler
+        self.bucket = bucket
+        self._ws: dict[str, web.WebSocketResponse] = {}
+        self.all_closed = asyncio.Event()  # set when this replica holds no node socket
+        self.all_closed.set()
+
+    async def handle(self, request: web.Request) -> web.WebSocketResponse:
+        ws = web.WebSocketResponse(max_msg_size=8 * 1024 * 1024)
+        await ws.prepare(request)
+        accepted = await self._handshake(ws)
+        if accepted is None:
+            return ws
+        conn, frame = accepted
+        try:
+            await self._activate(ws, conn, frame)
+            await until_first_ends(self._reader(ws, conn), self._writer(ws, conn), self._watchdog(conn))
+        finally:
+            await shielded(self._teardown(ws, conn), self.plane.settings.shutdown_grace_s, "node_teardown")
+        return ws
+
+    async def _refuse(
+        self, ws: web.WebSocketResponse, code: int, reason: str, retry: float | None = None
+    ) -> None:
+        self.plane.metrics.registrations_refused.labels(reason=reason).inc()
+        await ws.send_str(encode(RegisterRefused(reason=reason, retry_after_s=retry)))
+        await ws.close(code=code, message=reason.encode()[:120])
+
+    async def _handshake(self, ws: web.WebSocketResponse) -> tuple[NodeConnection, Register] | None:
+        plane, settings = self.plane, self.plane.settings
+        try:
+            msg = await ws.receive(timeout=settings.register_timeout_s)
+        except TimeoutError:
+            await ws.close(code=CLOSE_PROTOCOL_ERROR, message=b"no register frame")
+            return None
+        if msg.type != WSMsgType.TEXT:
+            await ws.close(code=CLOSE_PROTOCOL_ERROR, message=b"expected a register frame")
+            return None
+        version = _peek_version(msg.data)
+        if version is not None and version not in SUPPORTED_VERSIONS:
+            await self._refuse(ws, CLOSE_UNSUPPORTED_VERSION, f"unsupported protocol version {version}")
+            return None
+        try:
+            frame = decode_node_frame(msg.data)
+        except ValidationError:
+            await ws.close(code=CLOSE_PROTOCOL_ERROR, message=b"invalid register frame")
+            return None
+        if not isinstance(frame, Register):
+            await ws.close(code=CLOSE_PROTOCOL_ERROR, message=b"first frame must be register")
+            return None
+        if frame.version not in SUPPORTED_VERSIONS:
+            await self._refuse(ws, CLOSE_UNSUPPORTED_VERSION, f"unsupported protocol version {frame.version}")
+            return None
+        retry = self.bucket.try_take()
+        if retry is not None:
+            await self._refuse(ws, CLOSE_REGISTRATION_REFUSED, "rate_limited", round(retry, 3))
+            return None
+        identity = await plane.deps.node_store.identify(frame.node_id, frame.token)
+        if identity is None:
+            await self._refuse(ws, CLOSE_AUTH_FAILED, "invalid or revoked node token")
+            return None
+        models = {m.name: m.max_num_seqs for m in frame.models}
+        conn = NodeConnection(
+            node_id=frame.node_id,
+            location=identity.location,  # the admin's word wins over the node's claim
+            gpus=frame.gpus,
+            models=models,
+            send_limit=settings.send_queue_frames,
+            monotonic=plane.deps.monotonic,
+        )
+        return conn, frame
+
+    async def _activate(self, ws: web.WebSocketResponse, conn: NodeConnection, frame: Register) -> None:
+        """Take ownership (inside the caller's try: a failure here still tears down)."""
+        plane, settings = self.plane, self.plane.settings
+        previous = plane.local.get(frame.node_id)
+        if previous is not None:
+            previous.close(CLOSE_SUPERSEDED, "node registered again")
+        plane.local[frame.node_id] = conn
+        self.all_closed.clear()
+        self._ws[conn.conn_id] = ws
+        await plane.bus.subscribe_node(frame.node_id)
+        # Another replica that still holds an older socket of this node lets it go.
+        await plane.bus.to_node(frame.node_id, {"op": "supersede", "conn": conn.conn_id})
+        await plane.fleet.write_heartbeat(
+            frame.node_id, conn.conn_id, conn.hash_fields(plane.id), register=True
+        )
+        await plane.deps.node_store.record_registration(
+            node_id=frame.node_id,
+            location=conn.location,
+            gpus=frame.gpus,
+            models=[m.model_dump() for m in frame.models],
+            orchestrator_id=plane.id,
+            agent_version=frame.agent_version,
+        )
+        await plane.fleet.refresh()
+        await ws.send_str(
+            encode(
+                RegisterAck(
+                    orchestrator_id=plane.id,
+                    heartbeat_interval_s=settings.heartbeat_interval_s,
+                    # Relays of requests from a previous socket ended with that socket.
+                    unknown_requests=list(frame.in_flight),
+                )
+            )
+        )
+        plane.metrics.registrations.inc()
+        plane.queues.notify()
+        event("node_registered", node_id=frame.node_id, location=conn.location, models=list(conn.models))
+
+    async def _reader(self, ws: web.WebSocketResponse, conn: NodeConnection) -> None:
+        plane = self.plane
+        async for msg in ws:
+            if msg.type != WSMsgType.TEXT:
+                if msg.type == WSMsgType.ERROR:
+                    conn.close(1011, "websocket error")
+                    return
+                continue
+            try:
+                frame = decode_node_frame(msg.data)
+            except ValidationError:
+                conn.close(CLOSE_PROTOCOL_ERROR, "invalid frame")
+                return
+            if isinstance(frame, Heartbeat):
+                await self._heartbeat(conn, frame)
+            elif isinstance(frame, Chunk | Done | Error):
+                await plane.route_frame(conn, frame, msg.data)
+                if isinstance(frame, Done):
+                    await self.settler.submit(
+                        SettleJob(
+                            conn.node_id, frame.request_id, frame.prompt_tokens, frame.completion_tokens, conn
+                        )
+                    )
+                elif isinstance(frame, Error) and frame.chunks_sent > 0:
+                    await self.settler.submit(
+                        SettleJob(
+                            conn.node_id, frame.request_id, frame.prompt_tokens, frame.completion_tokens, None
+                        )
+                    )
+                if not isinstance(frame, Chunk):
+                    await plane.fleet.release_slot(conn.node_id, frame.request_id)
+                    plane.queues.notify()
+            elif isinstance(frame, Drained):
+                conn.drained = True
+                await plane.deps.node_store.record_event(conn.node_id, "drained", plane.id, frame.reason)
+                event("node_drained", node_id=conn.node_id)
+            else:
+                conn.close(CLOSE_PROTOCOL_ERROR, "unexpected register frame")
+                return
+            if conn.closing.is_set():
+                return
+
+    async def _heartbeat(self, conn: NodeConnection, frame: Heartbeat) -> None:
+        plane = self.plane
+        conn.touch()
+        conn.kv_cache_usage, conn.queue_depth = frame.kv_cache_usage, frame.queue_depth
+        conn.gpu_util, conn.running = frame.gpu_util, frame.running
+        became_draining = frame.draining and not conn.draining
+        conn.draining = conn.draining or frame.draining
+        result = await plane.fleet.write_heartbeat(conn.node_id, conn.conn_id, conn.hash_fields(plane.id))
+        if result == HEARTBEAT_REVOKED:
+            conn.close(CLOSE_REVOKED, "node token revoked")
+        elif result == HEARTBEAT_SUPERSEDED:
+            conn.close(CLOSE_SUPERSEDED, "node registered again on another connection")
+        elif became_draining:
+            await plane.deps.node_store.record_event(conn.node_id, "draining", plane.id, "node")
+        plane.queues.notify()
+
+    async def _writer(self, ws: web.WebSocketResponse, conn: NodeConnection) -> None:
+        closing = asyncio.ensure_future(conn.closing.wait())
+        try:
+            while True:
+                getter = asyncio.ensure_future(conn.send_q.get())
+                done, _ = await asyncio.wait({getter, closing}, return_when=asyncio.FIRST_COMPLETED)
+                if getter not in done:
+                    getter.cancel()
+                    return
+                try:
+                    await ws.send_str(getter.result())
+                except ConnectionError:
+                    conn.close(1011, "connection lost")  # the reader sees the close too
+                    return
+        finally:
+            closing.cancel()
+
+    async def _watchdog(self, conn: NodeConnection) -> None:
+        """Two missed heartbeats: the node is dead to routing and its requests are failed."""
+        settings = self.plane.settings
+        while not conn.closing.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(conn.closing.wait(), settings.heartbeat_interval_s / 2)
+            if conn.heartbeat_age() > settings.stale_after_s:
+                conn.close(CLOSE_HEARTBEAT_TIMEOUT, f"missed {settings.missed_heartbeats} heartbeats")
+
+    async def _teardown(self, ws: web.WebSocketResponse, conn: NodeConnection) -> None:
+        plane = self.plane
+        code = conn.close_code if conn.closing.is_set() else CLOSE_NORMAL
+        conn.close(code, conn.close_reason or "closed")
+        self._ws.pop(conn.conn_id, None)
+        if not ws.closed:
+            await ws.close(code=code, message=conn.close_reason.encode()[:120])
+        owned = plane.local.get(conn.node_id) is conn
+        if owned:
+            del plane.local[conn.node_id]
+            if not plane.local:
+                self.all_closed.set()
+            await plane.bus.unsubscribe_node(conn.node_id)
+        await plane.fleet.remove(conn.node_id, conn.conn_id)
+        plane.fleet.forget(conn.node_id)
+        reason = LostReason.SHUTDOWN if plane.stopping else LostReason.NODE_GONE
+        for request_id, origin in plane.fail_routes(conn, reason):
+            await plane.bus.to_replica(
+                origin, {"op": "lost", "request_id": request_id, "reason": reason.value}
+            )
+        if conn.drained or (code == CLOSE_NORMAL and conn.draining):
+            death = None
+        elif code in (CLOSE_REVOKED, CLOSE_SUPERSEDED):
+            death = "revoked" if code == CLOSE_REVOKED else "superseded"
+        elif code == CLOSE_HEARTBEAT_TIMEOUT:
+            death = "heartbeat_timeout"
+        else:
+            death = "socket_closed"
+        if death is not None and not plane.stopping:
+            plane.metrics.node_deaths.labels(reason=death).inc()
+        if owned and code != CLOSE_SUPERSEDED:
+            await plane.deps.node_store.record_event(
+                conn.node_id, "disconnected", plane.id, death or "drained"
+            )
+        event("node_disconnected", logging.INFO, node_id=conn.node_id, code=code, reason=death or "drained")
+
+    async def close_all(self) -> None:
+        """Replica shutdown: close every node socket (nodes reconnect to another replica)."""
+        for conn in list(self.plane.local.values()):
+            conn.close(CLOSE_GOING_AWAY, "orchestrator shutting down")
+
+
+def _peek_version(text: str) -> int | None:
+    """The `version` of a register frame before full validation (so a v2 frame with new
+    fields is refused with 4001, not 4002)."""
+    import json
+
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return None
+    version = data.get("version") if isinstance(data, dict) else None
+    return version if isinstance(version, int) else None
+
+
+__all__ = ["CLOSE_HEARTBEAT_TIMEOUT", "PROTOCOL_VERSION", "NodeSockets"]

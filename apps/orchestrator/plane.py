@@ -1,0 +1,264 @@
+"""The state of one orchestrator replica and the routing between relays and node sockets.
+
+`ControlPlane` owns the local node connections, the relays waiting on nodes owned by
+other replicas, the fleet view, the model queues and the pub/sub bus. Relays call
+`try_pick` (through the queues), `start`, `cancel` and `finish`; node sockets call
+`route_frame`; the bus calls `on_node_message` / `on_replica_message`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Collection
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import ValidationError
+from redis.asyncio import Redis
+
+from apps.core.ledger.api import Ledger, SettleResult
+from apps.core.nodes.state import NodeState
+from apps.core.nodes.store import NodeStore
+from apps.core.protocol.dispatch import DispatchRequest
+from apps.core.protocol.node import (
+    CLOSE_REVOKED,
+    CLOSE_SUPERSEDED,
+    Assign,
+    Cancel,
+    Chunk,
+    Done,
+    Drain,
+    Error,
+    LoadModel,
+    decode_node_frame,
+)
+from apps.orchestrator.bus import Bus
+from apps.orchestrator.connection import NodeConnection, RemoteRoute
+from apps.orchestrator.fleet import Fleet
+from apps.orchestrator.logs import event
+from apps.orchestrator.metrics import Metrics
+from apps.orchestrator.queue import Queues
+from apps.orchestrator.scheduling.picker import rank
+from apps.orchestrator.scheduling.view import NodeView, PickRequest
+from apps.orchestrator.settings import OrchestratorSettings
+from apps.orchestrator.streams import ChunkEv, DoneEv, ErrorEv, LostEv, LostReason, RequestStream
+
+SettleFn = Callable[[str, int, int], Awaitable[SettleResult]]
+
+
+@dataclass
+class OrchestratorDeps:
+    """Everything the replica talks to; built by `run_orchestrator`, by tests with fakes."""
+
+    redis: Redis
+    node_store: NodeStore
+    ledger: Ledger
+    settle: SettleFn  # `apps.core.metering.settle_usage` bound to the ledger and Redis
+    models: Collection[str]  # the stack's catalog
+    wall_clock: Callable[[], float] = field(default=time.time)
+    monotonic: Callable[[], float] = field(default=time.monotonic)
+
+
+class ControlPlane:
+    def __init__(self, settings: OrchestratorSettings, deps: OrchestratorDeps) -> None:
+        self.settings = settings
+        self.deps = deps
+        self.id = settings.orchestrator_id
+        self.metrics = Metrics(deps.models)
+        self.fleet = Fleet(
+            deps.redis,
+            heartbeat_interval_s=settings.heartbeat_interval_s,
+            heartbeat_ttl_s=settings.heartbeat_ttl_s,
+            missed_heartbeats=settings.missed_heartbeats,
+            max_request_s=settings.max_request_s,
+            wall_clock=deps.wall_clock,
+        )
+        self.queues = Queues(
+            self.try_pick,
+            max_len=settings.queue_max_per_model,
+            on_wait=self._observe_wait,
+            monotonic=deps.monotonic,
+        )
+        self.bus = Bus(deps.redis, self.id, self.on_node_message, self.on_replica_message)
+        self.local: dict[str, NodeConnection] = {}
+        self.remote_streams: dict[str, RequestStream] = {}
+        self.stopping = False
+        self._background: set[asyncio.Future[Any]] = set()
+
+    # -- scheduling ---------------------------------------------------------------
+
+    def _observe_wait(self, model: str, waited: float, outcome: str) -> None:
+        self.metrics.queue_wait.labels(model=model, outcome=outcome).observe(waited)
+        self.metrics.queue_depth.labels(model=model).set(self.queues.depth(model))
+
+    async def try_pick(self, req: PickRequest) -> NodeView | None:
+        self.metrics.queue_depth.labels(model=req.model).set(self.queues.depth(req.model))
+        for node in rank(req, self.fleet.snapshot()):
+            result = await self.fleet.acquire_slot(node, req.model, req.request_id, self.id)
+            if result == 1:
+                return self.fleet.get(node.node_id) or node
+        return None
+
+    # -- relay side ---------------------------------------------------------------
+
+    async def start(self, node: NodeView, dreq: DispatchRequest, stream: RequestStream) -> bool:
+        """Send the assignment to the node (directly or via its owner); False if nothing was sent."""
+        conn = self.local.get(node.node_id)
+        if conn is not None and not conn.closing.is_set():
+            if conn.draining:
+                return False
+            conn.routes[dreq.request_id] = stream
+            return conn.send(Assign(request_id=dreq.request_id, model=dreq.model, body=dreq.body))
+        stream.owner = node.owner
+        self.remote_streams[dreq.request_id] = stream
+        message: dict[str, Any] = {
+            "op": "assign",
+            "origin": self.id,
+            "request_id": dreq.request_id,
+            "model": dreq.model,
+            "body": dreq.body,
+        }
+        self.metrics.forwarded.labels(op="assign").inc()
+        return await self.bus.to_node(node.node_id, message) > 0
+
+    async def cancel(self, node_id: str, request_id: str) -> None:
+        conn = self.local.get(node_id)
+        if conn is not None:
+            conn.send(Cancel(request_id=request_id))
+            return
+        self.metrics.forwarded.labels(op="cancel").inc()
+        await self.bus.to_node(node_id, {"op": "cancel", "request_id": request_id})
+
+    async def finish(self, node_id: str, request_id: str, stream: RequestStream) -> None:
+        """Forget the relay's routes and free its slot (called shielded when the relay ends)."""
+        if self.remote_streams.get(request_id) is stream:
+            del self.remote_streams[request_id]
+        conn = self.local.get(node_id)
+        if conn is not None and conn.routes.get(request_id) is stream:
+            del conn.routes[request_id]
+        await self.fleet.release_slot(node_id, request_id)
+        for model in self.deps.models:
+            self.queues.notify(model)
+
+    def check_remote_streams(self) -> None:
+        """After a fleet refresh: relays whose node (or its owner) vanished get `Lost`."""
+        for stream in list(self.remote_streams.values()):
+            node = self.fleet.get(stream.node_id)
+            if node is None or node.state in (NodeState.STALE, NodeState.DEAD) or node.owner != stream.owner:
+                stream.deliver(LostEv(LostReason.OWNER_GONE))
+
+    # -- owner side: frames from a node socket -----------------------------------------
+
+    async def route_frame(self, conn: NodeConnection, frame: Chunk | Done | Error, raw: str) -> None:
+        route = conn.routes.get(frame.request_id)
+        terminal = not isinstance(frame, Chunk)
+        if terminal:
+            conn.routes.pop(frame.request_id, None)
+        if isinstance(route, RequestStream):
+            if isinstance(frame, Chunk):
+                route.deliver(ChunkEv(frame.delta))
+            elif isinstance(frame, Done):
+                route.deliver(DoneEv(frame))
+            else:
+                route.deliver(ErrorEv(frame))
+        elif isinstance(route, RemoteRoute):
+            await self.bus.to_replica(
+                route.origin, {"op": "frame", "request_id": frame.request_id, "frame": raw}
+            )
+        elif isinstance(frame, Chunk):
+            # Output for a request nobody relays any more: stop the engine working for nothing.
+            conn.send(Cancel(request_id=frame.request_id))
+
+    def fail_routes(self, conn: NodeConnection, reason: LostReason) -> list[tuple[str, str]]:
+        """The socket is gone: every relay on it gets `Lost`; returns (request_id, origin) to notify."""
+        remote: list[tuple[str, str]] = []
+        for request_id, route in list(conn.routes.items()):
+            if isinstance(route, RequestStream):
+                route.deliver(LostEv(reason))
+            else:
+                remote.append((request_id, route.origin))
+        conn.routes.clear()
+        return remote
+
+    # -- bus handlers -----------------------------------------------------------------
+
+    def on_node_message(self, node_id: str, msg: dict[str, Any]) -> None:
+        op = msg.get("op")
+        conn = self.local.get(node_id)
+        if op == "assign":
+            request_id, origin = str(msg.get("request_id")), str(msg.get("origin"))
+            if conn is None or conn.closing.is_set() or conn.draining:
+                self._spawn(
+                    self.bus.to_replica(
+                        origin, {"op": "lost", "request_id": request_id, "reason": "unreachable"}
+                    )
+                )
+                return
+            conn.routes[request_id] = RemoteRoute(origin)
+            frame = Assign(
+                request_id=request_id, model=str(msg.get("model")), body=dict(msg.get("body") or {})
+            )
+            if not conn.send(frame):
+                conn.routes.pop(request_id, None)
+                self._spawn(
+                    self.bus.to_replica(
+                        origin, {"op": "lost", "request_id": request_id, "reason": "unreachable"}
+                    )
+                )
+        elif conn is None:
+            return
+        elif op == "cancel":
+            conn.send(Cancel(request_id=str(msg.get("request_id"))))
+        elif op == "drain":
+            self._spawn(self.drain_local(node_id))
+        elif op == "load_model":
+            conn.send(LoadModel(name=str(msg.get("name"))))
+        elif op == "revoke":
+            conn.close(CLOSE_REVOKED, "node token revoked")
+        elif op == "supersede" and msg.get("conn") != conn.conn_id:
+            conn.close(CLOSE_SUPERSEDED, "node registered again on another connection")
+
+    def on_replica_message(self, _channel: str, msg: dict[str, Any]) -> None:
+        stream = self.remote_streams.get(str(msg.get("request_id")))
+        if stream is None:
+            return
+        if msg.get("op") == "lost":
+            stream.deliver(
+                LostEv(LostReason.UNREACHABLE if msg.get("reason") == "unreachable" else LostReason.NODE_GONE)
+            )
+            return
+        try:
+            frame = decode_node_frame(str(msg.get("frame")))
+        except ValidationError:
+            return
+        if isinstance(frame, Chunk):
+            stream.deliver(ChunkEv(frame.delta))
+        elif isinstance(frame, Done):
+            stream.deliver(DoneEv(frame))
+        elif isinstance(frame, Error):
+            stream.deliver(ErrorEv(frame))
+
+    async def load_model(self, node_id: str, name: str) -> bool:
+        """Ask a node to load a model (locally or through its owner); False if nobody owns it."""
+        conn = self.local.get(node_id)
+        if conn is not None:
+            return conn.send(LoadModel(name=name))
+        return await self.bus.to_node(node_id, {"op": "load_model", "name": name}) > 0
+
+    async def drain_local(self, node_id: str) -> bool:
+        conn = self.local.get(node_id)
+        if conn is None or conn.closing.is_set():
+            return False
+        if not conn.draining:
+            conn.draining = True
+            conn.send(Drain())
+            await self.fleet.mark_draining(node_id, conn.conn_id)
+            await self.deps.node_store.record_event(node_id, "draining", self.id)
+            event("node_draining", node_id=node_id, in_flight=len(conn.routes))
+        return True
+
+    def _spawn(self, coro: Awaitable[Any]) -> None:
+        task = asyncio.ensure_future(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)

@@ -1,0 +1,266 @@
+"""`POST /internal/v1/dispatch`: queue, pick, assign, relay — one request, at most two nodes.
+
+Phases and deadlines: queue wait (min of the request's and the replica's 30 s limit;
+503/429 + Retry-After), first token (`deadlines.first_token_s`: a connected but silent
+node is cancelled and the request retried), idle between chunks (`deadlines.idle_s`).
+A request is retried once on another node only while nothing has been sent to the
+gateway; once output started a failure becomes one error event and `data: [DONE]`.
+Content chunks are written as the node sent them (ARCHITECTURE D5). Cleanup (slot release,
+route removal, cancel on the node, reservation cancel) is shielded and bounded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import hmac
+import json
+
+from aiohttp import web
+from pydantic import ValidationError
+
+from apps.core.errors import InvalidRequest, LlmfleetError, NotFound, Unavailable, UpstreamFailed
+from apps.core.nodes import keys
+from apps.core.protocol.dispatch import DispatchRequest
+from apps.core.protocol.openai import SSE_DONE, error_body, sse_event, sse_json
+from apps.orchestrator.aio import shielded
+from apps.orchestrator.logs import event
+from apps.orchestrator.plane import ControlPlane
+from apps.orchestrator.scheduling.view import NodeView, PickRequest
+from apps.orchestrator.streams import ChunkEv, DoneEv, ErrorEv, LostEv, RequestStream
+
+MAX_ATTEMPTS = 2
+CLEANUP_S = 5.0
+
+
+class Retry(enum.StrEnum):
+    UNREACHABLE = "unreachable"
+    FIRST_TOKEN_TIMEOUT = "first_token_timeout"
+    NODE_ERROR = "node_error"
+    NODE_LOST = "node_lost"
+
+
+def error_response(exc: LlmfleetError, request_id: str = "") -> web.Response:
+    headers = {"x-request-id": request_id} if request_id else {}
+    if exc.retry_after is not None:
+        headers["Retry-After"] = str(max(1, round(exc.retry_after)))
+    return web.json_response(exc.envelope(), status=exc.status, headers=headers)
+
+
+class DispatchHandler:
+    def __init__(self, plane: ControlPlane) -> None:
+        self.plane = plane
+        self._token = plane.settings.internal_token.get_secret_value().encode()
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        supplied = request.headers.get("Authorization", "").removeprefix("Bearer ").encode()
+        if not self._token or not hmac.compare_digest(supplied, self._token):
+            return web.json_response(error_body("invalid internal token", "authentication_error"), status=401)
+        try:
+            dreq = DispatchRequest.model_validate_json(await request.read())
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            loc = ".".join(str(p) for p in first["loc"])
+            return error_response(
+                InvalidRequest(f"invalid dispatch request: {loc}: {first['msg']}", param=loc)
+            )
+        if dreq.model not in self.plane.deps.models:
+            return error_response(
+                NotFound(f"model {dreq.model!r} is not served here", param="model"), dreq.request_id
+            )
+        return await _Relay(self.plane, request, dreq).run()
+
+
+class _Relay:
+    def __init__(self, plane: ControlPlane, request: web.Request, dreq: DispatchRequest) -> None:
+        self.plane = plane
+        self.request = request
+        self.dreq = dreq
+        self.response: web.StreamResponse | None = None
+        self.chunks = 0
+        self.outcome = "ok"
+        self._t0 = plane.deps.monotonic()
+
+    async def run(self) -> web.StreamResponse:
+        plane, dreq = self.plane, self.dreq
+        settings = plane.settings
+        queue_limit = min(dreq.deadlines.queue_wait_s, settings.queue_limit_s)
+        excluded: set[str] = set()
+        last_retry: Retry | None = None
+        try:
+            for attempt in range(1, MAX_ATTEMPTS + 1):
+                remaining = queue_limit - (plane.deps.monotonic() - self._t0)
+                if attempt > 1:
+                    remaining = max(1.0, remaining)  # a retry always gets a short chance to queue
+                pick = PickRequest(dreq.model, dreq.request_id, frozenset(excluded), settings.kv_cache_max)
+                try:
+                    node = await plane.queues.acquire(pick, remaining, self._retry_hint())
+                except LlmfleetError as exc:
+                    self.outcome = exc.code or "unavailable"
+                    return await self._fail_before_output(exc)
+                if self._gateway_gone():
+                    await shielded(
+                        plane.fleet.release_slot(node.node_id, dreq.request_id), CLEANUP_S, "release"
+                    )
+                    self.outcome = "gateway_gone"
+                    await self._cancel_reservation()
+                    return web.Response(status=499)
+                result = await self._attempt(node)
+                if not isinstance(result, Retry):
+                    return result
+                last_retry = result
+                excluded.add(node.node_id)
+                if attempt < MAX_ATTEMPTS:
+                    plane.metrics.retries.labels(model=dreq.model, reason=result.value).inc()
+                    event(
+                        "dispatch_retry",
+                        request_id=dreq.request_id,
+                        node_id=node.node_id,
+                        reason=result.value,
+                    )
+            self.outcome = f"failed_{last_retry}"
+            failure: LlmfleetError
+            if last_retry is Retry.FIRST_TOKEN_TIMEOUT:
+                failure = UpstreamFailed(
+                    f"no first token within {dreq.deadlines.first_token_s:g} s", code="timeout"
+                )
+            else:
+                failure = Unavailable(
+                    f"the node failed the request ({last_retry})", retry_after=self._retry_hint()
+                )
+            return await self._fail_before_output(failure)
+        except asyncio.CancelledError:
+            if self.response is None:
+                self.outcome = "gateway_disconnected"
+                await self._cancel_reservation()
+            raise
+        finally:
+            plane.metrics.dispatches.labels(model=dreq.model, outcome=self.outcome).inc()
+            event(
+                "dispatch",
+                request_id=dreq.request_id,
+                model=dreq.model,
+                outcome=self.outcome,
+                chunks=self.chunks,
+                seconds=round(plane.deps.monotonic() - self._t0, 4),
+            )
+
+    def _retry_hint(self) -> float:
+        serving = any(self.dreq.model in n.models for n in self.plane.fleet.snapshot())
+        # No node serves the model at all: a scale-from-zero start takes minutes, not seconds.
+        return 5.0 if serving else 30.0
+
+    def _gateway_gone(self) -> bool:
+        transport = self.request.transport
+        return transport is None or transport.is_closing()
+
+    async def _attempt(self, node: NodeView) -> web.StreamResponse | Retry:
+        plane, dreq = self.plane, self.dreq
+        stream = RequestStream(dreq.request_id, node.node_id, plane.settings.relay_queue_events)
+        try:
+            if not await plane.start(node, dreq, stream):
+                return Retry.UNREACHABLE
+            first = await stream.next(dreq.deadlines.first_token_s)
+            if first is None:
+                await shielded(plane.cancel(node.node_id, dreq.request_id), CLEANUP_S, "cancel")
+                return Retry.FIRST_TOKEN_TIMEOUT
+            if isinstance(first, LostEv):
+                return Retry.NODE_LOST
+            if isinstance(first, ErrorEv):
+                frame = first.frame
+                if frame.chunks_sent == 0 and frame.status >= 500:
+                    return Retry.NODE_ERROR
+                self.outcome = f"engine_{frame.status}"
+                exc = LlmfleetError(frame.message, param=frame.param)
+                exc.status, exc.type = frame.status, frame.error_type
+                exc.code = None
+                return await self._fail_before_output(exc)
+            response = await self._open_response(node)
+            if isinstance(first, ChunkEv):
+                await self._write(first.delta.encode())
+                await self._stream(node, stream)
+            else:
+                await self._finish_ok(first)
+            return response
+        except (ConnectionResetError, ConnectionError):
+            self.outcome = "gateway_disconnected"
+            await shielded(plane.cancel(node.node_id, dreq.request_id), CLEANUP_S, "cancel")
+            return self.response or web.Response(status=499)
+        except asyncio.CancelledError:
+            # aiohttp cancels the handler when the gateway closes the connection
+            # (`handler_cancellation=True`): stop the node; its `done` settles what ran.
+            self.outcome = "gateway_disconnected"
+            await shielded(plane.cancel(node.node_id, dreq.request_id), CLEANUP_S, "cancel")
+            raise
+        finally:
+            await shielded(plane.finish(node.node_id, dreq.request_id, stream), CLEANUP_S, "finish")
+
+    async def _stream(self, node: NodeView, stream: RequestStream) -> None:
+        plane, dreq = self.plane, self.dreq
+        while True:
+            ev = await stream.next(dreq.deadlines.idle_s)
+            if isinstance(ev, ChunkEv):
+                await self._write(ev.delta.encode())
+                continue
+            if isinstance(ev, DoneEv):
+                await self._finish_ok(ev)
+                return
+            if ev is None:
+                self.outcome = "idle_timeout"
+                await shielded(plane.cancel(node.node_id, dreq.request_id), CLEANUP_S, "cancel")
+                message, status = f"no output from the node for {dreq.deadlines.idle_s:g} s", 504
+            elif isinstance(ev, ErrorEv):
+                self.outcome = "node_error_mid_stream"
+                message, status = ev.frame.message, ev.frame.status
+            else:
+                self.outcome = f"lost_mid_stream_{ev.reason.value}"
+                message, status = "the node serving this request was lost", 502
+                if ev.reason.value == "relay_overflow":
+                    await shielded(plane.cancel(node.node_id, dreq.request_id), CLEANUP_S, "cancel")
+                await self._record_partial(node)
+            await self._write(sse_json(error_body(message, "server_error", None, status)) + SSE_DONE)
+            return
+
+    async def _record_partial(self, node: NodeView) -> None:
+        """What the sweeper bills if the node never reports: one content event = one token (vLLM)."""
+        record = {"node": node.node_id, "prompt_tokens": 0, "completion_tokens": self.chunks}
+        redis = self.plane.deps.redis
+        ttl = self.plane.settings.done_record_ttl_s
+        await shielded(
+            redis.set(keys.partial_key(self.dreq.request_id), json.dumps(record), ex=ttl),
+            CLEANUP_S,
+            "partial",
+        )
+
+    async def _finish_ok(self, ev: DoneEv) -> None:
+        if self.dreq.client_wants_usage and ev.frame.usage_event:
+            await self._write(sse_event(ev.frame.usage_event.encode()))
+        await self._write(SSE_DONE)
+
+    async def _open_response(self, node: NodeView) -> web.StreamResponse:
+        response = web.StreamResponse(
+            status=200,
+            headers={
+                "Content-Type": "text/event-stream",
+                "Cache-Control": "no-cache",
+                "x-request-id": self.dreq.request_id,
+                "x-llmfleet-node": node.node_id,
+            },
+        )
+        await response.prepare(self.request)
+        self.response = response
+        return response
+
+    async def _write(self, data: bytes) -> None:
+        assert self.response is not None
+        self.chunks += data.count(b"\n\n") if not data.startswith(b"data: [DONE]") else 0
+        await self.response.write(data)
+
+    async def _fail_before_output(self, exc: LlmfleetError) -> web.StreamResponse:
+        await self._cancel_reservation()
+        return error_response(exc, self.dreq.request_id)
+
+    async def _cancel_reservation(self) -> None:
+        # Nothing ran: the reservation must not wait for the sweeper (idempotent: the
+        # gateway may cancel it too).
+        await shielded(self.plane.deps.ledger.cancel(self.dreq.request_id), CLEANUP_S, "ledger_cancel")

@@ -1,0 +1,62 @@
+"""Settings of one orchestrator replica (environment `LLMFLEET_*`, read once at start)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+def default_orchestrator_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+
+
+class OrchestratorSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="LLMFLEET_", extra="ignore", frozen=True)
+
+    host: str = "127.0.0.1"
+    port: int = 8081
+    orchestrator_id: str = Field(default_factory=default_orchestrator_id)
+    database_url: str = "postgresql://postgres@127.0.0.1:5432/postgres"
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    internal_token: SecretStr = SecretStr("")
+    secret_key: SecretStr = SecretStr("")
+    stack: str = "dev"
+    redis_max_connections: int = Field(default=200, gt=0)
+
+    # Registration storm control: a token bucket per replica; refusals carry a retry hint
+    # that spreads the refused nodes over the following seconds.
+    registrations_per_s: float = Field(default=20.0, gt=0)
+    registration_burst: int = Field(default=20, gt=0)
+    register_timeout_s: float = Field(default=10.0, gt=0)
+    max_retry_hint_s: float = Field(default=60.0, gt=0)
+
+    heartbeat_interval_s: float = Field(default=5.0, gt=0)
+    heartbeat_ttl_s: float = Field(default=15.0, gt=0)
+    missed_heartbeats: int = Field(default=2, gt=0)
+
+    # Scheduling.
+    queue_limit_s: float = Field(default=30.0, gt=0)
+    queue_max_per_model: int = Field(default=2000, gt=0)
+    kv_cache_max: float = Field(default=0.95, gt=0, le=1)
+    fleet_refresh_s: float = Field(default=0.5, gt=0)
+
+    # Relay bounds.
+    send_queue_frames: int = Field(default=4096, gt=0)
+    relay_queue_events: int = Field(default=4096, gt=0)
+    cancel_grace_s: float = Field(default=5.0, gt=0)
+
+    # Settlement and sweeping.
+    settle_workers: int = Field(default=4, gt=0)
+    settle_queue: int = Field(default=10000, gt=0)
+    max_request_s: float = Field(default=900.0, gt=0)
+    sweep_interval_s: float = Field(default=60.0, gt=0)
+    done_record_ttl_s: int = Field(default=86400, gt=0)
+    shutdown_grace_s: float = Field(default=10.0, gt=0)
+
+    @property
+    def stale_after_s(self) -> float:
+        return self.missed_heartbeats * self.heartbeat_interval_s

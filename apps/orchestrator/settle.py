@@ -1,0 +1,173 @@
+"""Settlement on the replica holding the node's socket, and the sweeper.
+
+`done` (and an `error` after output started) becomes a `SettleJob` handled by a small
+pool of workers, so a slow PostgreSQL never blocks a node's reader. A job first writes
+the usage to `done:{request_id}` in Redis (the record the sweeper settles from if this
+replica dies before the settle commits), then settles through `settle_usage`, and only
+after the commit sends `done_ack`, so the agent forgets the request only once it is
+billed. A `done` from a node that no longer holds the assignment (`req:{id}` names the
+node the request was retried on) is acknowledged without settling: the retry bills it.
+
+The sweeper (one replica at a time, Redis lock) takes reservations older than the
+maximum request time: settles them from a done record, else from a partial record (the
+content events relayed before the node vanished; prompt tokens unknown, so 0), else
+cancels them (the node never reported).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+from redis.asyncio import Redis
+
+from apps.core.ledger.api import Ledger
+from apps.core.nodes import keys
+from apps.core.protocol.node import DoneAck
+from apps.orchestrator.connection import NodeConnection
+from apps.orchestrator.fleet import Fleet
+from apps.orchestrator.logs import event
+from apps.orchestrator.metrics import Metrics
+from apps.orchestrator.plane import SettleFn
+
+
+@dataclass(frozen=True)
+class SettleJob:
+    node_id: str
+    request_id: str
+    prompt_tokens: int
+    completion_tokens: int
+    ack_to: NodeConnection | None  # send `done_ack` here after the commit (None: an error frame)
+
+
+class Settler:
+    def __init__(
+        self,
+        redis: Redis,
+        fleet: Fleet,
+        settle: SettleFn,
+        metrics: Metrics,
+        *,
+        queue_size: int,
+        record_ttl_s: int,
+    ) -> None:
+        self._redis = redis
+        self._fleet = fleet
+        self._settle = settle
+        self._metrics = metrics
+        self._queue: asyncio.Queue[SettleJob] = asyncio.Queue(maxsize=queue_size)
+        self._ttl = record_ttl_s
+        self.idle = asyncio.Event()
+        self.idle.set()
+        self._busy = 0
+
+    async def submit(self, job: SettleJob) -> None:
+        self.idle.clear()
+        await self._queue.put(job)
+
+    async def run(self, workers: int) -> None:
+        async with asyncio.TaskGroup() as tg:
+            for _ in range(workers):
+                tg.create_task(self._worker())
+
+    async def _worker(self) -> None:
+        while True:
+            job = await self._queue.get()
+            self._busy += 1
+            try:
+                await self.handle(job)
+            except Exception as exc:
+                # The done record stays in Redis and the agent replays the unacked done.
+                self._metrics.settles.labels(outcome="error").inc()
+                event("settle_failed", logging.WARNING, request_id=job.request_id, error=type(exc).__name__)
+            finally:
+                self._busy -= 1
+                if self._queue.empty() and self._busy == 0:
+                    self.idle.set()
+
+    async def handle(self, job: SettleJob) -> None:
+        current = await self._fleet.assignment_node(job.request_id)
+        if current is not None and current != job.node_id:
+            self._metrics.settles.labels(outcome="superseded").inc()
+            self._ack(job)
+            return
+        record = {
+            "node": job.node_id,
+            "prompt_tokens": job.prompt_tokens,
+            "completion_tokens": job.completion_tokens,
+        }
+        await self._redis.set(keys.done_key(job.request_id), json.dumps(record), ex=self._ttl)
+        result = await self._settle(job.request_id, job.prompt_tokens, job.completion_tokens)
+        self._metrics.settles.labels(outcome=result.outcome.value).inc()
+        self._ack(job)
+
+    @staticmethod
+    def _ack(job: SettleJob) -> None:
+        if job.ack_to is not None:
+            job.ack_to.send(DoneAck(request_id=job.request_id))
+
+
+class Sweeper:
+    def __init__(
+        self,
+        redis: Redis,
+        ledger: Ledger,
+        settle: SettleFn,
+        metrics: Metrics,
+        *,
+        orchestrator_id: str,
+        max_request_s: float,
+        interval_s: float,
+    ) -> None:
+        self._redis = redis
+        self._ledger = ledger
+        self._settle = settle
+        self._metrics = metrics
+        self._id = orchestrator_id
+        self._max_request_s = max_request_s
+        self._interval = interval_s
+
+    async def run(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            try:
+                await self.sweep_once()
+            except Exception as exc:
+                event("sweep_failed", logging.WARNING, error=type(exc).__name__)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), self._interval)
+
+    async def sweep_once(self, now: datetime | None = None) -> dict[str, int]:
+        counts = {"settled": 0, "settled_partial": 0, "cancelled": 0}
+        locked = await self._redis.set(keys.SWEEPER_LOCK, self._id, nx=True, ex=max(1, int(self._interval)))
+        if not locked:
+            return counts
+        try:
+            horizon = (now or datetime.now(UTC)) - timedelta(seconds=self._max_request_s)
+            for request_id in await self._ledger.stale_reservations(horizon):
+                action = await self._sweep_one(request_id)
+                counts[action] += 1
+                self._metrics.sweeps.labels(action=action).inc()
+        finally:
+            await self._redis.delete(keys.SWEEPER_LOCK)
+        if any(counts.values()):
+            event("swept", **counts)
+        return counts
+
+    async def _sweep_one(self, request_id: str) -> str:
+        done_raw, partial_raw = await self._redis.mget(
+            [keys.done_key(request_id), keys.partial_key(request_id)]
+        )
+        for raw, action in ((done_raw, "settled"), (partial_raw, "settled_partial")):
+            if raw is None:
+                continue
+            record = json.loads(raw)
+            await self._settle(
+                request_id, int(record.get("prompt_tokens", 0)), int(record.get("completion_tokens", 0))
+            )
+            return action
+        await self._ledger.cancel(request_id)
+        return "cancelled"

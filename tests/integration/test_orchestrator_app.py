@@ -1,0 +1,384 @@
+"""The orchestrator end to end in one process: real Redis and PostgreSQL, scripted nodes
+over real WebSockets, the dispatch endpoint over real HTTP, an in-memory ledger."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import aiohttp
+import pytest
+from psycopg_pool import AsyncConnectionPool
+from redis.asyncio import Redis
+
+from apps.core.ledger.api import ReservationStatus
+from apps.core.nodes import keys
+from apps.core.nodes.store import NodeStore, decode_hash
+from apps.core.protocol import node as proto
+from apps.core.protocol.dispatch import DISPATCH_PATH
+from apps.orchestrator.app import RunningOrchestrator, start_orchestrator
+from apps.orchestrator.plane import OrchestratorDeps
+from apps.orchestrator.settings import OrchestratorSettings
+from tests.fakes.fake_ledger import FakeLedger
+from tests.fakes.fake_node import Auto, FakeNode, vllm_chunk
+
+TOKEN = "internal-test-token"
+SECRET = b"server-secret-for-tests"
+
+
+class Env:
+    def __init__(self, pool: AsyncConnectionPool, redis: Redis) -> None:
+        self.pool = pool
+        self.redis = redis
+        self.ledger = FakeLedger()
+        self.store = NodeStore(pool, redis, SECRET, heartbeat_interval_s=0.5)
+        self.orchestrators: list[RunningOrchestrator] = []
+        self.nodes: list[FakeNode] = []
+        self.session = aiohttp.ClientSession()
+
+    async def orchestrator(self, **overrides: Any) -> RunningOrchestrator:
+        values: dict[str, Any] = {
+            "orchestrator_id": f"orch-{len(self.orchestrators)}-{uuid.uuid4().hex[:4]}",
+            "internal_token": TOKEN,
+            "secret_key": SECRET.decode(),
+            "heartbeat_interval_s": 0.5,
+            "fleet_refresh_s": 0.05,
+            "shutdown_grace_s": 2.0,
+            **overrides,
+        }
+        deps = OrchestratorDeps(
+            redis=self.redis,
+            node_store=self.store,
+            ledger=self.ledger,
+            settle=self.ledger.settle,
+            models={"m", "big"},
+        )
+        orch = await start_orchestrator(OrchestratorSettings(**values), deps)
+        self.orchestrators.append(orch)
+        return orch
+
+    async def node(
+        self,
+        orch: RunningOrchestrator,
+        node_id: str,
+        *,
+        location: str = "onprem",
+        connect: bool = True,
+        **kw: Any,
+    ) -> FakeNode:
+        token = await self.store.issue_token(node_id, location)
+        kw.setdefault("heartbeat_every_s", 0.2)
+        node = FakeNode(orch.ws_url, node_id, token, location=location, **kw)
+        self.nodes.append(node)
+        if connect:
+            ack = await node.connect()
+            assert isinstance(ack, proto.RegisterAck), ack
+        return node
+
+    async def dispatch(
+        self, orch: RunningOrchestrator, request_id: str, *, model: str = "m", **kw: Any
+    ) -> tuple[int, dict[str, str], bytes]:
+        body = {
+            "request_id": request_id,
+            "team_id": 1,
+            "key_id": 1,
+            "model": model,
+            "body": {"model": model, "messages": [{"role": "user", "content": "hi"}], "stream": True},
+            **kw,
+        }
+        headers = {"Authorization": f"Bearer {TOKEN}"}
+        async with self.session.post(orch.url + DISPATCH_PATH, json=body, headers=headers) as resp:
+            return resp.status, dict(resp.headers), await resp.read()
+
+    async def close(self) -> None:
+        for node in self.nodes:
+            await node.close()
+        for orch in self.orchestrators:
+            await orch.close()
+        await self.session.close()
+
+
+@pytest.fixture
+async def env(migrated_db_url: str, redis_url: str) -> AsyncIterator[Env]:
+    pool = AsyncConnectionPool(migrated_db_url, min_size=1, max_size=8, open=False)
+    await pool.open()
+    redis = Redis.from_url(redis_url)
+    environment = Env(pool, redis)
+    try:
+        yield environment
+    finally:
+        await environment.close()
+        await redis.aclose()
+        await pool.close()
+
+
+async def eventually(check: Callable[[], Awaitable[bool]], timeout: float = 10.0) -> None:
+    """Poll `check` until it holds or the deadline passes (no fixed sleeps)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not await check():
+        if loop.time() > deadline:
+            raise AssertionError("condition not met before the deadline")
+        await asyncio.sleep(0.02)
+
+
+def events(body: bytes) -> list[bytes]:
+    return [e.removeprefix(b"data: ") for e in body.split(b"\n\n") if e]
+
+
+# -- registration ----------------------------------------------------------------------
+
+
+async def test_register_ack_writes_heartbeat_hash_and_registration_row(env: Env) -> None:
+    orch = await env.orchestrator()
+    node = await env.node(orch, "n1")
+    raw = decode_hash(await env.redis.hgetall(keys.node_hash("n1")))
+    assert raw["orchestrator_id"] == orch.plane.id
+    assert 0 < await env.redis.ttl(keys.node_hash("n1")) <= 15
+    async with env.pool.connection() as conn:
+        row = await (
+            await conn.execute("SELECT location::text, orchestrator_id, state::text FROM nodes")
+        ).fetchone()
+    assert row == ("onprem", orch.plane.id, "registered")
+    listed = await env.store.list_nodes()
+    assert [(n["node_id"], n["state"], n["orchestrator_id"]) for n in listed] == [
+        ("n1", "ready", orch.plane.id)
+    ]
+    await node.close()
+
+
+async def test_unknown_protocol_version_is_closed_with_4001(env: Env) -> None:
+    orch = await env.orchestrator()
+    node = await env.node(orch, "n1", connect=False, version=99)
+    answer = await node.connect()
+    assert isinstance(answer, proto.RegisterRefused)
+    assert "version" in answer.reason
+    assert node.close_code == proto.CLOSE_UNSUPPORTED_VERSION
+
+
+async def test_wrong_and_revoked_tokens_are_refused_with_4003(env: Env) -> None:
+    orch = await env.orchestrator()
+    node = await env.node(orch, "n1", connect=False)
+    node.token = "nt-lf-wrong"
+    assert isinstance(await node.connect(), proto.RegisterRefused)
+    assert node.close_code == proto.CLOSE_AUTH_FAILED
+    good = await env.store.issue_token("n1", "onprem")
+    await env.store.revoke("n1")
+    node.token = good
+    assert isinstance(await node.connect(), proto.RegisterRefused)
+    assert node.close_code == proto.CLOSE_AUTH_FAILED
+
+
+async def test_registration_rate_limit_refuses_with_spread_retry_hints(env: Env) -> None:
+    orch = await env.orchestrator(registrations_per_s=0.5, registration_burst=2)
+    await env.node(orch, "a")
+    await env.node(orch, "b")
+    hints = []
+    for name in ("c", "d", "e"):
+        node = await env.node(orch, name, connect=False)
+        answer = await node.connect()
+        assert isinstance(answer, proto.RegisterRefused)
+        assert node.close_code == proto.CLOSE_REGISTRATION_REFUSED
+        assert answer.retry_after_s is not None
+        hints.append(answer.retry_after_s)
+    assert hints == sorted(hints)
+    assert hints[2] - hints[0] >= 3.0
+
+
+async def test_revoked_node_is_disconnected_within_one_heartbeat_interval(env: Env) -> None:
+    orch = await env.orchestrator()
+    node = await env.node(orch, "n1")
+    assert await env.store.revoke("n1")
+    await asyncio.wait_for(node.closed.wait(), 0.5 + 0.5)
+    assert node.close_code == proto.CLOSE_REVOKED
+
+
+async def test_missed_heartbeats_take_the_node_out_of_routing(env: Env) -> None:
+    orch = await env.orchestrator()
+    node = await env.node(orch, "n1", heartbeat_every_s=None)  # never heartbeats
+    await asyncio.wait_for(node.closed.wait(), 5)
+    assert node.close_code == 4008
+    await eventually(lambda: _gone(env.redis, "n1"))
+    listed = await env.store.list_nodes()
+    assert listed[0]["state"] == "dead"
+
+
+# -- dispatch -------------------------------------------------------------------------
+
+
+async def test_dispatch_streams_chunks_usage_and_done_then_settles_and_acks(env: Env) -> None:
+    orch = await env.orchestrator()
+    node = await env.node(orch, "n1", auto=Auto(tokens=3, prompt_tokens=7))
+    env.ledger.add("r1")
+    status, headers, body = await env.dispatch(orch, "r1", client_wants_usage=True)
+    assert status == 200
+    assert headers["Content-Type"].startswith("text/event-stream")
+    evs = events(body)
+    assert len(evs) == 5
+    assert evs[-1] == b"[DONE]"
+    assert b'"usage"' in evs[3]
+    assert b'"choices":[]' in evs[3]
+    await node.wait_for(lambda: "r1" in node.acks)
+    assert env.ledger.settle_calls == [("r1", 7, 3)]
+    assert env.ledger.status("r1") is ReservationStatus.SETTLED
+
+
+async def test_usage_chunk_is_stripped_when_the_client_did_not_ask(env: Env) -> None:
+    orch = await env.orchestrator()
+    await env.node(orch, "n1", auto=Auto(tokens=2))
+    env.ledger.add("r1")
+    status, _, body = await env.dispatch(orch, "r1")
+    assert status == 200
+    assert not any(b'"usage"' in e for e in events(body))
+    assert events(body)[-1] == b"[DONE]"
+
+
+async def test_dispatch_needs_the_internal_token_and_a_catalog_model(env: Env) -> None:
+    orch = await env.orchestrator()
+    async with env.session.post(orch.url + DISPATCH_PATH, json={}) as resp:
+        assert resp.status == 401
+    status, _, body = await env.dispatch(orch, "r1", model="nope")
+    assert status == 404
+    assert json.loads(body)["error"]["param"] == "model"
+
+
+async def test_queue_wait_limit_gives_503_with_retry_after_and_cancels_the_reservation(env: Env) -> None:
+    orch = await env.orchestrator()
+    env.ledger.add("r1")
+    status, headers, body = await env.dispatch(orch, "r1", deadlines={"queue_wait_s": 0.3})
+    assert status == 503
+    assert int(headers["Retry-After"]) >= 1
+    assert json.loads(body)["error"]["code"] == "queue_timeout"
+    assert env.ledger.status("r1") is ReservationStatus.CANCELLED
+
+
+async def test_onprem_nodes_fill_first(env: Env) -> None:
+    orch = await env.orchestrator()
+    await env.node(orch, "cloud-1", location="cloud", auto=Auto())
+    await env.node(orch, "prem-1", location="onprem", auto=Auto())
+    env.ledger.add("r1")
+    status, headers, _ = await env.dispatch(orch, "r1")
+    assert status == 200
+    assert headers["x-llmfleet-node"] == "prem-1"
+
+
+async def test_capacity_queue_serves_in_order_when_slots_free(env: Env) -> None:
+    orch = await env.orchestrator()
+    gate = asyncio.Event()
+    model = [proto.ModelInfo(name="m", max_num_seqs=1, max_model_len=4096)]
+    await env.node(orch, "n1", auto=Auto(tokens=2, gate=gate), models=model)
+    first = asyncio.create_task(env.dispatch(orch, "r1"))
+    await eventually(lambda: _done(any(n.in_flight == 1 for n in orch.plane.fleet.snapshot())))
+    second = asyncio.create_task(env.dispatch(orch, "r2"))
+    await eventually(lambda: _done(orch.plane.queues.depth("m") == 1))
+    gate.set()
+    assert (await first)[0] == 200
+    assert (await second)[0] == 200
+
+
+async def _done(value: bool) -> bool:
+    return value
+
+
+async def _gone(redis: Redis, node_id: str) -> bool:
+    return int(await redis.exists(keys.node_hash(node_id))) == 0
+
+
+async def test_silent_node_hits_first_token_timeout_and_the_request_is_retried_elsewhere(env: Env) -> None:
+    orch = await env.orchestrator()
+    silent = await env.node(orch, "prem-silent", location="onprem")
+    await env.node(orch, "cloud-ok", location="cloud", auto=Auto(tokens=2))
+    env.ledger.add("r1")
+    status, headers, _body = await env.dispatch(orch, "r1", deadlines={"first_token_s": 0.3})
+    assert status == 200
+    assert headers["x-llmfleet-node"] == "cloud-ok"
+    await silent.wait_for(lambda: "r1" in silent.cancels)
+    # A late `done` from the first node is acknowledged but not billed: the retry bills.
+    await silent.done("r1", 5, 0, finish_reason="abort")
+    await silent.wait_for(lambda: "r1" in silent.acks)
+    assert [c for c in env.ledger.settle_calls if c[0] == "r1"] == [("r1", 5, 2)]
+
+
+async def test_node_lost_before_the_first_chunk_is_retried_once_on_another_node(env: Env) -> None:
+    orch = await env.orchestrator()
+    doomed = await env.node(orch, "prem-doomed", location="onprem")
+    await env.node(orch, "cloud-ok", location="cloud", auto=Auto(tokens=2))
+    env.ledger.add("r1")
+    task = asyncio.create_task(env.dispatch(orch, "r1"))
+    await asyncio.wait_for(doomed.assigns.get(), 5)
+    await doomed.abort()
+    status, headers, _ = await task
+    assert status == 200
+    assert headers["x-llmfleet-node"] == "cloud-ok"
+
+
+async def test_node_lost_mid_stream_gives_error_event_and_done_and_a_partial_record(env: Env) -> None:
+    orch = await env.orchestrator()
+    node = await env.node(orch, "n1")
+    await env.node(orch, "n2", location="cloud", auto=Auto())
+    env.ledger.add("r1")
+    task = asyncio.create_task(env.dispatch(orch, "r1"))
+    assign = await asyncio.wait_for(node.assigns.get(), 5)
+    await node.chunk(assign.request_id, vllm_chunk("r1", "m", "hello"))
+    await eventually(lambda: _done(orch.plane.local["n1"].routes.get("r1") is not None))
+    await node.abort()
+    status, headers, body = await task
+    evs = events(body)
+    assert status == 200
+    assert headers["x-llmfleet-node"] == "n1"
+    assert b"hello" in evs[0]
+    assert evs[1].startswith(b'{"error"')
+    assert evs[-1] == b"[DONE]"
+    partial = json.loads(await env.redis.get(keys.partial_key("r1")) or "null")
+    assert partial["completion_tokens"] == 1
+
+
+async def test_engine_refusal_before_output_passes_the_status_through(env: Env) -> None:
+    orch = await env.orchestrator()
+    node = await env.node(orch, "n1")
+    env.ledger.add("r1")
+    task = asyncio.create_task(env.dispatch(orch, "r1"))
+    await asyncio.wait_for(node.assigns.get(), 5)
+    await node.error(
+        "r1", 400, "max_tokens is too large", error_type="invalid_request_error", param="max_tokens"
+    )
+    status, _, body = await task
+    assert status == 400
+    assert json.loads(body)["error"]["param"] == "max_tokens"
+    assert env.ledger.status("r1") is ReservationStatus.CANCELLED
+
+
+async def test_drain_stops_assignments_and_the_node_leaves_after_in_flight(env: Env) -> None:
+    orch = await env.orchestrator()
+    gate = asyncio.Event()
+    node = await env.node(orch, "n1", auto=Auto(tokens=2, gate=gate))
+    env.ledger.add("r1")
+    running = asyncio.create_task(env.dispatch(orch, "r1"))
+    await asyncio.wait_for(node.assigns.get(), 5)
+    async with env.session.post(
+        orch.url + "/internal/v1/nodes/n1/drain", headers={"Authorization": f"Bearer {TOKEN}"}
+    ) as resp:
+        assert resp.status == 202
+    await node.wait_for(lambda: node.drains == 1)
+    status, _, _ = await env.dispatch(orch, "r2", deadlines={"queue_wait_s": 0.3})
+    assert status == 503  # the draining node gets nothing new
+    gate.set()
+    assert (await running)[0] == 200
+    await node.drained()
+    await node.close()
+    async with env.pool.connection() as conn:
+        row = await (await conn.execute("SELECT state::text, drained_at IS NOT NULL FROM nodes")).fetchone()
+    assert row == ("drained", True)
+
+
+async def test_metrics_expose_queue_depth_per_catalog_model_and_live_tasks(env: Env) -> None:
+    orch = await env.orchestrator()
+    async with env.session.get(orch.url + "/metrics") as resp:
+        text = await resp.text()
+    assert 'llmfleet_orchestrator_queue_depth{model="big"} 0.0' in text
+    assert "llmfleet_orchestrator_asyncio_tasks" in text
+    async with env.session.get(orch.url + "/readyz") as resp:
+        assert resp.status == 200

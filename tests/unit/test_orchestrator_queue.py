@@ -1,0 +1,80 @@
+"""Per-model FIFO queue: direct pick, FIFO order, 429 when full, 503 + Retry-After on timeout."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from apps.core.errors import RateLimited, Unavailable
+from apps.core.nodes.state import NodeState
+from apps.orchestrator.queue import Queues
+from apps.orchestrator.scheduling.view import NodeView, PickRequest
+
+NODE = NodeView(node_id="n1", location="cloud", models={"m": 1}, state=NodeState.READY)
+
+
+class Slots:
+    """A fake capacity source: `free` slots; records who got one, in order."""
+
+    def __init__(self, free: int) -> None:
+        self.free = free
+        self.served: list[str] = []
+
+    async def try_pick(self, req: PickRequest) -> NodeView | None:
+        if self.free <= 0:
+            return None
+        self.free -= 1
+        self.served.append(req.request_id)
+        return NODE
+
+
+async def test_direct_pick_when_nobody_waits() -> None:
+    slots = Slots(1)
+    queues = Queues(slots.try_pick, max_len=10)
+    assert await queues.acquire(PickRequest("m", "r1"), 1.0, 5.0) is NODE
+    assert queues.depth("m") == 0
+
+
+async def test_waiters_are_served_in_arrival_order() -> None:
+    slots = Slots(0)
+    queues = Queues(slots.try_pick, max_len=10)
+    tasks = []
+    for i in range(3):
+        tasks.append(asyncio.create_task(queues.acquire(PickRequest("m", f"r{i}"), 30.0, 5.0)))
+        while queues.depth("m") < i + 1:
+            await asyncio.sleep(0)
+    for _ in range(3):
+        slots.free += 1
+        queues.notify("m")
+        while len(slots.served) < 3 - queues.depth("m"):
+            await asyncio.sleep(0)
+    await asyncio.gather(*tasks)
+    assert slots.served == ["r0", "r1", "r2"]
+
+
+async def test_full_queue_is_429_with_retry_after() -> None:
+    slots = Slots(0)
+    queues = Queues(slots.try_pick, max_len=1)
+    waiting = asyncio.create_task(queues.acquire(PickRequest("m", "r0"), 30.0, 5.0))
+    while queues.depth("m") < 1:
+        await asyncio.sleep(0)
+    with pytest.raises(RateLimited) as err:
+        await queues.acquire(PickRequest("m", "r1"), 30.0, 7.0)
+    assert err.value.code == "queue_full"
+    assert err.value.retry_after == 7.0
+    waiting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    assert queues.depth("m") == 0  # a cancelled waiter leaves the queue
+
+
+async def test_timeout_is_503_with_retry_after_and_observed() -> None:
+    seen: list[tuple[str, str]] = []
+    queues = Queues(Slots(0).try_pick, max_len=5, on_wait=lambda m, _w, outcome: seen.append((m, outcome)))
+    with pytest.raises(Unavailable) as err:
+        await queues.acquire(PickRequest("m", "r0"), 0.05, 30.0)
+    assert err.value.status == 503
+    assert err.value.retry_after == 30.0
+    assert seen == [("m", "timeout")]
+    assert queues.depth("m") == 0
