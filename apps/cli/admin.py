@@ -1,0 +1,106 @@
+"""`llmfleet admin <action>`: bootstrap an installation directly against PostgreSQL.
+
+  migrate                                   apply apps/core/db/migrations/*.sql (idempotent)
+  create-team NAME [--credits C]            a team, optionally with starting credits
+  create-key --team T [--model M ...] [--rpm N] [--tokens-per-day N] [--max-streams N] [--expires-at ISO]
+                                            prints the key once (stored only as an HMAC)
+  add-credits --team T --amount C           a credit entry (credits; decimals allowed)
+  mint-admin-token --issuer-key FILE [--ttl S] [--subject S]
+                                            an admin JWT from the local issuer's key (dev)
+
+Env: `LLMFLEET_DATABASE_URL`, `LLMFLEET_SECRET_KEY` (create-key). Output is JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+from datetime import datetime
+from decimal import Decimal, InvalidOperation
+from pathlib import Path
+from typing import Any
+
+from psycopg_pool import AsyncConnectionPool
+
+from apps.core.db.migrate import migrate_sync
+from apps.core.errors import InvalidRequest
+from apps.core.identity.keys import KeyStore
+from apps.core.identity.local_issuer import LocalIssuer
+from apps.core.ledger.teams import TeamStore
+
+DEFAULT_DB = "postgresql://postgres@127.0.0.1:5432/postgres"
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="action", required=True)
+    sub.add_parser("migrate", help="apply database migrations")
+    team = sub.add_parser("create-team", help="create a team")
+    team.add_argument("name")
+    team.add_argument("--credits", default=None, help="starting credits (decimal)")
+    key = sub.add_parser("create-key", help="create an API key (printed once)")
+    key.add_argument("--team", required=True)
+    key.add_argument("--model", action="append", default=[], help="allowed model (repeat); none = all")
+    key.add_argument("--rpm", type=int)
+    key.add_argument("--tokens-per-day", type=int)
+    key.add_argument("--max-streams", type=int)
+    key.add_argument("--expires-at", help="ISO-8601")
+    key.add_argument("--name")
+    credits = sub.add_parser("add-credits", help="add (or with a negative amount, remove) credits")
+    credits.add_argument("--team", required=True)
+    credits.add_argument("--amount", required=True)
+    mint = sub.add_parser("mint-admin-token", help="mint an admin JWT with the local issuer key")
+    mint.add_argument("--issuer-key", required=True, type=Path)
+    mint.add_argument("--ttl", type=int, default=12 * 3600)
+    mint.add_argument("--subject", default="admin")
+
+
+def parse_credits(amount: str) -> int:
+    try:
+        micro = Decimal(amount) * 1_000_000
+    except InvalidOperation:
+        raise InvalidRequest(f"not a number of credits: {amount!r}", param="amount") from None
+    if micro != micro.to_integral_value():
+        raise InvalidRequest("at most 6 decimals", param="amount")
+    return int(micro)
+
+
+async def _with_pool(args: argparse.Namespace, url: str) -> dict[str, Any]:
+    async with AsyncConnectionPool(url, min_size=1, max_size=2) as pool:
+        teams = TeamStore(pool)
+        if args.action == "create-team":
+            team = await teams.create_team(args.name)
+            if args.credits is not None:
+                await teams.add_credits(team.id, parse_credits(args.credits), "initial")
+                team = await teams.get_team(team.id)
+            return team.as_json()
+        if args.action == "add-credits":
+            return await teams.add_credits(args.team, parse_credits(args.amount), "cli")
+        secret_key = os.environ.get("LLMFLEET_SECRET_KEY", "")
+        if not secret_key:
+            raise InvalidRequest("LLMFLEET_SECRET_KEY must be set (the same as the gateway's)")
+        expires = datetime.fromisoformat(args.expires_at) if args.expires_at else None
+        secret, record = await KeyStore(pool, secret_key.encode()).create(
+            team=args.team,
+            model_allowlist=args.model,
+            rpm=args.rpm,
+            tokens_per_day=args.tokens_per_day,
+            max_streams=args.max_streams,
+            expires_at=expires,
+            name=args.name,
+        )
+        return {**record.as_json(), "key": secret}
+
+
+def run(args: argparse.Namespace) -> int:
+    url = os.environ.get("LLMFLEET_DATABASE_URL", DEFAULT_DB)
+    if args.action == "migrate":
+        print(json.dumps({"applied": migrate_sync(url)}))
+        return 0
+    if args.action == "mint-admin-token":
+        issuer = LocalIssuer.load_or_create(args.issuer_key)
+        print(issuer.mint(args.subject, admin=True, ttl_s=args.ttl))
+        return 0
+    print(json.dumps(asyncio.run(_with_pool(args, url))))
+    return 0

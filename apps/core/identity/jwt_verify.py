@@ -1,0 +1,109 @@
+"""JWT verification against a JWKS URL (PyJWT's `PyJWKClient`, keys cached).
+
+Security rules (brief "Security checks"): only asymmetric algorithms from an allowlist
+(`none` and every HS* are refused even if listed, so a public key can never be used as an
+HMAC secret); issuer, audience, `exp` and `sub` are required; the team comes from a
+configurable claim and the admin role from another. There is no shared-secret mode.
+
+`PyJWKClient` fetches with urllib (blocking), so lookups run in a worker thread; the JWK
+set is cached for `cache_s` and refetched once when a token names an unknown `kid`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import jwt
+
+from apps.core.errors import AuthenticationFailed
+
+SAFE_ALGORITHMS = frozenset(
+    {"RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "ES512", "EdDSA"}
+)
+
+
+@dataclass(frozen=True)
+class JwtIdentity:
+    subject: str
+    team: str | None
+    is_admin: bool
+    claims: dict[str, Any]
+
+
+def looks_like_jwt(token: str) -> bool:
+    return token.count(".") == 2 and token.startswith("eyJ")
+
+
+class JwtVerifier:
+    def __init__(
+        self,
+        jwks_url: str,
+        *,
+        issuer: str,
+        audience: str,
+        algorithms: Sequence[str] = ("RS256", "ES256"),
+        team_claim: str = "team",
+        admin_claim: str = "roles",
+        admin_role: str = "admin",
+        cache_s: int = 300,
+        leeway_s: float = 30.0,
+    ) -> None:
+        unsafe = [a for a in algorithms if a not in SAFE_ALGORITHMS]
+        if unsafe:
+            raise ValueError(f"JWT algorithms not allowed (asymmetric only): {', '.join(unsafe)}")
+        if not issuer or not audience:
+            raise ValueError("JWT issuer and audience are required")
+        self._algorithms = list(algorithms)
+        self._issuer = issuer
+        self._audience = audience
+        self._team_claim = team_claim
+        self._admin_claim = admin_claim
+        self._admin_role = admin_role
+        self._leeway = leeway_s
+        self._jwks = jwt.PyJWKClient(jwks_url, cache_jwk_set=True, lifespan=cache_s, timeout=5)
+
+    async def verify(self, token: str) -> JwtIdentity:
+        try:
+            header = jwt.get_unverified_header(token)
+        except jwt.PyJWTError:
+            raise AuthenticationFailed("Malformed bearer token.") from None
+        if header.get("alg") not in self._algorithms:
+            raise AuthenticationFailed(
+                f"JWT algorithm {header.get('alg')!r} is not allowed.", code="invalid_jwt"
+            )
+        try:
+            signing = await asyncio.to_thread(self._jwks.get_signing_key_from_jwt, token)
+        except jwt.PyJWKClientConnectionError:
+            raise AuthenticationFailed(
+                "JWKS endpoint unreachable; cannot verify token.", code="jwks_unavailable"
+            ) from None
+        except jwt.PyJWTError:
+            raise AuthenticationFailed("JWT signing key not found in JWKS.", code="invalid_jwt") from None
+        try:
+            claims: dict[str, Any] = jwt.decode(
+                token,
+                signing.key,
+                algorithms=self._algorithms,
+                audience=self._audience,
+                issuer=self._issuer,
+                leeway=self._leeway,
+                options={"require": ["exp", "iss", "aud", "sub"]},
+            )
+        except jwt.ExpiredSignatureError:
+            raise AuthenticationFailed("The token has expired.", code="expired_jwt") from None
+        except jwt.PyJWTError as exc:
+            raise AuthenticationFailed(f"Invalid token: {exc}", code="invalid_jwt") from None
+        roles = claims.get(self._admin_claim)
+        if isinstance(roles, str):
+            roles = roles.split()
+        is_admin = isinstance(roles, list) and self._admin_role in roles
+        team = claims.get(self._team_claim)
+        return JwtIdentity(
+            subject=str(claims["sub"]),
+            team=str(team) if team is not None else None,
+            is_admin=is_admin,
+            claims=claims,
+        )

@@ -1,0 +1,183 @@
+"""`Ledger` over PostgreSQL (psycopg 3 async + pool): reserve, settle, cancel, sweep.
+
+Reserve is one statement: `UPDATE teams SET reserved += estimate WHERE balance - reserved >=
+estimate` and the ledger insert in a CTE. `teams.reserved_microcredits` is the sum of the
+team's open reservations, changed in the same transaction as every reserve/settle/cancel; the
+UPDATE's condition is re-evaluated under the team's row lock, so two concurrent reservations
+cannot both pass the `balance - open reservations >= estimate` check. The row stores
+the model's prices at reserve time, so settle needs no spec and a price change never
+re-prices a request already admitted.
+
+Settle is `UPDATE ... WHERE request_id = ? AND status = 'reserved'` plus the debit in
+the same transaction; a retried settle finds no `reserved` row and is a no-op. The debit
+is `LEAST(cost, balance)`: when a request cost more than its reservation and the team has
+run dry the shortfall is recorded in `uncharged_microcredits` instead of driving the
+balance negative, and `cost_microcredits` is what was actually debited, so
+`balance == credits - sum(settled cost)` always holds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import datetime
+
+from psycopg_pool import AsyncConnectionPool
+
+from apps.core.errors import InsufficientBalance, NotFound
+from apps.core.ledger.api import Reservation, SettleOutcome, SettleResult
+from apps.core.spec import Prices
+
+
+def cost_microcredits(
+    prompt_tokens: int, completion_tokens: int, prompt_price: int, completion_price: int
+) -> int:
+    """Integer microcredits, rounded up (a partial microcredit is charged as one)."""
+    total = prompt_tokens * prompt_price + completion_tokens * completion_price
+    return -(-total // 1_000_000)
+
+
+_RESERVE = """
+WITH claimed AS (
+    UPDATE teams SET reserved_microcredits = reserved_microcredits + %(est)s
+    WHERE id = %(team)s AND balance_microcredits - reserved_microcredits >= %(est)s
+    RETURNING id
+), inserted AS (
+    INSERT INTO usage_ledger (request_id, team_id, key_id, model, prompt_price_per_million,
+                              completion_price_per_million, estimated_cost_microcredits)
+    SELECT %(rid)s, id, %(key)s, %(model)s, %(pp)s, %(cp)s, %(est)s FROM claimed
+    RETURNING 1
+)
+SELECT t.balance_microcredits, t.reserved_microcredits, (SELECT count(*) FROM inserted)
+FROM (SELECT 1) AS one LEFT JOIN teams t ON t.id = %(team)s
+"""
+
+_CANCEL = """
+WITH done AS (
+    UPDATE usage_ledger SET status = 'cancelled', finalized_at = now()
+    WHERE request_id = %s AND status = 'reserved'
+    RETURNING team_id, estimated_cost_microcredits
+), released AS (
+    UPDATE teams SET reserved_microcredits = reserved_microcredits - done.estimated_cost_microcredits
+    FROM done WHERE teams.id = done.team_id
+    RETURNING 1
+)
+SELECT count(*) FROM released
+"""
+
+
+class PgLedger:
+    def __init__(self, pool: AsyncConnectionPool, prices: Mapping[str, Prices] | None = None) -> None:
+        self._pool = pool
+        self._prices = dict(prices or {})
+
+    def estimate(self, model: str, estimated_prompt_tokens: int, max_tokens: int) -> int:
+        prices = self._prices.get(model)
+        if prices is None:
+            raise NotFound(f"The model `{model}` does not exist.", param="model")
+        return cost_microcredits(
+            estimated_prompt_tokens,
+            max_tokens,
+            prices.prompt_per_million_microcredits,
+            prices.completion_per_million_microcredits,
+        )
+
+    async def reserve(
+        self,
+        *,
+        request_id: str,
+        team_id: int,
+        key_id: int | None,
+        model: str,
+        estimated_prompt_tokens: int,
+        max_tokens: int,
+    ) -> Reservation:
+        estimate = self.estimate(model, estimated_prompt_tokens, max_tokens)
+        prices = self._prices[model]
+        params = {
+            "team": team_id,
+            "est": estimate,
+            "rid": request_id,
+            "key": key_id,
+            "model": model,
+            "pp": prices.prompt_per_million_microcredits,
+            "cp": prices.completion_per_million_microcredits,
+        }
+        async with self._pool.connection() as conn:
+            # One statement, one round trip: the UPDATE's condition is re-checked under the team's row
+            # lock, so concurrent reservations of one team serialise on it and can never overdraw.
+            cur = await conn.execute(_RESERVE, params)
+            row = await cur.fetchone()
+        if row is None or row[0] is None:
+            raise NotFound(f"team {team_id} does not exist", param="team", code="team_not_found")
+        if not row[2]:
+            available = max(int(row[0]) - int(row[1]), 0)
+            raise InsufficientBalance(
+                f"Insufficient balance: this request may cost up to {estimate} microcredits, available {available}."
+            )
+        return Reservation(request_id, team_id, key_id, model, estimate)
+
+    async def settle(self, request_id: str, prompt_tokens: int, completion_tokens: int) -> SettleResult:
+        prompt_tokens, completion_tokens = max(prompt_tokens, 0), max(completion_tokens, 0)
+        async with self._pool.connection() as conn, conn.transaction():
+            cur = await conn.execute(
+                "SELECT team_id, key_id, model, prompt_price_per_million, completion_price_per_million, status, "
+                "estimated_cost_microcredits "
+                "FROM usage_ledger WHERE request_id = %s FOR UPDATE",
+                (request_id,),
+            )
+            row = await cur.fetchone()
+            if row is None:
+                return SettleResult(SettleOutcome.UNKNOWN, request_id)
+            team_id, key_id, model, p_price, c_price, status, estimated = row
+            if status != "reserved":
+                return SettleResult(SettleOutcome.ALREADY_FINAL, request_id, team_id, key_id, model)
+            cost = cost_microcredits(prompt_tokens, completion_tokens, int(p_price), int(c_price))
+            cur = await conn.execute(
+                "SELECT balance_microcredits FROM teams WHERE id = %s FOR UPDATE", (team_id,)
+            )
+            bal_row = await cur.fetchone()
+            balance = int(bal_row[0]) if bal_row else 0
+            charged = min(cost, balance)
+            shortfall = cost - charged
+            await conn.execute(
+                "UPDATE teams SET balance_microcredits = balance_microcredits - %s, "
+                "reserved_microcredits = reserved_microcredits - %s WHERE id = %s",
+                (charged, int(estimated), team_id),
+            )
+            await conn.execute(
+                "UPDATE usage_ledger SET status = 'settled', prompt_tokens = %s, completion_tokens = %s, "
+                "cost_microcredits = %s, uncharged_microcredits = %s, finalized_at = now() "
+                "WHERE request_id = %s",
+                (prompt_tokens, completion_tokens, charged, shortfall, request_id),
+            )
+        return SettleResult(
+            SettleOutcome.SETTLED,
+            request_id,
+            team_id,
+            key_id,
+            model,
+            prompt_tokens,
+            completion_tokens,
+            charged,
+        )
+
+    async def cancel(self, request_id: str) -> bool:
+        async with self._pool.connection() as conn:
+            cur = await conn.execute(_CANCEL, (request_id,))
+            row = await cur.fetchone()
+            return bool(row and row[0])
+
+    async def stale_reservations(self, older_than: datetime, limit: int = 500) -> list[str]:
+        async with self._pool.connection() as conn:
+            cur = await conn.execute(
+                "SELECT request_id FROM usage_ledger WHERE status = 'reserved' AND created_at < %s "
+                "ORDER BY created_at LIMIT %s",
+                (older_than, limit),
+            )
+            return [str(r[0]) for r in await cur.fetchall()]
+
+    async def open_reservations(self) -> int:
+        async with self._pool.connection() as conn:
+            cur = await conn.execute("SELECT count(*) FROM usage_ledger WHERE status = 'reserved'")
+            row = await cur.fetchone()
+            return int(row[0]) if row else 0

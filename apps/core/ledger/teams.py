@@ -1,0 +1,134 @@
+"""Teams, credits and usage reports over PostgreSQL (the admin and `/v1/usage` side of the ledger).
+
+Every credit movement is a `credit_entries` row written in the same transaction as the
+balance change, so `balance == sum(credit_entries) - sum(settled cost)` is checkable.
+Usage reports are always scoped by a team id the caller verified (never by a request
+parameter); the query is bounded by the `[from, to)` interval.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import psycopg.errors
+from psycopg_pool import AsyncConnectionPool
+
+from apps.core.errors import InvalidRequest, LlmfleetError, NotFound
+
+
+class Conflict(LlmfleetError):
+    status = 409
+    type = "invalid_request_error"
+    code = "conflict"
+
+
+@dataclass(frozen=True)
+class Team:
+    id: int
+    name: str
+    balance_microcredits: int
+
+    def as_json(self) -> dict[str, Any]:
+        return {"id": self.id, "name": self.name, "balance_microcredits": self.balance_microcredits}
+
+
+class TeamStore:
+    def __init__(self, pool: AsyncConnectionPool) -> None:
+        self._pool = pool
+
+    async def create_team(self, name: str) -> Team:
+        if not name or len(name) > 200:
+            raise InvalidRequest("team name must be 1-200 characters", param="name")
+        try:
+            async with self._pool.connection() as conn:
+                cur = await conn.execute(
+                    "INSERT INTO teams (name) VALUES (%s) RETURNING id, name, balance_microcredits", (name,)
+                )
+                row = await cur.fetchone()
+        except psycopg.errors.UniqueViolation:
+            raise Conflict(f"team {name!r} already exists", param="name") from None
+        assert row is not None
+        return Team(int(row[0]), str(row[1]), int(row[2]))
+
+    async def list_teams(self) -> list[Team]:
+        async with self._pool.connection() as conn:
+            cur = await conn.execute("SELECT id, name, balance_microcredits FROM teams ORDER BY id")
+            return [Team(int(r[0]), str(r[1]), int(r[2])) for r in await cur.fetchall()]
+
+    async def get_team(self, ref: str | int) -> Team:
+        """A team by id (int or all-digit string) or by name."""
+        async with self._pool.connection() as conn:
+            if isinstance(ref, int) or (isinstance(ref, str) and ref.isdigit()):
+                cur = await conn.execute(
+                    "SELECT id, name, balance_microcredits FROM teams WHERE id = %s", (int(ref),)
+                )
+            else:
+                cur = await conn.execute(
+                    "SELECT id, name, balance_microcredits FROM teams WHERE name = %s", (ref,)
+                )
+            row = await cur.fetchone()
+        if row is None:
+            raise NotFound(f"team {ref!r} does not exist", param="team", code="team_not_found")
+        return Team(int(row[0]), str(row[1]), int(row[2]))
+
+    async def add_credits(
+        self, team: str | int, amount_microcredits: int, reason: str = "admin"
+    ) -> dict[str, Any]:
+        if amount_microcredits == 0:
+            raise InvalidRequest("amount must not be zero", param="amount")
+        found = await self.get_team(team)
+        async with self._pool.connection() as conn, conn.transaction():
+            cur = await conn.execute(
+                "UPDATE teams SET balance_microcredits = balance_microcredits + %s "
+                "WHERE id = %s AND balance_microcredits + %s >= 0 RETURNING balance_microcredits",
+                (amount_microcredits, found.id, amount_microcredits),
+            )
+            row = await cur.fetchone()
+            if row is None:
+                raise InvalidRequest("a debit may not make the balance negative", param="amount")
+            cur = await conn.execute(
+                "INSERT INTO credit_entries (team_id, amount_microcredits, reason) VALUES (%s, %s, %s) "
+                "RETURNING id, created_at",
+                (found.id, amount_microcredits, reason),
+            )
+            entry = await cur.fetchone()
+        assert entry is not None
+        return {
+            "id": int(entry[0]),
+            "team_id": found.id,
+            "team": found.name,
+            "amount_microcredits": amount_microcredits,
+            "balance_microcredits": int(row[0]),
+            "created_at": entry[1].isoformat(),
+        }
+
+    async def usage(
+        self, team_id: int, start: datetime, end: datetime, *, by_day: bool = False
+    ) -> list[dict[str, Any]]:
+        """Settled tokens and cost per model (and per UTC day) in `[start, end)` for one team."""
+        day = "to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD')" if by_day else "NULL::text"
+        query = (
+            f"SELECT model, {day} AS day, count(*), COALESCE(SUM(prompt_tokens), 0), "  # noqa: S608 (constant)
+            "COALESCE(SUM(completion_tokens), 0), COALESCE(SUM(cost_microcredits), 0) "
+            "FROM usage_ledger WHERE team_id = %s AND status = 'settled' AND created_at >= %s AND created_at < %s "
+            "GROUP BY 1, 2 ORDER BY 2 NULLS FIRST, 1"
+        )
+        async with self._pool.connection() as conn:
+            cur = await conn.execute(query.encode(), (team_id, start, end))
+            rows = await cur.fetchall()
+        out: list[dict[str, Any]] = []
+        for model, bucket, n, prompt, completion, cost in rows:
+            item: dict[str, Any] = {
+                "model": model,
+                "requests": int(n),
+                "prompt_tokens": int(prompt),
+                "completion_tokens": int(completion),
+                "total_tokens": int(prompt) + int(completion),
+                "cost_microcredits": int(cost),
+            }
+            if by_day:
+                item["day"] = bucket
+            out.append(item)
+        return out

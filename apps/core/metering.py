@@ -1,0 +1,40 @@
+"""Settle one request's usage exactly once and account it against the key's daily token quota.
+
+The orchestrator (and the gateway's fake dispatcher in tests) call `settle_usage` with the
+engine's exact usage. Only a *new* settlement increments `tpd:{key_id}:{yyyymmdd}` in Redis,
+so a retried settle never counts tokens twice. The counter expires after two days.
+A Redis failure here does not undo the settlement (money is the source of truth); it is
+re-raised so the caller can count it.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from apps.core.ledger.api import Ledger, SettleOutcome, SettleResult
+
+TPD_TTL_S = 2 * 24 * 3600
+
+
+def tpd_key(key_id: int | str, when: datetime) -> str:
+    return f"tpd:{key_id}:{when.astimezone(UTC):%Y%m%d}"
+
+
+async def settle_usage(
+    ledger: Ledger,
+    redis: Any,
+    request_id: str,
+    prompt_tokens: int,
+    completion_tokens: int,
+    *,
+    now: datetime | None = None,
+) -> SettleResult:
+    result = await ledger.settle(request_id, prompt_tokens, completion_tokens)
+    if result.outcome is SettleOutcome.SETTLED and result.key_id is not None:
+        key = tpd_key(result.key_id, now or datetime.now(UTC))
+        async with redis.pipeline(transaction=True) as pipe:
+            pipe.incrby(key, result.prompt_tokens + result.completion_tokens)
+            pipe.expire(key, TPD_TTL_S)
+            await pipe.execute()
+    return result

@@ -1,0 +1,170 @@
+"""Per-key admission in Redis: one Lua script, one round trip (ARCHITECTURE D3).
+
+Order (the brief's cheapest first): concurrent streams, requests per minute, tokens per
+day. Nothing is written unless every check passes, so a request refused for rpm does not
+hold a stream slot and a request refused for streams does not consume an rpm slot.
+
+Keys:
+  streams:{key_id}        SET of active request ids (SCARD = streams in use); expires
+                          `lease_s` after the last admission, so a dead gateway's slots go away.
+  streams:{key_id}:lease  ZSET request id -> lease deadline (ms); members past their lease are
+                          pruned from both, so one crashed gateway cannot pin slots while
+                          other replicas keep the set alive.
+  rl:{key_id}:rpm         ZSET sliding window of admission times (ms), TTL 60 s.
+  tpd:{key_id}:{yyyymmdd} tokens settled today (incremented by `apps.core.metering`).
+
+`release` removes the request from the stream set (idempotent).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from apps.core.metering import tpd_key
+
+WINDOW_MS = 60_000
+
+ADMIT_LUA = """
+local streams, lease, rpm_key, tpd = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local rid = ARGV[1]
+local now = tonumber(ARGV[2])
+local max_streams = tonumber(ARGV[3])
+local rpm = tonumber(ARGV[4])
+local tpd_limit = tonumber(ARGV[5])
+local lease_ms = tonumber(ARGV[6])
+local window = tonumber(ARGV[7])
+
+local expired = redis.call('ZRANGEBYSCORE', lease, '-inf', now)
+if #expired > 0 then
+  redis.call('SREM', streams, unpack(expired))
+  redis.call('ZREMRANGEBYSCORE', lease, '-inf', now)
+end
+local active = redis.call('SCARD', streams)
+if max_streams > 0 and active >= max_streams then
+  local first = redis.call('ZRANGE', lease, 0, 0, 'WITHSCORES')
+  local retry = 1000
+  if first[2] then retry = math.min(math.max(tonumber(first[2]) - now, 1000), 60000) end
+  return {1, active, retry, 0, 0}
+end
+
+redis.call('ZREMRANGEBYSCORE', rpm_key, '-inf', now - window)
+local used = redis.call('ZCARD', rpm_key)
+local oldest = redis.call('ZRANGE', rpm_key, 0, 0, 'WITHSCORES')
+local reset = 0
+if oldest[2] then reset = tonumber(oldest[2]) + window - now end
+if rpm > 0 and used >= rpm then
+  return {2, used, math.max(reset, 1), used, 0}
+end
+
+local tokens = tonumber(redis.call('GET', tpd) or '0')
+if tpd_limit > 0 and tokens >= tpd_limit then
+  return {3, tokens, 0, used, tokens}
+end
+
+redis.call('SADD', streams, rid)
+redis.call('PEXPIRE', streams, lease_ms)
+redis.call('ZADD', lease, now + lease_ms, rid)
+redis.call('PEXPIRE', lease, lease_ms)
+redis.call('ZADD', rpm_key, now, rid .. ':' .. now)
+redis.call('PEXPIRE', rpm_key, window)
+if reset <= 0 then reset = window end
+return {0, active + 1, reset, used + 1, tokens}
+"""
+
+
+class Verdict(enum.IntEnum):
+    ADMITTED = 0
+    MAX_STREAMS = 1
+    RPM = 2
+    TOKENS_PER_DAY = 3
+
+
+@dataclass(frozen=True)
+class Limits:
+    """0 or None means unlimited."""
+
+    max_streams: int | None = None
+    rpm: int | None = None
+    tokens_per_day: int | None = None
+
+
+@dataclass(frozen=True)
+class Admission:
+    verdict: Verdict
+    limits: Limits
+    active_streams: int
+    retry_after_s: float
+    requests_in_window: int
+    rpm_reset_s: float
+    tokens_today: int
+    tokens_reset_s: float
+
+    @property
+    def admitted(self) -> bool:
+        return self.verdict is Verdict.ADMITTED
+
+    def remaining_requests(self) -> int | None:
+        return None if not self.limits.rpm else max(self.limits.rpm - self.requests_in_window, 0)
+
+    def remaining_tokens(self) -> int | None:
+        return (
+            None if not self.limits.tokens_per_day else max(self.limits.tokens_per_day - self.tokens_today, 0)
+        )
+
+
+def seconds_to_utc_midnight(now: datetime) -> float:
+    now = now.astimezone(UTC)
+    midnight = (now + timedelta(days=1)).replace(hour=0, minute=0, second=0, microsecond=0)
+    return (midnight - now).total_seconds()
+
+
+class QuotaStore:
+    """The Redis side of admission; `redis` is a `redis.asyncio.Redis`."""
+
+    def __init__(self, redis: Any, *, lease_s: float = 3600.0) -> None:
+        self._redis = redis
+        self._lease_ms = int(lease_s * 1000)
+        self._script = redis.register_script(ADMIT_LUA)
+
+    async def admit(self, subject: str, request_id: str, limits: Limits, now: datetime) -> Admission:
+        now_ms = int(now.timestamp() * 1000)
+        keys = [f"streams:{subject}", f"streams:{subject}:lease", f"rl:{subject}:rpm", tpd_key(subject, now)]
+        args = [
+            request_id,
+            now_ms,
+            limits.max_streams or 0,
+            limits.rpm or 0,
+            limits.tokens_per_day or 0,
+            self._lease_ms,
+            WINDOW_MS,
+        ]
+        raw = await self._script(keys=keys, args=args)
+        code, a, retry_ms, used, tokens = (int(x) for x in raw)
+        verdict = Verdict(code)
+        reset_tokens = seconds_to_utc_midnight(now)
+        if verdict is Verdict.TOKENS_PER_DAY:
+            retry_s = reset_tokens
+        else:
+            retry_s = retry_ms / 1000 if verdict is not Verdict.ADMITTED else 0.0
+        return Admission(
+            verdict=verdict,
+            limits=limits,
+            active_streams=a if verdict is not Verdict.TOKENS_PER_DAY else 0,
+            retry_after_s=retry_s,
+            requests_in_window=used,
+            rpm_reset_s=(retry_ms / 1000) if verdict in (Verdict.ADMITTED, Verdict.RPM) else 60.0,
+            tokens_today=tokens,
+            tokens_reset_s=reset_tokens,
+        )
+
+    async def release(self, subject: str, request_id: str) -> None:
+        async with self._redis.pipeline(transaction=True) as pipe:
+            pipe.srem(f"streams:{subject}", request_id)
+            pipe.zrem(f"streams:{subject}:lease", request_id)
+            await pipe.execute()
+
+    async def active_streams(self, subject: str) -> int:
+        return int(await self._redis.scard(f"streams:{subject}"))

@@ -1,0 +1,167 @@
+"""The admin API (JWT with the admin role): teams, keys, credits, nodes."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from decimal import Decimal, InvalidOperation
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+from apps.core.errors import InvalidRequest, NotFound
+from apps.gateway.auth import require_admin
+from apps.gateway.deps import GatewayDeps
+from apps.gateway.settings import GatewaySettings
+from apps.gateway.usage import parse_time
+
+NODE_ID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.")
+
+
+async def _json(request: Request) -> dict[str, Any]:
+    raw = await request.body()
+    try:
+        body = json.loads(raw or b"{}")
+    except ValueError:
+        raise InvalidRequest("We could not parse the JSON body of your request.") from None
+    if not isinstance(body, dict):
+        raise InvalidRequest("The request body must be a JSON object.")
+    return body
+
+
+def _opt_int(body: dict[str, Any], name: str) -> int | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise InvalidRequest(f"'{name}' must be a positive integer or null.", param=name)
+    return value
+
+
+def amount_microcredits(body: dict[str, Any]) -> int:
+    """`amount` in credits (decimal allowed) or `amount_microcredits` as an integer."""
+    if body.get("amount_microcredits") is not None:
+        value = body["amount_microcredits"]
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise InvalidRequest("'amount_microcredits' must be an integer.", param="amount_microcredits")
+        return value
+    raw = body.get("amount")
+    if isinstance(raw, bool) or not isinstance(raw, int | float | str):
+        raise InvalidRequest("'amount' (credits) is required.", param="amount")
+    try:
+        micro = Decimal(str(raw)) * 1_000_000
+    except InvalidOperation:
+        raise InvalidRequest("'amount' must be a number of credits.", param="amount") from None
+    if micro != micro.to_integral_value():
+        raise InvalidRequest("'amount' has more than 6 decimals.", param="amount")
+    return int(micro)
+
+
+def admin_routes(settings: GatewaySettings, deps: GatewayDeps) -> list[Route]:
+    async def create_team(request: Request) -> JSONResponse:
+        await require_admin(request, deps, settings)
+        body = await _json(request)
+        name = body.get("name")
+        if not isinstance(name, str):
+            raise InvalidRequest("'name' is required.", param="name")
+        team = await deps.teams.create_team(name)
+        if body.get("credits") is not None:
+            await deps.teams.add_credits(team.id, amount_microcredits({"amount": body["credits"]}), "initial")
+            team = await deps.teams.get_team(team.id)
+        return JSONResponse(team.as_json(), status_code=201)
+
+    async def list_teams(request: Request) -> JSONResponse:
+        await require_admin(request, deps, settings)
+        return JSONResponse({"object": "list", "data": [t.as_json() for t in await deps.teams.list_teams()]})
+
+    async def create_key(request: Request) -> JSONResponse:
+        await require_admin(request, deps, settings)
+        body = await _json(request)
+        team = body.get("team")
+        if not isinstance(team, str | int) or isinstance(team, bool):
+            raise InvalidRequest("'team' (name or id) is required.", param="team")
+        allow = body.get("model_allowlist") or []
+        if not isinstance(allow, list) or not all(isinstance(m, str) for m in allow):
+            raise InvalidRequest("'model_allowlist' must be a list of model names.", param="model_allowlist")
+        unknown = [m for m in allow if m not in deps.spec.models]
+        if unknown:
+            raise NotFound(f"unknown models in allowlist: {', '.join(unknown)}", param="model_allowlist")
+        expires: datetime | None = None
+        if body.get("expires_at") is not None:
+            expires = parse_time(body["expires_at"], "expires_at")
+        name = body.get("name")
+        secret, record = await deps.keys.create(
+            team=team,
+            model_allowlist=allow,
+            rpm=_opt_int(body, "rpm"),
+            tokens_per_day=_opt_int(body, "tokens_per_day"),
+            max_streams=_opt_int(body, "max_streams"),
+            expires_at=expires,
+            name=name if isinstance(name, str) else None,
+        )
+        return JSONResponse({**record.as_json(), "key": secret}, status_code=201)
+
+    async def list_keys(request: Request) -> JSONResponse:
+        await require_admin(request, deps, settings)
+        team = request.query_params.get("team")
+        keys = await deps.keys.list_keys(team)
+        return JSONResponse({"object": "list", "data": [k.as_json() for k in keys]})
+
+    async def revoke_key(request: Request) -> JSONResponse:
+        await require_admin(request, deps, settings)
+        raw = request.path_params["key_id"]
+        if not str(raw).isdigit():
+            raise NotFound(f"key {raw} does not exist", param="id", code="key_not_found")
+        changed = await deps.keys.revoke(int(raw))
+        return JSONResponse({"id": int(raw), "revoked": True, "changed": changed})
+
+    async def add_credits(request: Request) -> JSONResponse:
+        await require_admin(request, deps, settings)
+        body = await _json(request)
+        team = body.get("team")
+        if not isinstance(team, str | int) or isinstance(team, bool):
+            raise InvalidRequest("'team' (name or id) is required.", param="team")
+        reason = body.get("reason") if isinstance(body.get("reason"), str) else "admin"
+        entry = await deps.teams.add_credits(team, amount_microcredits(body), str(reason))
+        return JSONResponse(entry, status_code=201)
+
+    async def list_nodes(request: Request) -> JSONResponse:
+        await require_admin(request, deps, settings)
+        return JSONResponse({"object": "list", "data": await deps.nodes.list_nodes()})
+
+    async def create_node(request: Request) -> JSONResponse:
+        await require_admin(request, deps, settings)
+        body = await _json(request)
+        node_id, location = body.get("node_id"), body.get("location", "onprem")
+        if (
+            not isinstance(node_id, str)
+            or not node_id
+            or not set(node_id) <= NODE_ID_CHARS
+            or len(node_id) > 128
+        ):
+            raise InvalidRequest("'node_id' must be 1-128 of [A-Za-z0-9._-].", param="node_id")
+        if location not in ("onprem", "cloud"):
+            raise InvalidRequest("'location' must be onprem or cloud.", param="location")
+        token = await deps.nodes.issue_token(node_id, location)
+        return JSONResponse({"node_id": node_id, "location": location, "token": token}, status_code=201)
+
+    async def revoke_node(request: Request) -> JSONResponse:
+        await require_admin(request, deps, settings)
+        node_id = request.path_params["node_id"]
+        if not await deps.nodes.revoke(node_id):
+            raise NotFound(f"node {node_id} does not exist", param="node_id", code="node_not_found")
+        return JSONResponse({"node_id": node_id, "revoked": True})
+
+    return [
+        Route("/admin/teams", create_team, methods=["POST"]),
+        Route("/admin/teams", list_teams, methods=["GET"]),
+        Route("/admin/keys", create_key, methods=["POST"]),
+        Route("/admin/keys", list_keys, methods=["GET"]),
+        Route("/admin/keys/{key_id}", revoke_key, methods=["DELETE"]),
+        Route("/admin/credits", add_credits, methods=["POST"]),
+        Route("/admin/nodes", list_nodes, methods=["GET"]),
+        Route("/admin/nodes", create_node, methods=["POST"]),
+        Route("/admin/nodes/{node_id}", revoke_node, methods=["DELETE"]),
+    ]

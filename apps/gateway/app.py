@@ -1,0 +1,73 @@
+"""`create_app(settings, deps)`: the gateway's only wiring point (Starlette)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.routing import Route
+
+from apps.core.errors import LlmfleetError
+from apps.gateway.admin_routes import admin_routes
+from apps.gateway.auth import authenticate
+from apps.gateway.chat import ChatHandler
+from apps.gateway.deps import GatewayDeps
+from apps.gateway.metrics import GatewayMetrics
+from apps.gateway.settings import GatewaySettings
+from apps.gateway.usage import usage_route
+
+
+def create_app(settings: GatewaySettings, deps: GatewayDeps) -> Starlette:
+    metrics = GatewayMetrics(deps.registry)
+    chat = ChatHandler(settings, deps, metrics)
+
+    async def models(request: Request) -> JSONResponse:
+        principal = await authenticate(request, deps, settings)
+        data = [
+            {"id": name, "object": "model", "created": 0, "owned_by": "llmfleet"}
+            for name in deps.spec.models
+            if principal.may_use(name)
+        ]
+        return JSONResponse({"object": "list", "data": data})
+
+    async def livez(request: Request) -> Response:
+        return PlainTextResponse("ok")
+
+    async def readyz(request: Request) -> Response:
+        pg, rd = await asyncio.gather(deps.health.postgres_ok(), deps.health.redis_ok())
+        body = {"postgres": pg, "redis": rd}
+        return JSONResponse(body, status_code=200 if pg and rd else 503)
+
+    async def metrics_view(request: Request) -> Response:
+        return Response(generate_latest(deps.registry), media_type=CONTENT_TYPE_LATEST)
+
+    async def on_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, LlmfleetError)
+        headers = {}
+        if exc.retry_after is not None:
+            headers["retry-after"] = str(max(1, round(exc.retry_after)))
+        return JSONResponse(exc.envelope(), status_code=exc.status, headers=headers)
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        try:
+            yield
+        finally:
+            for close in deps.closers:
+                await close()
+
+    routes = [
+        Route("/v1/chat/completions", chat.handle, methods=["POST"]),
+        Route("/v1/models", models, methods=["GET"]),
+        Route("/v1/usage", usage_route(settings, deps), methods=["GET"]),
+        Route("/livez", livez, methods=["GET"]),
+        Route("/readyz", readyz, methods=["GET"]),
+        Route("/metrics", metrics_view, methods=["GET"]),
+        *admin_routes(settings, deps),
+    ]
+    return Starlette(routes=routes, exception_handlers={LlmfleetError: on_error}, lifespan=lifespan)

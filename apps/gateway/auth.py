@@ -1,0 +1,63 @@
+"""Bearer authentication: an API key (`sk-lf-...`) or a JWT verified via JWKS."""
+
+from __future__ import annotations
+
+from starlette.requests import Request
+
+from apps.core.errors import AuthenticationFailed, NotFound, PermissionDenied
+from apps.core.identity.jwt_verify import looks_like_jwt
+from apps.core.identity.principal import Principal
+from apps.core.quota.admission import Limits
+from apps.gateway.deps import GatewayDeps
+from apps.gateway.settings import GatewaySettings
+
+
+def bearer(request: Request) -> str:
+    header = request.headers.get("authorization", "")
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        raise AuthenticationFailed("You didn't provide an API key (Authorization: Bearer <key>).")
+    return token.strip()
+
+
+async def authenticate(request: Request, deps: GatewayDeps, settings: GatewaySettings) -> Principal:
+    token = bearer(request)
+    if not looks_like_jwt(token):
+        return await deps.keys.authenticate(token)
+    if deps.jwt is None:
+        raise AuthenticationFailed("JWT authentication is not configured.", code="invalid_jwt")
+    identity = await deps.jwt.verify(token)
+    team_id: int | None = None
+    if identity.team is not None:
+        try:
+            team_id = (await deps.teams.get_team(identity.team)).id
+        except NotFound:
+            raise AuthenticationFailed(f"team {identity.team!r} of the token does not exist.") from None
+    return Principal(
+        kind="jwt",
+        subject=f"jwt-{identity.subject}",
+        team_id=team_id,
+        team_name=identity.team,
+        key_id=None,
+        model_allowlist=(),
+        limits=Limits(
+            settings.jwt_max_streams or None, settings.jwt_rpm or None, settings.jwt_tokens_per_day or None
+        ),
+        is_admin=identity.is_admin,
+    )
+
+
+async def require_admin(request: Request, deps: GatewayDeps, settings: GatewaySettings) -> Principal:
+    token = bearer(request)
+    if not looks_like_jwt(token):
+        raise PermissionDenied("The admin API needs a JWT with the admin role.", code="admin_required")
+    principal = await authenticate(request, deps, settings)
+    if not principal.is_admin:
+        raise PermissionDenied("The admin API needs a JWT with the admin role.", code="admin_required")
+    return principal
+
+
+def require_team(principal: Principal) -> int:
+    if principal.team_id is None:
+        raise PermissionDenied("This identity belongs to no team.", code="no_team")
+    return principal.team_id

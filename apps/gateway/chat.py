@@ -1,0 +1,339 @@
+"""`POST /v1/chat/completions`: authenticate, validate, admit, reserve, dispatch, relay.
+
+Order (the brief's cheapest first): key/JWT, body (413/400/404), allowlist (403), SSRF
+(400), Redis admission in one round trip (429), ledger reservation (402), dispatch.
+From the moment a stream slot is taken, every path out releases it (shielded); a
+reservation is cancelled when the orchestrator refused before anything ran, otherwise the
+orchestrator settles it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import re
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+import redis.exceptions
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from apps.core.errors import (
+    InvalidRequest,
+    LlmfleetError,
+    PayloadTooLarge,
+    PermissionDenied,
+    RateLimited,
+    Unavailable,
+    UpstreamFailed,
+)
+from apps.core.identity.principal import Principal
+from apps.core.protocol.dispatch import Deadlines, DispatchRequest
+from apps.core.protocol.openai import SseSplitter, assemble_completion
+from apps.core.quota.admission import Admission, Verdict
+from apps.gateway.auth import authenticate, require_team
+from apps.gateway.deps import GatewayDeps
+from apps.gateway.metrics import GatewayMetrics
+from apps.gateway.ports import DispatchUnavailable, Upstream
+from apps.gateway.relay import RelayOutcome, RelayResponse, shielded
+from apps.gateway.settings import GatewaySettings
+from apps.gateway.validate import ChatRequest, check_ssrf, parse_body, upstream_body, validate_chat
+
+log = logging.getLogger("llmfleet.gateway")
+REQUEST_ID_RE = re.compile(r"^[A-Za-z0-9._:-]{8,128}$")
+# Statuses with which the orchestrator answers before anything ran on a node.
+NOTHING_RAN = frozenset({400, 404, 409, 413, 422, 429, 503})
+
+
+def request_id_for(request: Request) -> str:
+    sent = request.headers.get("x-request-id", "")
+    return sent if REQUEST_ID_RE.match(sent) else f"chatcmpl-{uuid.uuid4().hex}"
+
+
+def _duration(seconds: float) -> str:
+    return f"{max(seconds, 0.0):.3f}s"
+
+
+def ratelimit_headers(adm: Admission) -> dict[str, str]:
+    headers: dict[str, str] = {}
+    if adm.limits.rpm:
+        headers["x-ratelimit-limit-requests"] = str(adm.limits.rpm)
+        headers["x-ratelimit-remaining-requests"] = str(adm.remaining_requests())
+        headers["x-ratelimit-reset-requests"] = _duration(adm.rpm_reset_s)
+    if adm.limits.tokens_per_day:
+        headers["x-ratelimit-limit-tokens"] = str(adm.limits.tokens_per_day)
+        headers["x-ratelimit-remaining-tokens"] = str(adm.remaining_tokens())
+        headers["x-ratelimit-reset-tokens"] = _duration(adm.tokens_reset_s)
+    return headers
+
+
+_REFUSALS = {
+    Verdict.MAX_STREAMS: ("max_streams", "Too many concurrent streams for this key (max_streams={})."),
+    Verdict.RPM: ("rpm", "Rate limit reached for requests per minute (rpm={})."),
+    Verdict.TOKENS_PER_DAY: ("tokens_per_day", "Daily token quota exhausted (tokens_per_day={})."),
+}
+
+
+@dataclass
+class Exchange:
+    """Per-request state the cleanup needs (and the log line reports)."""
+
+    request_id: str
+    started: float
+    principal: Principal | None = None
+    model: str = "-"
+    status: int = 0
+    slot_held: bool = False
+    reserved: bool = False
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+class ChatHandler:
+    def __init__(self, settings: GatewaySettings, deps: GatewayDeps, metrics: GatewayMetrics) -> None:
+        self._s = settings
+        self._d = deps
+        self._m = metrics
+
+    async def handle(self, request: Request) -> Response:
+        ex = Exchange(request_id_for(request), time.monotonic())
+        try:
+            return await self._handle(request, ex)
+        except LlmfleetError as exc:
+            await self._finish(ex, cancel_reservation=True)
+            ex.status = exc.status
+            self._m.requests.labels(ex.model, str(exc.status)).inc()
+            self._log(ex, error=exc.code)
+            headers = {"x-request-id": ex.request_id, **ex.headers}
+            if exc.retry_after is not None:
+                headers["retry-after"] = str(max(1, round(exc.retry_after)))
+            return JSONResponse(exc.envelope(), status_code=exc.status, headers=headers)
+        except BaseException:
+            await shielded(lambda: self._finish(ex, cancel_reservation=True), self._s.cleanup_timeout_s)
+            raise
+
+    async def _read_body(self, request: Request) -> bytes:
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self._s.max_body_bytes:
+            raise PayloadTooLarge(f"Request body larger than {self._s.max_body_bytes} bytes.")
+        chunks: list[bytes] = []
+        size = 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > self._s.max_body_bytes:
+                raise PayloadTooLarge(f"Request body larger than {self._s.max_body_bytes} bytes.")
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    async def _handle(self, request: Request, ex: Exchange) -> Response:
+        principal = await authenticate(request, self._d, self._s)
+        ex.principal = principal
+        team_id = require_team(principal)
+        body = parse_body(await self._read_body(request))
+        chat = validate_chat(body, self._d.spec)
+        ex.model = chat.model
+        if not principal.may_use(chat.model):
+            self._m.rejections.labels("model_not_allowed").inc()
+            raise PermissionDenied(f"This key may not use the model `{chat.model}`.", param="model")
+        await check_ssrf(body, self._d.resolver, self._s.ssrf_resolve_timeout_s)
+        await self._admit(principal, ex)
+        try:
+            await self._d.ledger.reserve(
+                request_id=ex.request_id,
+                team_id=team_id,
+                key_id=principal.key_id,
+                model=chat.model,
+                estimated_prompt_tokens=chat.estimated_prompt_tokens,
+                max_tokens=chat.max_tokens,
+            )
+        except psycopg.errors.UniqueViolation:
+            raise InvalidRequest(
+                "Duplicate x-request-id.", param="x-request-id", code="duplicate_request_id"
+            ) from None
+        except psycopg.Error:
+            self._m.pg_errors.inc()
+            raise Unavailable("The ledger is unavailable.", retry_after=5) from None
+        except LlmfleetError as exc:
+            self._m.rejections.labels(exc.code or "ledger").inc()
+            raise
+        ex.reserved = True
+        self._m.reservations_open.inc()
+        return await self._dispatch(chat, principal, team_id, ex)
+
+    async def _admit(self, principal: Principal, ex: Exchange) -> None:
+        try:
+            adm = await self._d.quota.admit(
+                principal.subject, ex.request_id, principal.limits, self._d.clock()
+            )
+        except (redis.exceptions.RedisError, OSError):
+            self._m.redis_errors.inc()
+            if self._s.redis_fail_open:
+                return
+            self._m.rejections.labels("redis_unavailable").inc()
+            raise Unavailable(
+                "Quota store unavailable; request refused (fail closed).", retry_after=5
+            ) from None
+        ex.headers.update(ratelimit_headers(adm))
+        if not adm.admitted:
+            reason, message = _REFUSALS[adm.verdict]
+            limit = {
+                Verdict.MAX_STREAMS: adm.limits.max_streams,
+                Verdict.RPM: adm.limits.rpm,
+                Verdict.TOKENS_PER_DAY: adm.limits.tokens_per_day,
+            }[adm.verdict]
+            self._m.rejections.labels(reason).inc()
+            raise RateLimited(message.format(limit), code=reason, retry_after=max(adm.retry_after_s, 1.0))
+        ex.slot_held = True
+
+    async def _dispatch(
+        self, chat: ChatRequest, principal: Principal, team_id: int, ex: Exchange
+    ) -> Response:
+        dreq = DispatchRequest(
+            request_id=ex.request_id,
+            team_id=team_id,
+            key_id=principal.key_id,
+            model=chat.model,
+            body=upstream_body(chat),
+            client_wants_usage=chat.wants_usage,
+            deadlines=Deadlines(
+                queue_wait_s=self._s.queue_wait_s, first_token_s=self._s.first_token_s, idle_s=self._s.idle_s
+            ),
+        )
+        admitted_at = time.monotonic()
+        try:
+            async with asyncio.timeout(self._s.queue_wait_s + self._s.first_token_s):
+                upstream = await self._d.dispatcher.open(dreq)
+        except DispatchUnavailable:
+            self._m.rejections.labels("no_orchestrator").inc()
+            raise Unavailable("No orchestrator reachable.", retry_after=5) from None
+        except TimeoutError:
+            # The orchestrator may have started the request: leave the reservation for it to settle.
+            ex.reserved = False
+            self._m.reservations_open.dec()
+            raise Unavailable("Timed out waiting for a node.", retry_after=5) from None
+        self._m.queue_wait.labels(chat.model).observe(time.monotonic() - admitted_at)
+        if upstream.status != 200:
+            return await self._upstream_error(upstream, ex)
+        headers = {"x-request-id": ex.request_id, **ex.headers}
+        if chat.stream:
+            return RelayResponse(
+                upstream,
+                headers=headers,
+                first_token_s=self._s.first_token_s,
+                idle_s=self._s.idle_s,
+                watch_usage=chat.wants_usage,
+                cleanup=lambda outcome: self._after_relay(ex, upstream, outcome),
+                cleanup_timeout_s=self._s.cleanup_timeout_s,
+            )  # type: ignore[return-value]
+        return await self._collect(upstream, ex, headers)
+
+    async def _upstream_error(self, upstream: Upstream, ex: Exchange) -> Response:
+        try:
+            raw = await upstream.read_body()
+        finally:
+            await upstream.aclose()
+        retry_after = upstream.headers.get("retry-after")
+        ran = upstream.status not in NOTHING_RAN
+        if ran:
+            # Something may have run on a node: the orchestrator settles, we must not cancel.
+            ex.reserved = False
+            self._m.reservations_open.dec()
+        try:
+            envelope = json.loads(raw)
+            message = envelope["error"]["message"]
+        except (ValueError, KeyError, TypeError):
+            message = f"upstream answered {upstream.status}"
+        exc_cls = {429: RateLimited, 503: Unavailable}.get(upstream.status)
+        if exc_cls is not None:
+            raise exc_cls(message, retry_after=float(retry_after) if retry_after else 5.0)
+        if upstream.status in (400, 404, 413, 422):
+            err = InvalidRequest(message)
+            err.status = upstream.status
+            raise err
+        raise UpstreamFailed(message)
+
+    async def _collect(self, upstream: Upstream, ex: Exchange, headers: dict[str, str]) -> Response:
+        payloads: list[bytes] = []
+        splitter = SseSplitter()
+        outcome = RelayOutcome()
+        try:
+            chunks = upstream.chunks()
+            deadline = self._s.first_token_s
+            while True:
+                try:
+                    async with asyncio.timeout(deadline):
+                        data = await anext(chunks)
+                except StopAsyncIteration:
+                    break
+                deadline = self._s.idle_s
+                if outcome.first_byte_at is None:
+                    outcome.first_byte_at = time.monotonic()
+                payloads.extend(splitter.feed(data))
+            body = assemble_completion(payloads)
+            outcome.ended = "done"
+        except TimeoutError:
+            outcome.ended = "timeout"
+            raise UpstreamFailed("upstream timed out") from None
+        except (OSError, ValueError) as exc:
+            outcome.ended = "upstream_error"
+            raise UpstreamFailed(f"upstream failed: {exc}") from None
+        finally:
+            await shielded(lambda: self._after_relay(ex, upstream, outcome), self._s.cleanup_timeout_s)
+        usage = body.get("usage") or {}
+        outcome.completion_tokens = usage.get("completion_tokens")
+        if isinstance(outcome.completion_tokens, int):
+            self._m.output_tokens.labels(ex.model).inc(outcome.completion_tokens)
+        return JSONResponse(body, headers=headers)
+
+    async def _after_relay(self, ex: Exchange, upstream: Upstream, outcome: RelayOutcome) -> None:
+        # Release the stream slot first (one cheap Redis call) so a slow socket close can never
+        # eat the cleanup budget and leak the slot; then close upstream so the orchestrator cancels
+        # the request on the node and settles what was produced (it owns settlement from here on).
+        try:
+            await self._finish(ex, cancel_reservation=False)
+        finally:
+            await upstream.aclose()
+        if ex.reserved:
+            ex.reserved = False
+            self._m.reservations_open.dec()
+        ex.status = 200 if outcome.ended == "done" else 499 if outcome.ended == "disconnect" else 502
+        self._m.requests.labels(ex.model, str(ex.status)).inc()
+        if outcome.first_byte_at is not None:
+            self._m.ttft.labels(ex.model).observe(outcome.first_byte_at - ex.started)
+        if outcome.completion_tokens is not None:
+            self._m.output_tokens.labels(ex.model).inc(outcome.completion_tokens)
+        self._log(ex, ended=outcome.ended, completion_tokens=outcome.completion_tokens)
+
+    async def _finish(self, ex: Exchange, *, cancel_reservation: bool) -> None:
+        """Release what this request still holds; idempotent."""
+        if ex.slot_held and ex.principal is not None:
+            ex.slot_held = False
+            try:
+                await self._d.quota.release(ex.principal.subject, ex.request_id)
+            except (redis.exceptions.RedisError, OSError):
+                # The slot's lease expires on its own; count it and move on.
+                self._m.redis_errors.inc()
+        if ex.reserved and cancel_reservation:
+            ex.reserved = False
+            self._m.reservations_open.dec()
+            try:
+                await self._d.ledger.cancel(ex.request_id)
+            except psycopg.Error:
+                self._m.pg_errors.inc()
+
+    def _log(self, ex: Exchange, **extra: Any) -> None:
+        log.info(
+            "request",
+            extra={
+                "request_id": ex.request_id,
+                "team": ex.principal.team_name if ex.principal else None,
+                "model": ex.model,
+                "status": ex.status,
+                "duration_ms": round((time.monotonic() - ex.started) * 1000, 2),
+                **extra,
+            },
+        )

@@ -1,0 +1,39 @@
+"""Everything `create_app` needs, built once by `build_deps` (real) or by tests (fakes)."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from prometheus_client import CollectorRegistry
+
+from apps.core.identity.jwt_verify import JwtVerifier
+from apps.core.identity.keys import KeyStore
+from apps.core.ledger.pg import PgLedger
+from apps.core.ledger.teams import TeamStore
+from apps.core.quota.admission import QuotaStore
+from apps.core.spec import StackSpec
+from apps.gateway.ports import Dispatcher, Health, NodeAdmin, Resolver
+
+
+def _utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+@dataclass
+class GatewayDeps:
+    spec: StackSpec
+    ledger: PgLedger
+    teams: TeamStore
+    keys: KeyStore
+    quota: QuotaStore
+    dispatcher: Dispatcher
+    nodes: NodeAdmin
+    health: Health
+    resolver: Resolver
+    jwt: JwtVerifier | None = None
+    registry: CollectorRegistry = field(default_factory=CollectorRegistry)
+    clock: Callable[[], datetime] = _utcnow
+    # Closed in order at shutdown (pools, clients, sessions).
+    closers: list[Callable[[], Awaitable[None]]] = field(default_factory=list)

@@ -1,0 +1,60 @@
+"""The gateway's Prometheus metrics, on a per-app `CollectorRegistry`."""
+
+from __future__ import annotations
+
+import asyncio
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+
+def _live_tasks() -> float:
+    try:
+        return float(len(asyncio.all_tasks()))
+    except RuntimeError:
+        return 0.0
+
+
+class GatewayMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        self.requests = Counter(
+            "llmfleet_gateway_requests",
+            "Chat requests by model and HTTP status",
+            ["model", "status"],
+            registry=registry,
+        )
+        self.ttft = Histogram(
+            "llmfleet_gateway_ttft_seconds",
+            "Time from request to first relayed byte",
+            ["model"],
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 3, 5, 10, 30, 60),
+            registry=registry,
+        )
+        self.queue_wait = Histogram(
+            "llmfleet_gateway_queue_wait_seconds",
+            "Time from admission until the orchestrator answered (queue + first token)",
+            ["model"],
+            buckets=(0.005, 0.01, 0.05, 0.1, 0.5, 1, 2, 5, 10, 30),
+            registry=registry,
+        )
+        self.output_tokens = Counter(
+            "llmfleet_gateway_output_tokens",
+            "Completion tokens reported by the engine",
+            ["model"],
+            registry=registry,
+        )
+        self.active_streams = Gauge(
+            "llmfleet_gateway_active_streams", "Relays in progress", registry=registry
+        )
+        self.rejections = Counter(
+            "llmfleet_gateway_rejections", "Requests refused, by reason", ["reason"], registry=registry
+        )
+        self.reservations_open = Gauge(
+            "llmfleet_gateway_reservations_open",
+            "Ledger reservations this process holds in flight",
+            registry=registry,
+        )
+        self.live_tasks = Gauge("llmfleet_gateway_asyncio_tasks", "Live asyncio tasks", registry=registry)
+        self.live_tasks.set_function(_live_tasks)
+        self.redis_errors = Counter("llmfleet_gateway_redis_errors", "Redis failures", registry=registry)
+        self.pg_errors = Counter("llmfleet_gateway_postgres_errors", "PostgreSQL failures", registry=registry)

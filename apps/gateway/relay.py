@@ -1,0 +1,151 @@
+"""Relaying one upstream SSE stream to one client, bound to the client connection.
+
+`RelayResponse` is an ASGI response that runs two tasks in one TaskGroup: the relay
+(upstream bytes -> client, unchanged: ARCHITECTURE D5) and a watcher for
+`http.disconnect`. Whichever ends first cancels the other. Per-phase deadlines: the first
+chunk within `first_token_s`, then at most `idle_s` between chunks; a timeout or an
+upstream that ends without `[DONE]` gives the client one error event and `[DONE]`, never a
+silent truncation. The cleanup (close upstream so the orchestrator cancels and settles,
+release the stream slot) runs in `finally`, shielded and bounded, and cancellation is
+re-raised.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from apps.core.protocol.openai import SSE_DONE, SseSplitter, error_body, is_usage_event, parse_usage, sse_json
+from apps.gateway.ports import Upstream
+
+Scope = dict[str, Any]
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+
+
+async def shielded(cleanup: Callable[[], Awaitable[None]], timeout_s: float) -> None:
+    """Run `cleanup` to completion even if the caller is cancelled; bounded by `timeout_s`."""
+
+    async def bounded() -> None:
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout_s):
+                await cleanup()
+
+    task = asyncio.ensure_future(bounded())
+    try:
+        await asyncio.shield(task)
+    except asyncio.CancelledError:
+        await asyncio.wait([task], timeout=timeout_s)
+        raise
+
+
+class RelayOutcome:
+    def __init__(self) -> None:
+        self.first_byte_at: float | None = None
+        self.completion_tokens: int | None = None
+        self.prompt_tokens: int | None = None
+        self.ended: str = "running"  # done | upstream_error | timeout | disconnect
+
+
+class RelayResponse:
+    def __init__(
+        self,
+        upstream: Upstream,
+        *,
+        headers: dict[str, str],
+        first_token_s: float,
+        idle_s: float,
+        watch_usage: bool,
+        cleanup: Callable[[RelayOutcome], Awaitable[None]],
+        cleanup_timeout_s: float,
+    ) -> None:
+        self._upstream = upstream
+        self._headers = headers
+        self._first_token_s = first_token_s
+        self._idle_s = idle_s
+        self._watch_usage = watch_usage
+        self._cleanup = cleanup
+        self._cleanup_timeout_s = cleanup_timeout_s
+        self.outcome = RelayOutcome()
+        self._last = 0.0
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        headers = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache")]
+        headers += [(k.lower().encode(), v.encode()) for k, v in self._headers.items()]
+        try:
+            await send({"type": "http.response.start", "status": 200, "headers": headers})
+            async with asyncio.TaskGroup() as tg:
+                relay = tg.create_task(self._relay(send))
+                watcher = tg.create_task(self._watch(receive, relay))
+                watchdog = tg.create_task(self._deadlines(relay))
+                relay.add_done_callback(lambda _t: (watcher.cancel(), watchdog.cancel()))
+            if self.outcome.ended == "timeout":
+                phase = "first token" if self.outcome.first_byte_at is None else "idle"
+                await self._fail(send, f"upstream {phase} timeout")
+        except OSError:
+            self.outcome.ended = "disconnect"
+        finally:
+            await shielded(lambda: self._cleanup(self.outcome), self._cleanup_timeout_s)
+
+    async def _watch(self, receive: Receive, relay: asyncio.Task[None]) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                self.outcome.ended = "disconnect"
+                relay.cancel()
+                return
+
+    async def _deadlines(self, relay: asyncio.Task[None]) -> None:
+        """One timer per stream instead of one per chunk: the relay only stamps `_last`."""
+        loop = asyncio.get_running_loop()
+        while True:
+            limit = self._first_token_s if self.outcome.first_byte_at is None else self._idle_s
+            remaining = self._last + limit - loop.time()
+            if remaining <= 0:
+                self.outcome.ended = "timeout"
+                relay.cancel()
+                return
+            await asyncio.sleep(remaining)
+
+    async def _relay(self, send: Send) -> None:
+        loop = asyncio.get_running_loop()
+        self._last = loop.time()
+        tail = b""
+        splitter = SseSplitter() if self._watch_usage else None
+        try:
+            async for data in self._upstream.chunks():
+                self._last = loop.time()
+                if self.outcome.first_byte_at is None:
+                    self.outcome.first_byte_at = time.monotonic()
+                await send({"type": "http.response.body", "body": data, "more_body": True})
+                tail = (
+                    data[-len(SSE_DONE) :] if len(data) >= len(SSE_DONE) else (tail + data)[-len(SSE_DONE) :]
+                )
+                if splitter is not None:
+                    for payload in splitter.feed(data):
+                        if is_usage_event(payload):
+                            self._note_usage(payload)
+        except (OSError, ValueError):
+            # The upstream connection broke mid-stream (the HTTP dispatcher maps client errors to OSError).
+            self.outcome.ended = "upstream_error"
+            await self._fail(send, "upstream connection lost")
+            return
+        if tail != SSE_DONE:
+            self.outcome.ended = "upstream_error"
+            await self._fail(send, "upstream ended without [DONE]")
+            return
+        self.outcome.ended = "done"
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    def _note_usage(self, payload: bytes) -> None:
+        usage = parse_usage(payload)
+        if usage is not None:
+            self.outcome.prompt_tokens = usage.prompt_tokens
+            self.outcome.completion_tokens = usage.completion_tokens
+
+    async def _fail(self, send: Send, message: str) -> None:
+        body = sse_json(error_body(message, "server_error", None, "upstream_error")) + SSE_DONE
+        await send({"type": "http.response.body", "body": body, "more_body": False})

@@ -1,0 +1,42 @@
+"""Gateway settings (env prefix `LLMFLEET_`), read once by the CLI and passed to `create_app`."""
+
+from __future__ import annotations
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class GatewaySettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="LLMFLEET_", extra="ignore")
+
+    host: str = "127.0.0.1"
+    port: int = 8080
+    database_url: str = "postgresql://postgres@127.0.0.1:5432/postgres"
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    orchestrator_url: str = "http://127.0.0.1:8081"  # comma-separated replicas allowed
+    internal_token: str = ""
+    secret_key: str = ""
+    stack: str = "dev"
+    jwks_url: str = ""
+    jwt_issuer: str = ""
+    jwt_audience: str = ""
+    jwt_algorithms: str = "RS256,ES256"
+    jwt_team_claim: str = "team"
+    jwt_admin_claim: str = "roles"
+    jwt_admin_role: str = "admin"
+    jwt_cache_s: int = 300
+    # Quotas for JWT (non-key) callers; 0 = unlimited.
+    jwt_rpm: int = 600
+    jwt_tokens_per_day: int = 0
+    jwt_max_streams: int = 50
+    max_body_bytes: int = Field(default=1024 * 1024, gt=0)
+    key_cache_ttl_s: float = Field(default=4.0, gt=0, le=5.0)
+    stream_lease_s: float = Field(default=3600.0, gt=0)
+    queue_wait_s: float = Field(default=30.0, gt=0)
+    first_token_s: float = Field(default=60.0, gt=0)
+    idle_s: float = Field(default=30.0, gt=0)
+    cleanup_timeout_s: float = Field(default=5.0, gt=0)
+    redis_fail_open: bool = False
+    pg_pool_min: int = 2
+    pg_pool_max: int = 20
+    ssrf_resolve_timeout_s: float = 2.0

@@ -1,0 +1,120 @@
+"""`build_deps(settings)`: the real dependencies (PostgreSQL pool, Redis, JWKS, orchestrator client)."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+from typing import Any
+
+import redis.asyncio as aioredis
+from psycopg_pool import AsyncConnectionPool
+
+from apps.core.errors import Unavailable
+from apps.core.identity.jwt_verify import JwtVerifier
+from apps.core.identity.keys import KeyStore
+from apps.core.ledger.pg import PgLedger
+from apps.core.ledger.teams import TeamStore
+from apps.core.quota.admission import QuotaStore
+from apps.core.spec import load_spec
+from apps.gateway.deps import GatewayDeps
+from apps.gateway.dispatcher import HttpDispatcher
+from apps.gateway.ports import NodeAdmin
+from apps.gateway.settings import GatewaySettings
+from apps.gateway.validate import SystemResolver
+
+
+class StoreHealth:
+    def __init__(self, pool: AsyncConnectionPool, redis: Any) -> None:
+        self._pool = pool
+        self._redis = redis
+
+    async def postgres_ok(self) -> bool:
+        try:
+            async with asyncio.timeout(2):
+                async with self._pool.connection() as conn:
+                    await conn.execute("SELECT 1")
+        except Exception:  # any failure means not ready
+            return False
+        return True
+
+    async def redis_ok(self) -> bool:
+        try:
+            async with asyncio.timeout(2):
+                return bool(await self._redis.ping())
+        except Exception:  # any failure means not ready
+            return False
+
+
+class NoNodes:
+    """Until the control plane's `NodeStore` exists: an empty list, refusals for changes."""
+
+    async def issue_token(self, node_id: str, location: str) -> str:
+        raise Unavailable("the node control plane is not installed")
+
+    async def revoke(self, node_id: str) -> bool:
+        return False
+
+    async def list_nodes(self) -> list[dict[str, object]]:
+        return []
+
+
+def node_admin(pool: AsyncConnectionPool, redis: Any, secret_key: bytes) -> NodeAdmin:
+    try:
+        module = importlib.import_module("apps.core.nodes.store")
+    except ImportError:
+        return NoNodes()
+    store: NodeAdmin = module.NodeStore(pool, redis, secret_key)
+    return store
+
+
+async def build_deps(settings: GatewaySettings) -> GatewayDeps:
+    if not settings.secret_key:
+        raise ValueError("LLMFLEET_SECRET_KEY is required")
+    spec = load_spec(settings.stack)
+    secret = settings.secret_key.encode()
+    pool = AsyncConnectionPool(
+        settings.database_url,
+        min_size=settings.pg_pool_min,
+        max_size=settings.pg_pool_max,
+        open=False,
+        timeout=5,
+    )
+    await pool.open(wait=False)
+    # A blocking pool: under a burst, callers wait (bounded) for a connection instead of failing.
+    redis = aioredis.Redis.from_pool(
+        aioredis.BlockingConnectionPool.from_url(
+            settings.redis_url, max_connections=200, timeout=2, socket_timeout=2, socket_connect_timeout=2
+        )
+    )
+    jwt = None
+    if settings.jwks_url:
+        jwt = JwtVerifier(
+            settings.jwks_url,
+            issuer=settings.jwt_issuer,
+            audience=settings.jwt_audience,
+            algorithms=[a.strip() for a in settings.jwt_algorithms.split(",") if a.strip()],
+            team_claim=settings.jwt_team_claim,
+            admin_claim=settings.jwt_admin_claim,
+            admin_role=settings.jwt_admin_role,
+            cache_s=settings.jwt_cache_s,
+        )
+    dispatcher = HttpDispatcher(
+        [u.strip() for u in settings.orchestrator_url.split(",") if u.strip()], settings.internal_token
+    )
+
+    async def close_redis() -> None:
+        await redis.aclose()
+
+    return GatewayDeps(
+        spec=spec,
+        ledger=PgLedger(pool, {name: m.prices for name, m in spec.models.items()}),
+        teams=TeamStore(pool),
+        keys=KeyStore(pool, secret, cache_ttl_s=settings.key_cache_ttl_s),
+        quota=QuotaStore(redis, lease_s=settings.stream_lease_s),
+        dispatcher=dispatcher,
+        nodes=node_admin(pool, redis, secret),
+        health=StoreHealth(pool, redis),
+        resolver=SystemResolver(),
+        jwt=jwt,
+        closers=[dispatcher.aclose, close_redis, pool.close],
+    )

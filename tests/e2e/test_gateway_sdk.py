@@ -1,0 +1,183 @@
+"""The gateway served by uvicorn on loopback, driven by the official `openai` SDK
+(real PostgreSQL and Redis, fake zero-latency orchestrator)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+
+import aiohttp
+import openai
+import pytest
+from openai.types.chat import ChatCompletionMessageParam
+
+from tests.fakes.fake_dispatcher import FakeDispatcher
+from tests.fakes.fake_gateway import GatewayEnv, gateway_env
+
+MODEL = "llama-3.1-8b-instruct"
+MSG: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hello"}]
+
+
+def sdk(env: GatewayEnv, key: str) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=env.base_url + "/v1", api_key=key, max_retries=0, timeout=30)
+
+
+async def poll(predicate: Callable[[], Awaitable[bool]], what: str, timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = await predicate()
+        if value:
+            return
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.05)
+
+
+async def test_streaming_with_and_without_usage_and_raw_headers(migrated_db_url: str, redis_url: str) -> None:
+    async with gateway_env(migrated_db_url, redis_url, serve=True) as env:
+        _, key = await env.team_with_key("a", rpm=50, tokens_per_day=100_000)
+        async with sdk(env, key) as client:
+            stream = await client.chat.completions.create(
+                model=MODEL, messages=MSG, max_tokens=5, stream=True
+            )
+            chunks = [c async for c in stream]
+            text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+            assert text == "t0 t1 t2 t3 t4 "
+            assert all(c.usage is None for c in chunks)
+
+            stream = await client.chat.completions.create(
+                model=MODEL, messages=MSG, max_tokens=3, stream=True, stream_options={"include_usage": True}
+            )
+            chunks = [c async for c in stream]
+            assert chunks[-1].choices == []
+            assert chunks[-1].usage is not None
+            assert chunks[-1].usage.completion_tokens == 3
+
+            raw = await client.chat.completions.with_raw_response.create(
+                model=MODEL, messages=MSG, max_tokens=2
+            )
+            assert raw.headers["x-ratelimit-limit-requests"] == "50"
+            assert int(raw.headers["x-ratelimit-remaining-requests"]) == 47
+            assert raw.headers["x-ratelimit-limit-tokens"] == "100000"
+            assert raw.headers["x-request-id"]
+            done = raw.parse()
+            assert done.usage is not None
+            assert done.usage.completion_tokens == 2
+            models = await client.models.list()
+            assert {m.id for m in models.data} >= {MODEL}
+
+
+async def test_sdk_exception_classes(migrated_db_url: str, redis_url: str) -> None:
+    async with gateway_env(migrated_db_url, redis_url, serve=True) as env:
+        _, key = await env.team_with_key("a", model_allowlist=[MODEL], rpm=1)
+        _, broke = await env.team_with_key("b", credits=0)
+        async with sdk(env, "sk-lf-invalid") as bad, sdk(env, key) as good, sdk(env, broke) as poor:
+            with pytest.raises(openai.AuthenticationError):
+                await bad.chat.completions.create(model=MODEL, messages=MSG)
+            with pytest.raises(openai.PermissionDeniedError):
+                await good.chat.completions.create(model="llama-3.3-70b-instruct-fp8", messages=MSG)
+            with pytest.raises(openai.NotFoundError):
+                await good.chat.completions.create(model="gpt-17", messages=MSG)
+            with pytest.raises(openai.BadRequestError) as bad_req:
+                await good.chat.completions.create(model=MODEL, messages=MSG, max_tokens=10**6)
+            assert bad_req.value.body["param"] == "max_tokens"  # type: ignore[index]
+            with pytest.raises(openai.APIStatusError) as no_money:
+                await poor.chat.completions.create(model=MODEL, messages=MSG)
+            assert no_money.value.status_code == 402
+            await good.chat.completions.create(model=MODEL, messages=MSG, max_tokens=1)
+            with pytest.raises(openai.RateLimitError) as limited:
+                await good.chat.completions.create(model=MODEL, messages=MSG)
+            assert int(limited.value.response.headers["retry-after"]) >= 1
+    async with gateway_env(
+        migrated_db_url,
+        redis_url,
+        serve=True,
+        dispatcher_factory=lambda lg, rd: FakeDispatcher(lg, rd, status=503),
+    ) as env:
+        _, key = await env.team_with_key("c")
+        async with sdk(env, key) as client:
+            with pytest.raises(openai.InternalServerError) as unavailable:
+                await client.chat.completions.create(model=MODEL, messages=MSG)
+            assert unavailable.value.status_code == 503
+
+
+async def test_500_concurrent_streams_one_key_max_streams_5(migrated_db_url: str, redis_url: str) -> None:
+    gate = asyncio.Event()
+    async with gateway_env(
+        migrated_db_url,
+        redis_url,
+        serve=True,
+        dispatcher_factory=lambda lg, rd: FakeDispatcher(lg, rd, gate=gate),
+    ) as env:
+        _, key = await env.team_with_key("a", max_streams=5)
+        async with sdk(env, key) as client:
+
+            async def one() -> object:
+                try:
+                    return await client.chat.completions.create(
+                        model=MODEL, messages=MSG, max_tokens=3, stream=True
+                    )
+                except openai.RateLimitError as exc:
+                    return exc
+
+            results = await asyncio.gather(*(one() for _ in range(500)))
+            streams = [r for r in results if not isinstance(r, openai.RateLimitError)]
+            refused = [r for r in results if isinstance(r, openai.RateLimitError)]
+            assert len(streams) == 5
+            assert len(refused) == 495
+            assert all(r.body["code"] == "max_streams" for r in refused)  # type: ignore[index]
+            assert env.dispatcher.max_running <= 5
+            gate.set()
+            for s in streams:
+                assert [c async for c in s][-1].choices[0].finish_reason is not None  # type: ignore[attr-defined]
+        await poll(lambda: _scard_zero(env, "1"), "stream slots released")
+
+
+async def _scard_zero(env: GatewayEnv, subject: str) -> bool:
+    return bool(await env.redis.scard(f"streams:{subject}") == 0)
+
+
+async def test_500_abandoned_streams_leave_nothing_behind(migrated_db_url: str, redis_url: str) -> None:
+    async with gateway_env(
+        migrated_db_url,
+        redis_url,
+        serve=True,
+        dispatcher_factory=lambda lg, rd: FakeDispatcher(lg, rd, tokens=100_000, delay_s=0.25),
+    ) as env:
+        _, key = await env.team_with_key("a", max_streams=1000)
+        baseline = len(asyncio.all_tasks())
+        headers = {"Authorization": f"Bearer {key}"}
+        body = {"model": MODEL, "messages": MSG, "max_tokens": 5000, "stream": True}
+        connector = aiohttp.TCPConnector(limit=600)
+        async with aiohttp.ClientSession(connector=connector) as session:
+
+            async def abandon(i: int) -> None:
+                resp = await session.post(env.base_url + "/v1/chat/completions", json=body, headers=headers)
+                assert resp.status == 200
+                if i % 2:
+                    await resp.content.readany()  # mid-stream for half, before any token for the other half
+                resp.close()  # drop the connection without reading the rest
+
+            await asyncio.gather(*(abandon(i) for i in range(500)))
+
+        async def settled() -> bool:
+            async with env.pool.connection() as conn:
+                row = await (
+                    await conn.execute("SELECT count(*) FROM usage_ledger WHERE status = 'reserved'")
+                ).fetchone()
+            return row is not None and row[0] == 0
+
+        await poll(lambda: _scard_zero(env, "1"), "stream set back to empty")
+        await poll(settled, "no reserved ledger rows")
+
+        async def tasks_back() -> bool:
+            return len(asyncio.all_tasks()) <= baseline
+
+        await poll(tasks_back, "asyncio tasks back to baseline")
+        async with env.pool.connection() as conn:
+            rows = await (
+                await conn.execute("SELECT status::text, count(*) FROM usage_ledger GROUP BY 1")
+            ).fetchall()
+        assert rows == [("settled", 500)]
+        assert env.dispatcher.closed == 500
+        assert env.dispatcher.running == 0

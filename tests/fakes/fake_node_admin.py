@@ -1,0 +1,18 @@
+"""In-memory `NodeAdmin` for the gateway's node admin routes."""
+
+from __future__ import annotations
+
+
+class FakeNodeAdmin:
+    def __init__(self) -> None:
+        self.nodes: dict[str, dict[str, object]] = {}
+
+    async def issue_token(self, node_id: str, location: str) -> str:
+        self.nodes[node_id] = {"node_id": node_id, "location": location, "state": "stale"}
+        return f"nt-{node_id}-secret"
+
+    async def revoke(self, node_id: str) -> bool:
+        return self.nodes.pop(node_id, None) is not None
+
+    async def list_nodes(self) -> list[dict[str, object]]:
+        return list(self.nodes.values())

@@ -1,0 +1,288 @@
+"""The gateway in-process (httpx ASGI transport) against real PostgreSQL and Redis, fake orchestrator."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+
+import httpx
+import pytest
+
+from tests.fakes.fake_dispatcher import FakeDispatcher
+from tests.fakes.fake_gateway import GatewayEnv, StaticResolver, gateway_env
+
+MODEL = "llama-3.1-8b-instruct"
+BIG = "llama-3.3-70b-instruct-fp8"
+
+
+def chat(**extra: object) -> dict[str, object]:
+    return {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, **extra}
+
+
+@pytest.fixture
+async def env(migrated_db_url: str, redis_url: str) -> AsyncIterator[GatewayEnv]:
+    resolver = StaticResolver({"internal.example": ["10.0.0.5"], "public.example": ["93.184.216.34"]})
+    async with gateway_env(migrated_db_url, redis_url, resolver=resolver) as e:
+        yield e
+
+
+def client(env: GatewayEnv) -> httpx.AsyncClient:
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=env.app), base_url="http://gw")
+
+
+def auth(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+async def test_non_streaming_completion_settles_and_reports_usage(env: GatewayEnv) -> None:
+    _team_id, key = await env.team_with_key("a", rpm=100, tokens_per_day=10_000)
+    async with client(env) as c:
+        r = await c.post("/v1/chat/completions", json=chat(), headers=auth(key))
+        assert r.status_code == 200, r.text
+        body = r.json()
+        assert body["object"] == "chat.completion"
+        assert body["choices"][0]["message"]["content"] == "t0 t1 t2 t3 "
+        assert body["usage"] == {"prompt_tokens": 11, "completion_tokens": 4, "total_tokens": 15}
+        assert r.headers["x-ratelimit-limit-requests"] == "100"
+        assert r.headers["x-ratelimit-remaining-requests"] == "99"
+        assert r.headers["x-ratelimit-limit-tokens"] == "10000"
+        assert r.headers["x-request-id"].startswith("chatcmpl-")
+        sent = env.dispatcher.requests[0]
+        assert sent.body["stream"] is True
+        assert sent.body["stream_options"] == {"include_usage": True}
+        assert sent.client_wants_usage is True
+        usage = (await c.get("/v1/usage", headers=auth(key))).json()
+        assert usage["data"][0]["completion_tokens"] == 4
+        assert usage["total"]["prompt_tokens"] == 11
+    assert await env.redis.scard(f"streams:{sent.key_id}") == 0
+    assert int(await env.redis.get(f"tpd:{sent.key_id}:{datetime.now(UTC):%Y%m%d}")) == 15
+
+
+async def test_streaming_relays_bytes_and_strips_usage_when_not_asked(env: GatewayEnv) -> None:
+    _, key = await env.team_with_key("a")
+    async with client(env) as c:
+        r = await c.post(
+            "/v1/chat/completions", json=chat(stream=True, unknown_field={"x": 1}), headers=auth(key)
+        )
+        assert r.status_code == 200
+        assert r.headers["content-type"].startswith("text/event-stream")
+        text = r.text
+    assert text.endswith("data: [DONE]\n\n")
+    assert '"usage"' not in text
+    assert env.dispatcher.requests[0].client_wants_usage is False
+    assert env.dispatcher.requests[0].body["unknown_field"] == {"x": 1}
+
+
+async def test_client_request_id_is_honoured(env: GatewayEnv) -> None:
+    _, key = await env.team_with_key("a")
+    async with client(env) as c:
+        r = await c.post(
+            "/v1/chat/completions", json=chat(), headers={**auth(key), "x-request-id": "my-req-0001"}
+        )
+        assert r.headers["x-request-id"] == "my-req-0001"
+        bad = await c.post(
+            "/v1/chat/completions", json=chat(), headers={**auth(key), "x-request-id": "bad id!"}
+        )
+        assert bad.headers["x-request-id"] != "bad id!"
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "param"),
+    [
+        (b"{not json", 400, None),
+        (json.dumps({"model": MODEL}).encode(), 400, "messages"),
+        (json.dumps(chat(stream="yes")).encode(), 400, "stream"),
+        (json.dumps(chat(max_tokens=999_999)).encode(), 400, "max_tokens"),
+        (json.dumps(chat(max_tokens="5")).encode(), 400, "max_tokens"),
+        (json.dumps(chat(model="nope")).encode(), 404, "model"),
+        (
+            json.dumps(
+                chat(
+                    messages=[
+                        {
+                            "role": "user",
+                            "content": [
+                                {"type": "image_url", "image_url": {"url": "http://169.254.169.254/x"}}
+                            ],
+                        }
+                    ]
+                )
+            ).encode(),
+            400,
+            "messages.0.content.0.image_url.url",
+        ),
+        (json.dumps(chat(tools_url="http://internal.example/a")).encode(), 400, "tools_url"),
+        (json.dumps(chat(x={"url": "file:///etc/passwd"})).encode(), 400, "x.url"),
+    ],
+)
+async def test_bad_requests(env: GatewayEnv, body: bytes, status: int, param: str | None) -> None:
+    _, key = await env.team_with_key("a")
+    async with client(env) as c:
+        r = await c.post("/v1/chat/completions", content=body, headers=auth(key))
+    assert r.status_code == status, r.text
+    assert r.json()["error"]["param"] == param
+    assert env.dispatcher.requests == []
+
+
+async def test_public_url_passes_ssrf(env: GatewayEnv) -> None:
+    _, key = await env.team_with_key("a")
+    async with client(env) as c:
+        r = await c.post(
+            "/v1/chat/completions", json=chat(x={"url": "https://public.example/a.png"}), headers=auth(key)
+        )
+    assert r.status_code == 200
+
+
+async def test_body_too_large_is_413(env: GatewayEnv) -> None:
+    _, key = await env.team_with_key("a")
+    async with client(env) as c:
+        r = await c.post("/v1/chat/completions", json=chat(pad="x" * (1024 * 1024 + 1)), headers=auth(key))
+    assert r.status_code == 413
+
+
+async def test_auth_and_allowlist(env: GatewayEnv) -> None:
+    _, key = await env.team_with_key("a", model_allowlist=[MODEL])
+    async with client(env) as c:
+        assert (await c.post("/v1/chat/completions", json=chat())).status_code == 401
+        assert (
+            await c.post("/v1/chat/completions", json=chat(), headers=auth("sk-lf-wrong"))
+        ).status_code == 401
+        r = await c.post("/v1/chat/completions", json=chat(model=BIG), headers=auth(key))
+        assert r.status_code == 403
+        models = (await c.get("/v1/models", headers=auth(key))).json()
+        assert [m["id"] for m in models["data"]] == [MODEL]
+
+
+async def test_expired_key_is_401(env: GatewayEnv) -> None:
+    _, key = await env.team_with_key("a", expires_at=datetime.now(UTC) - timedelta(seconds=1))
+    async with client(env) as c:
+        r = await c.post("/v1/chat/completions", json=chat(), headers=auth(key))
+    assert r.status_code == 401
+    assert r.json()["error"]["code"] == "expired_api_key"
+
+
+async def test_no_balance_is_402_and_releases_slot(env: GatewayEnv) -> None:
+    _, key = await env.team_with_key("poor", credits=0, max_streams=1)
+    async with client(env) as c:
+        r = await c.post("/v1/chat/completions", json=chat(), headers=auth(key))
+        assert r.status_code == 402
+        assert r.json()["error"]["type"] == "insufficient_quota"
+        r2 = await c.post("/v1/chat/completions", json=chat(), headers=auth(key))
+        assert r2.status_code == 402  # not 429: the first request's slot was released
+
+
+async def test_rpm_limit_429_with_retry_after(env: GatewayEnv) -> None:
+    _, key = await env.team_with_key("a", rpm=2)
+    async with client(env) as c:
+        for _ in range(2):
+            assert (await c.post("/v1/chat/completions", json=chat(), headers=auth(key))).status_code == 200
+        r = await c.post("/v1/chat/completions", json=chat(), headers=auth(key))
+    assert r.status_code == 429
+    assert r.json()["error"]["code"] == "rpm"
+    assert 1 <= int(r.headers["retry-after"]) <= 60
+    assert r.headers["x-ratelimit-remaining-requests"] == "0"
+
+
+async def test_orchestrator_503_cancels_reservation(migrated_db_url: str, redis_url: str) -> None:
+    async with gateway_env(
+        migrated_db_url, redis_url, dispatcher_factory=lambda lg, rd: FakeDispatcher(lg, rd, status=503)
+    ) as e:
+        _, key = await e.team_with_key("a", max_streams=1)
+        async with client(e) as c:
+            r = await c.post("/v1/chat/completions", json=chat(), headers=auth(key))
+        assert r.status_code == 503
+        assert r.headers["retry-after"] == "3"
+        async with e.pool.connection() as conn:
+            rows = await (await conn.execute("SELECT status::text FROM usage_ledger")).fetchall()
+        assert rows == [("cancelled",)]
+        assert await e.redis.scard("streams:1") == 0
+
+
+async def test_usage_is_scoped_to_the_callers_team(env: GatewayEnv) -> None:
+    _, key_a = await env.team_with_key("team-a")
+    _, key_b = await env.team_with_key("team-b")
+    async with client(env) as c:
+        assert (await c.post("/v1/chat/completions", json=chat(), headers=auth(key_a))).status_code == 200
+        a = (await c.get("/v1/usage?team=team-a", headers=auth(key_a))).json()
+        b = (await c.get("/v1/usage?team=team-a&team_id=1", headers=auth(key_b))).json()
+        day = (await c.get("/v1/usage?group_by=day", headers=auth(key_a))).json()
+        unix = int(datetime.now(UTC).timestamp())
+        window = await c.get(f"/v1/usage?from={unix - 60}&to={unix + 60}", headers=auth(key_a))
+    assert a["team"] == "team-a"
+    assert a["total"]["requests"] == 1
+    assert b["team"] == "team-b"
+    assert b["data"] == []
+    assert b["total"]["requests"] == 0
+    assert day["data"][0]["day"] == f"{datetime.now(UTC):%Y-%m-%d}"
+    assert window.json()["total"]["requests"] == 1
+
+
+async def test_admin_api_flow_and_revocation(env: GatewayEnv) -> None:
+    h = env.admin_headers()
+    async with client(env) as c:
+        r = await c.post("/admin/teams", json={"name": "ml"}, headers=h)
+        assert r.status_code == 201
+        assert (await c.post("/admin/teams", json={"name": "ml"}, headers=h)).status_code == 409
+        r = await c.post("/admin/credits", json={"team": "ml", "amount": 12.5}, headers=h)
+        assert r.json()["balance_microcredits"] == 12_500_000
+        r = await c.post(
+            "/admin/keys",
+            json={
+                "team": "ml",
+                "model_allowlist": [MODEL],
+                "rpm": 10,
+                "tokens_per_day": 1000,
+                "max_streams": 2,
+            },
+            headers=h,
+        )
+        assert r.status_code == 201
+        created = r.json()
+        key = created["key"]
+        assert key.startswith("sk-lf-")
+        listed = (await c.get("/admin/keys?team=ml", headers=h)).json()["data"]
+        assert len(listed) == 1
+        assert "key" not in listed[0]
+        assert key not in json.dumps(listed)
+        teams = (await c.get("/admin/teams", headers=h)).json()["data"]
+        assert teams[0]["name"] == "ml"
+        assert (await c.post("/v1/chat/completions", json=chat(), headers=auth(key))).status_code == 200
+        assert (await c.delete(f"/admin/keys/{created['id']}", headers=h)).status_code == 200
+        assert (await c.post("/v1/chat/completions", json=chat(), headers=auth(key))).status_code == 401
+        assert (await c.get("/admin/nodes", headers=h)).json() == {"object": "list", "data": []}
+        # An API key or a non-admin JWT is not an admin.
+        assert (await c.get("/admin/teams", headers=auth(key))).status_code == 403
+        user = env.issuer.mint("u", team="ml")
+        assert (await c.get("/admin/teams", headers=auth(user))).status_code == 403
+        # A JWT with a team may call the API as that team.
+        r = await c.post("/v1/chat/completions", json=chat(), headers=auth(user))
+        assert r.status_code == 200
+
+
+async def test_readyz_livez_metrics(env: GatewayEnv) -> None:
+    _, key = await env.team_with_key("a", max_streams=1)
+    async with client(env) as c:
+        assert (await c.get("/livez")).status_code == 200
+        assert (await c.get("/readyz")).json() == {"postgres": True, "redis": True}
+        await c.post("/v1/chat/completions", json=chat(), headers=auth(key))
+        text = (await c.get("/metrics")).text
+    assert 'llmfleet_gateway_requests_total{model="llama-3.1-8b-instruct",status="200"} 1.0' in text
+    assert "llmfleet_gateway_asyncio_tasks" in text
+
+
+async def test_node_admin_routes(env: GatewayEnv) -> None:
+    from tests.fakes.fake_node_admin import FakeNodeAdmin
+
+    env.deps.nodes = FakeNodeAdmin()
+    h = env.admin_headers()
+    async with client(env) as c:
+        r = await c.post("/admin/nodes", json={"node_id": "gpu-1", "location": "onprem"}, headers=h)
+        assert r.status_code == 201
+        assert r.json() == {"node_id": "gpu-1", "location": "onprem", "token": "nt-gpu-1-secret"}
+        bad = await c.post("/admin/nodes", json={"node_id": "../x", "location": "onprem"}, headers=h)
+        assert bad.json()["error"]["param"] == "node_id"
+        listed = (await c.get("/admin/nodes", headers=h)).json()["data"]
+        assert [n["node_id"] for n in listed] == ["gpu-1"]
+        assert (await c.delete("/admin/nodes/gpu-1", headers=h)).status_code == 200
+        assert (await c.delete("/admin/nodes/gpu-1", headers=h)).status_code == 404

@@ -1,0 +1,149 @@
+"""`RelayResponse` with a fake upstream and a fake ASGI client: deadlines, truncation, disconnect."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+from apps.core.protocol.openai import SSE_DONE
+from apps.gateway.relay import RelayOutcome, RelayResponse
+
+
+class ScriptedUpstream:
+    status = 200
+    headers: Mapping[str, str] = {}
+
+    def __init__(self, parts: list[bytes], hang_after: bool = False) -> None:
+        self.parts = parts
+        self.hang_after = hang_after
+        self.closed = False
+        self.generator_finished = asyncio.Event()
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        try:
+            for part in self.parts:
+                yield part
+            if self.hang_after:
+                await asyncio.Event().wait()
+        finally:
+            self.generator_finished.set()
+
+    async def read_body(self) -> bytes:
+        return b""
+
+    async def aclose(self) -> None:
+        self.closed = True
+
+
+class FakeClient:
+    def __init__(self, disconnect_after_bytes: int | None = None) -> None:
+        self.sent: list[dict[str, Any]] = []
+        self._disconnect = asyncio.Event()
+        self._limit = disconnect_after_bytes
+
+    async def receive(self) -> dict[str, Any]:
+        await self._disconnect.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(self, message: dict[str, Any]) -> None:
+        self.sent.append(message)
+        if self._limit is not None and len(self.body()) >= self._limit:
+            self._disconnect.set()
+
+    def body(self) -> bytes:
+        return b"".join(m.get("body", b"") for m in self.sent if m["type"] == "http.response.body")
+
+
+async def run_relay(
+    upstream: ScriptedUpstream, client: FakeClient, **kw: Any
+) -> tuple[RelayOutcome, list[str]]:
+    calls: list[str] = []
+
+    async def cleanup(outcome: RelayOutcome) -> None:
+        await upstream.aclose()
+        calls.append(outcome.ended)
+
+    relay = RelayResponse(
+        upstream,
+        headers={"x-request-id": "r"},
+        first_token_s=kw.get("first_token_s", 5.0),
+        idle_s=kw.get("idle_s", 5.0),
+        watch_usage=True,
+        cleanup=cleanup,
+        cleanup_timeout_s=2.0,
+    )
+    await relay({"type": "http"}, client.receive, client.send)
+    return relay.outcome, calls
+
+
+CHUNK = b'data: {"choices":[{"index":0,"delta":{"content":"x"}}]}\n\n'
+USAGE = b'data: {"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":1,"total_tokens":4}}\n\n'
+
+
+async def test_bytes_relayed_unchanged_and_usage_noted() -> None:
+    client = FakeClient()
+    outcome, calls = await run_relay(ScriptedUpstream([CHUNK, USAGE[:20], USAGE[20:], SSE_DONE]), client)
+    assert client.body() == CHUNK + USAGE + SSE_DONE
+    assert client.sent[0]["status"] == 200
+    assert (b"x-request-id", b"r") in client.sent[0]["headers"]
+    assert outcome.ended == "done"
+    assert outcome.completion_tokens == 1
+    assert calls == ["done"]
+
+
+async def test_upstream_without_done_gets_error_event() -> None:
+    client = FakeClient()
+    outcome, calls = await run_relay(ScriptedUpstream([CHUNK]), client)
+    assert outcome.ended == "upstream_error"
+    assert client.body().startswith(CHUNK + b'data: {"error"')
+    assert client.body().endswith(SSE_DONE)
+    assert calls == ["upstream_error"]
+
+
+async def test_idle_timeout_ends_stream_with_error() -> None:
+    client = FakeClient()
+    upstream = ScriptedUpstream([CHUNK], hang_after=True)
+    outcome, calls = await run_relay(upstream, client, idle_s=0.05)
+    assert outcome.ended == "timeout"
+    assert b"idle timeout" in client.body()
+    assert client.body().endswith(SSE_DONE)
+    assert upstream.closed
+    assert calls == ["timeout"]
+
+
+async def test_first_token_timeout() -> None:
+    client = FakeClient()
+    outcome, _ = await run_relay(ScriptedUpstream([], hang_after=True), client, first_token_s=0.05)
+    assert outcome.ended == "timeout"
+    assert b"first token timeout" in client.body()
+
+
+async def test_client_disconnect_cancels_relay_and_cleans_up() -> None:
+    client = FakeClient(disconnect_after_bytes=1)
+    upstream = ScriptedUpstream([CHUNK], hang_after=True)
+    outcome, calls = await run_relay(upstream, client)
+    assert outcome.ended == "disconnect"
+    assert upstream.closed
+    assert calls == ["disconnect"]
+    assert client.body() == CHUNK  # nothing is written after the client left
+
+
+async def test_cleanup_runs_even_when_the_response_task_is_cancelled() -> None:
+    client = FakeClient()
+    upstream = ScriptedUpstream([CHUNK], hang_after=True)
+    task = asyncio.ensure_future(run_relay(upstream, client))
+    await asyncio.wait_for(_first_body(client), 5)
+    task.cancel()
+    try:
+        await task
+    except asyncio.CancelledError:
+        pass
+    else:
+        raise AssertionError("cancellation must be re-raised")
+    assert upstream.closed
+
+
+async def _first_body(client: FakeClient) -> None:
+    while not client.body():
+        await asyncio.sleep(0)
