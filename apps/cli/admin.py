@@ -7,8 +7,13 @@
   add-credits --team T --amount C           a credit entry (credits; decimals allowed)
   mint-admin-token --issuer-key FILE [--ttl S] [--subject S]
                                             an admin JWT from the local issuer's key (dev)
+  register-node-pool --pool P --location cloud|onprem
+                                            store the hash of the pool token in `LLMFLEET_NODE_TOKEN`
+                                            (admits node ids `P/<instance>`); idempotent, another
+                                            token rotates it; a revoked token stays revoked
 
-Env: `LLMFLEET_DATABASE_URL`, `LLMFLEET_SECRET_KEY` (create-key). Output is JSON.
+Env: `LLMFLEET_DATABASE_URL`, `LLMFLEET_SECRET_KEY` (create-key, register-node-pool),
+`LLMFLEET_REDIS_URL` and `LLMFLEET_NODE_TOKEN` (register-node-pool). Output is JSON.
 """
 
 from __future__ import annotations
@@ -17,20 +22,24 @@ import argparse
 import asyncio
 import json
 import os
+import sys
 from datetime import datetime
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Any
 
 from psycopg_pool import AsyncConnectionPool
+from redis.asyncio import Redis
 
 from apps.core.db.migrate import migrate_sync
 from apps.core.errors import InvalidRequest
 from apps.core.identity.keys import KeyStore
 from apps.core.identity.local_issuer import LocalIssuer
 from apps.core.ledger.teams import TeamStore
+from apps.core.nodes.store import LOCATIONS, NodeStore, PoolStatus
 
 DEFAULT_DB = "postgresql://postgres@127.0.0.1:5432/postgres"
+DEFAULT_REDIS = "redis://127.0.0.1:6379/0"
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -54,6 +63,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     mint.add_argument("--issuer-key", required=True, type=Path)
     mint.add_argument("--ttl", type=int, default=12 * 3600)
     mint.add_argument("--subject", default="admin")
+    pool = sub.add_parser(
+        "register-node-pool", help="store a node pool's token (from LLMFLEET_NODE_TOKEN), e.g. for EKS pods"
+    )
+    pool.add_argument("--pool", required=True, help="pool id; members register as <pool>/<instance>")
+    pool.add_argument("--location", required=True, choices=LOCATIONS)
 
 
 def parse_credits(amount: str) -> int:
@@ -77,9 +91,9 @@ async def _with_pool(args: argparse.Namespace, url: str) -> dict[str, Any]:
             return team.as_json()
         if args.action == "add-credits":
             return await teams.add_credits(args.team, parse_credits(args.amount), "cli")
-        secret_key = os.environ.get("LLMFLEET_SECRET_KEY", "")
-        if not secret_key:
-            raise InvalidRequest("LLMFLEET_SECRET_KEY must be set (the same as the gateway's)")
+        secret_key = _secret_key()
+        if args.action == "register-node-pool":
+            return await _register_node_pool(args, pool, secret_key)
         expires = datetime.fromisoformat(args.expires_at) if args.expires_at else None
         secret, record = await KeyStore(pool, secret_key.encode()).create(
             team=args.team,
@@ -91,6 +105,37 @@ async def _with_pool(args: argparse.Namespace, url: str) -> dict[str, Any]:
             name=args.name,
         )
         return {**record.as_json(), "key": secret}
+
+
+def _secret_key() -> str:
+    secret_key = os.environ.get("LLMFLEET_SECRET_KEY", "")
+    if not secret_key:
+        raise InvalidRequest("LLMFLEET_SECRET_KEY must be set (the same as the gateway's)")
+    return secret_key
+
+
+async def _register_node_pool(
+    args: argparse.Namespace, pool: AsyncConnectionPool[Any], secret_key: str
+) -> dict[str, Any]:
+    # From the environment only: a token on the command line would show in `ps` and shell history.
+    token = os.environ.get("LLMFLEET_NODE_TOKEN", "")
+    if not token:
+        raise InvalidRequest("LLMFLEET_NODE_TOKEN must be set to the pool's token")
+    redis = Redis.from_url(os.environ.get("LLMFLEET_REDIS_URL", DEFAULT_REDIS))
+    try:
+        result = await NodeStore(pool, redis, secret_key.encode()).register_pool(
+            args.pool, args.location, token
+        )
+    finally:
+        await redis.aclose()
+    if result.status is PoolStatus.REVOKED:
+        # Not an error: a deploy Job re-running with the old Secret must not fail the rollout,
+        # and must not quietly undo an operator's revoke either.
+        print(
+            f"node pool {args.pool!r}: this token was revoked and stays revoked; rotate the token to re-enable",
+            file=sys.stderr,
+        )
+    return result.as_json()
 
 
 def run(args: argparse.Namespace) -> int:

@@ -30,6 +30,9 @@ HEARTBEAT_REVOKED = -1
 _HEARTBEAT_LUA = """
 -- KEYS: node hash, revoked set, index. ARGV: node_id, conn, ttl_ms, now, force, field, value, ...
 if redis.call('SISMEMBER', KEYS[2], ARGV[1]) == 1 then return -1 end
+-- A pool member `<pool>/<instance>` is revoked with its pool (apps.core.nodes.ids).
+local pool = string.match(ARGV[1], '^([^/]+)/')
+if pool and redis.call('SISMEMBER', KEYS[2], pool) == 1 then return -1 end
 if ARGV[5] ~= '1' then
   local cur = redis.call('HGET', KEYS[1], 'conn')
   if cur and cur ~= ARGV[2] then return 0 end

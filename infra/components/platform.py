@@ -3,6 +3,7 @@ ingresses (public API with TLS; the orchestrator's node WebSocket for on-premise
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 
 import pulumi
@@ -11,7 +12,13 @@ import pulumi_random as random
 from infra.components.kube import KubeObject
 from infra.manifests import vllm
 from infra.manifests.common import Manifest, meta
-from infra.manifests.platform import APP_SECRET, PlatformTarget, migrate_job, platform_objects
+from infra.manifests.platform import (
+    APP_SECRET,
+    NodePoolRegistration,
+    PlatformTarget,
+    migrate_job,
+    platform_objects,
+)
 
 
 @dataclass(frozen=True)
@@ -62,8 +69,17 @@ class PlatformApps(pulumi.ComponentResource):
             "stringData": pulumi.Output.secret(cloud_node_token.result.apply(lambda t: {"token": t})),
         }
         KubeObject(node_token, k8s_opts)
-        job = migrate_job("", args.target.stack)
-        job["spec"]["template"]["spec"]["containers"][0]["image"] = args.gateway_image
+        job = migrate_job("", args.target.stack, NodePoolRegistration(vllm.NODE_POOL, vllm.NODE_TOKEN_SECRET))
+        pod = job["spec"]["template"]
+        for container in [*pod["spec"]["initContainers"], *pod["spec"]["containers"]]:
+            container["image"] = args.gateway_image
+        # The Job reads the token through a secretKeyRef, so a rotated token would not change its
+        # spec: this digest does, and Pulumi replaces (re-runs) the Job to store the new hash.
+        pod["metadata"]["annotations"] = {
+            "llmfleet.io/node-token-sha256": cloud_node_token.result.apply(
+                lambda t: hashlib.sha256(t.encode()).hexdigest()
+            )
+        }
         migrate = KubeObject(job, k8s_opts)
         # The apps roll out only after the schema is current.
         after_migrate = pulumi.ResourceOptions.merge(k8s_opts, pulumi.ResourceOptions(depends_on=[migrate]))

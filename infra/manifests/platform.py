@@ -29,6 +29,14 @@ class PlatformTarget:
     orchestrator_replicas: int
 
 
+@dataclass(frozen=True)
+class NodePoolRegistration:
+    """The node pool the vLLM pods' agents join and the Secret holding its token."""
+
+    pool: str
+    token_secret: str
+
+
 def _env(app: str, stack: str) -> list[Manifest]:
     keys = ["LLMFLEET_DATABASE_URL", "LLMFLEET_REDIS_URL", "LLMFLEET_INTERNAL_TOKEN", "LLMFLEET_SECRET_KEY"]
     env: list[Manifest] = [
@@ -179,8 +187,38 @@ def _ingress(
     }
 
 
-def migrate_job(image: str, stack: str) -> Manifest:
-    """`llmfleet admin migrate` before the apps roll out (idempotent; Pulumi replaces the Job on change)."""
+def _job_container(name: str, image: str, args: list[str], env: list[Manifest]) -> Manifest:
+    return {
+        "name": name,
+        "image": image,
+        "args": args,
+        "env": env,
+        "resources": {
+            "requests": {"cpu": "100m", "memory": "128Mi"},
+            "limits": {"memory": "256Mi"},
+        },
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "capabilities": {"drop": ["ALL"]},
+        },
+    }
+
+
+def migrate_job(image: str, stack: str, node_pool: NodePoolRegistration) -> Manifest:
+    """`llmfleet admin migrate`, then `llmfleet admin register-node-pool` with the cloud node
+    token, before the apps roll out (both idempotent; Pulumi replaces the Job on change)."""
+    app_env = {e["name"]: e for e in _env("migrate", stack)}
+    pool_env = [
+        app_env[key] for key in ("LLMFLEET_DATABASE_URL", "LLMFLEET_REDIS_URL", "LLMFLEET_SECRET_KEY")
+    ]
+    pool_env.append(
+        {
+            "name": "LLMFLEET_NODE_TOKEN",
+            "valueFrom": {"secretKeyRef": {"name": node_pool.token_secret, "key": "token"}},
+        }
+    )
+    register_args = ["admin", "register-node-pool", "--pool", node_pool.pool, "--location", "cloud"]
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
@@ -194,23 +232,13 @@ def migrate_job(image: str, stack: str) -> Manifest:
                     "restartPolicy": "OnFailure",
                     "nodeSelector": dict(SYSTEM_POOL_SELECTOR),
                     "securityContext": {"runAsNonRoot": True, "runAsUser": 10001, "runAsGroup": 10001},
-                    "containers": [
-                        {
-                            "name": "migrate",
-                            "image": image,
-                            "args": ["admin", "migrate"],
-                            "env": _env("migrate", stack)[:1],
-                            "resources": {
-                                "requests": {"cpu": "100m", "memory": "128Mi"},
-                                "limits": {"memory": "256Mi"},
-                            },
-                            "securityContext": {
-                                "allowPrivilegeEscalation": False,
-                                "readOnlyRootFilesystem": True,
-                                "capabilities": {"drop": ["ALL"]},
-                            },
-                        }
+                    # Init containers run in order and first: the pool row needs the current schema.
+                    "initContainers": [
+                        _job_container(
+                            "migrate", image, ["admin", "migrate"], [app_env["LLMFLEET_DATABASE_URL"]]
+                        )
                     ],
+                    "containers": [_job_container("register-node-pool", image, register_args, pool_env)],
                 },
             },
         },

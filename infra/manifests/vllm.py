@@ -34,6 +34,10 @@ from infra.manifests.karpenter import ON_DEMAND_POOL, SPOT_POOL
 
 GPU_MEMORY_UTILIZATION = 0.9
 NODE_TOKEN_SECRET = "llmfleet-cloud-node-token"
+# Every vLLM pod's agent shares the Secret's token as members of this node pool: pod names are
+# not known in advance, so the migrate Job registers the pool and the agent's node id is
+# `<pool>/<pod name>` (apps.core.nodes.ids).
+NODE_POOL = "eks"
 MODEL_SYNC_SERVICE_ACCOUNT = "model-sync"
 
 
@@ -163,6 +167,11 @@ def _vllm_container(t: VllmTarget, tm: Timing) -> Manifest:
     }
 
 
+def agent_node_id(pool: str = NODE_POOL) -> str:
+    """The sidecar's node id: a member of the pool the migrate Job registers."""
+    return f"{pool}/$(POD_NAME)"
+
+
 def _agent_container(t: VllmTarget, tm: Timing) -> Manifest:
     p = t.plan
     return {
@@ -173,7 +182,7 @@ def _agent_container(t: VllmTarget, tm: Timing) -> Manifest:
             "--orchestrator-url",
             f"ws://orchestrator.{NAMESPACE}.svc:{ORCHESTRATOR_PORT}/v1/nodes/connect",
             "--node-id",
-            "$(POD_NAME)",
+            agent_node_id(),
             "--engine-url",
             f"http://127.0.0.1:{VLLM_PORT}",
             "--model",

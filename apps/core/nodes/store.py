@@ -1,15 +1,19 @@
 """`NodeStore`: node tokens, the `nodes` table and the fleet listing for the admin API.
 
-Tokens are per node, shown once and stored as HMAC-SHA256 hashes (`apps.core.secrets`).
+Tokens are per node or per node pool (`apps.core.nodes.ids`: a pool's token admits every
+`<pool>/<instance>`), shown once (or, for a pool, provided by the operator through
+`register_pool`) and stored as HMAC-SHA256 hashes (`apps.core.secrets`).
 PostgreSQL is written only at token issue/revoke, registration, drain and disconnect;
 heartbeats are read from Redis (`apps.core.nodes.keys`). Revocation is written to both
 stores: the `revoked_at` column is the truth, the Redis set `nodes:revoked` is checked
 atomically by the owning orchestrator on every heartbeat write (so the node is cut off
-within one heartbeat interval) and a message on the node's channel cuts it at once.
+within one heartbeat interval; for a pool member the script checks the pool id) and a
+message on the node's channel (on every known member's channel) cuts it at once.
 """
 
 from __future__ import annotations
 
+import enum
 import json
 import time
 from collections.abc import Callable, Mapping
@@ -23,10 +27,21 @@ from redis.asyncio import Redis
 
 from apps.core.errors import InvalidRequest
 from apps.core.nodes import keys
+from apps.core.nodes.ids import (
+    MIN_POOL_TOKEN_CHARS,
+    POOL_SEPARATOR,
+    TokenKind,
+    parse_node_id,
+    pool_of,
+    validate_token_id,
+)
 from apps.core.nodes.state import NodeState, derive_state
 from apps.core.secrets import hash_secret, new_secret, secret_matches
 
 TOKEN_PREFIX = "nt-lf"
+# How long `list_nodes` keeps showing a disconnected pool member (EKS pods churn; their
+# names are never reused, so older ones would only grow the listing).
+POOL_MEMBER_HISTORY_S = 24 * 3600.0
 LOCATIONS = ("cloud", "onprem")
 
 
@@ -34,6 +49,31 @@ LOCATIONS = ("cloud", "onprem")
 class NodeIdentity:
     node_id: str
     location: str
+    pool: str | None = None  # set for a pool member `<pool>/<instance>`
+
+
+class PoolStatus(enum.StrEnum):
+    """What `register_pool` did."""
+
+    CREATED = "created"
+    ROTATED = "rotated"  # another token replaced the stored one (and lifted any revocation)
+    UNCHANGED = "unchanged"
+    REVOKED = "revoked"  # the same token was revoked earlier and stays revoked
+
+
+@dataclass(frozen=True)
+class PoolRegistration:
+    pool: str
+    location: str
+    status: PoolStatus
+
+    def as_json(self) -> dict[str, str]:
+        return {"pool": self.pool, "location": self.location, "status": self.status.value}
+
+
+def _check_location(location: str) -> None:
+    if location not in LOCATIONS:
+        raise InvalidRequest(f"location must be one of {', '.join(LOCATIONS)}", param="location")
 
 
 def _text(value: object) -> str:
@@ -72,59 +112,130 @@ class NodeStore:
 
     # -- tokens (admin API) ------------------------------------------------------
 
-    async def issue_token(self, node_id: str, location: str) -> str:
-        """Create or replace the node's token; returns it once (only its hash is stored)."""
-        if location not in LOCATIONS:
-            raise InvalidRequest(f"location must be one of {', '.join(LOCATIONS)}", param="location")
-        if not node_id or len(node_id) > 128:
-            raise InvalidRequest("node_id must be 1 to 128 characters", param="node_id")
+    async def issue_token(self, node_id: str, location: str, *, pool: bool = False) -> str:
+        """Create or replace a node's (or with `pool=True` a pool's) token; returns it once.
+
+        Only its hash is stored. An id keeps its kind (node or pool) while its token is live:
+        turning a live node into a pool (or back) is refused, after a revoke it is allowed.
+        """
+        validate_token_id(node_id)
+        _check_location(location)
         token = new_secret(TOKEN_PREFIX)
-        async with self._pool.connection() as conn:
-            await conn.execute(
-                "INSERT INTO node_tokens (node_id, token_hash, location) VALUES (%s, %s, %s) "
+        kind = TokenKind.POOL if pool else TokenKind.NODE
+        async with self._pool.connection() as conn, conn.transaction():
+            cur = await conn.execute(
+                "INSERT INTO node_tokens (node_id, token_hash, location, kind) VALUES (%s, %s, %s, %s) "
                 "ON CONFLICT (node_id) DO UPDATE SET token_hash = EXCLUDED.token_hash, "
-                "location = EXCLUDED.location, created_at = now(), revoked_at = NULL",
-                (node_id, hash_secret(token, self._key), location),
+                "location = EXCLUDED.location, kind = EXCLUDED.kind, created_at = now(), revoked_at = NULL "
+                "WHERE node_tokens.kind = EXCLUDED.kind OR node_tokens.revoked_at IS NOT NULL "
+                "RETURNING node_id",
+                (node_id, hash_secret(token, self._key), location, kind.value),
             )
+            if await cur.fetchone() is None:
+                other = TokenKind.NODE if pool else TokenKind.POOL
+                raise InvalidRequest(
+                    f"{node_id!r} holds a live {other.value} token; revoke it first", param="node_id"
+                )
             await conn.execute(
                 "INSERT INTO node_events (node_id, event) VALUES (%s, 'token_issued')", (node_id,)
             )
         await self._redis.srem(keys.NODES_REVOKED, node_id)
         return token
 
+    async def register_pool(self, pool_id: str, location: str, token: str) -> PoolRegistration:
+        """Store the hash of an operator-provided pool token (EKS: the Kubernetes Secret's).
+
+        Idempotent: the same token again changes nothing; another token rotates it (and lifts
+        a revocation). The same token after a revoke stays revoked: a revoked token is dead,
+        re-enabling the pool takes a new one (so a re-run of the deploy Job cannot undo a revoke).
+        """
+        validate_token_id(pool_id, param="pool")
+        _check_location(location)
+        if len(token) < MIN_POOL_TOKEN_CHARS:
+            raise InvalidRequest(f"a pool token must be at least {MIN_POOL_TOKEN_CHARS} characters")
+        token_hash = hash_secret(token, self._key)
+        async with self._pool.connection() as conn, conn.transaction():
+            cur = await conn.execute(
+                "SELECT token_hash, location::text, kind, revoked_at IS NOT NULL FROM node_tokens "
+                "WHERE node_id = %s FOR UPDATE",
+                (pool_id,),
+            )
+            row = await cur.fetchone()
+            if row is not None and row[2] != TokenKind.POOL and not row[3]:
+                raise InvalidRequest(f"{pool_id!r} holds a live node token; revoke it first", param="pool")
+            if row is not None and row[2] == TokenKind.POOL and secret_matches(token, row[0], self._key):
+                status = PoolStatus.REVOKED if row[3] else PoolStatus.UNCHANGED
+                if row[1] != location and not row[3]:
+                    await conn.execute(
+                        "UPDATE node_tokens SET location = %s WHERE node_id = %s", (location, pool_id)
+                    )
+                return PoolRegistration(pool_id, location, status)
+            await conn.execute(
+                "INSERT INTO node_tokens (node_id, token_hash, location, kind) VALUES (%s, %s, %s, 'pool') "
+                "ON CONFLICT (node_id) DO UPDATE SET token_hash = EXCLUDED.token_hash, "
+                "location = EXCLUDED.location, kind = 'pool', created_at = now(), revoked_at = NULL",
+                (pool_id, token_hash, location),
+            )
+            await conn.execute(
+                "INSERT INTO node_events (node_id, event) VALUES (%s, 'token_issued')", (pool_id,)
+            )
+        await self._redis.srem(keys.NODES_REVOKED, pool_id)
+        return PoolRegistration(pool_id, location, PoolStatus.CREATED if row is None else PoolStatus.ROTATED)
+
     async def revoke(self, node_id: str) -> bool:
-        """Revoke the node's token; its socket is closed within one heartbeat interval."""
+        """Revoke a node's or a pool's token; the node (every member of the pool) is cut off
+        within one heartbeat interval. Pool members have no token of their own: False."""
         async with self._pool.connection() as conn:
             cur = await conn.execute(
-                "UPDATE node_tokens SET revoked_at = now() WHERE node_id = %s AND revoked_at IS NULL",
+                "UPDATE node_tokens SET revoked_at = now() WHERE node_id = %s AND revoked_at IS NULL "
+                "RETURNING kind",
                 (node_id,),
             )
-            revoked: bool = cur.rowcount > 0
-            if revoked:
+            row = await cur.fetchone()
+            members: list[str] = []
+            if row is not None:
                 await conn.execute(
                     "INSERT INTO node_events (node_id, event) VALUES (%s, 'token_revoked')", (node_id,)
                 )
-        if revoked:
-            await self._redis.sadd(keys.NODES_REVOKED, node_id)
-            await self._redis.publish(keys.node_channel(node_id), json.dumps({"op": "revoke"}))
-        return revoked
+                if row[0] == TokenKind.POOL:
+                    prefix = node_id + POOL_SEPARATOR
+                    cur = await conn.execute(
+                        "SELECT id FROM nodes WHERE left(id, %s) = %s", (len(prefix), prefix)
+                    )
+                    members = [r[0] for r in await cur.fetchall()]
+        if row is None:
+            return False
+        # The set is what the owners' heartbeat script checks (for a member: its pool id), so a
+        # member that registers or heartbeats after this line is refused; the messages below
+        # only make the cut immediate for the sockets open now.
+        await self._redis.sadd(keys.NODES_REVOKED, node_id)
+        message = json.dumps({"op": "revoke"})
+        pipe = self._redis.pipeline(transaction=False)
+        for target in [node_id, *members]:
+            pipe.publish(keys.node_channel(target), message)
+        await pipe.execute()
+        return True
 
     async def verify(self, node_id: str, token: str) -> bool:
         return await self.identify(node_id, token) is not None
 
     async def identify(self, node_id: str, token: str) -> NodeIdentity | None:
-        """The node's identity if the token is its current, unrevoked token."""
+        """The node's identity if the token is its current, unrevoked token (for a member
+        `<pool>/<instance>`: its pool's; a pool token never admits the bare pool id)."""
+        ref = parse_node_id(node_id)
+        if ref is None:
+            return None
         async with self._pool.connection() as conn:
             cur = await conn.execute(
-                "SELECT token_hash, location::text, revoked_at FROM node_tokens WHERE node_id = %s",
-                (node_id,),
+                "SELECT token_hash, location::text, revoked_at, kind FROM node_tokens WHERE node_id = %s",
+                (ref.token_id,),
             )
             row = await cur.fetchone()
-        if row is None or row[2] is not None:
+        if row is None or row[2] is not None or row[3] != ref.kind:
             return None
         if not secret_matches(token, row[0], self._key):
             return None
-        return NodeIdentity(node_id, row[1])
+        return NodeIdentity(node_id, row[1], ref.pool)
 
     async def ping(self) -> None:
         async with self._pool.connection() as conn:
@@ -188,11 +299,20 @@ class NodeStore:
     async def list_nodes(self) -> list[dict[str, object]]:
         """Every node with a token or a registration, merged with its live heartbeat."""
         async with self._pool.connection() as conn:
+            # Registered nodes with the token that admits them (their own or, for `<pool>/<x>`,
+            # the pool's), then the tokens nobody registered under (pools always land here).
             cur = await conn.execute(
-                "SELECT COALESCE(n.id, t.node_id), COALESCE(n.location, t.location)::text, "
-                "COALESCE(n.gpus, 0), COALESCE(n.models, '[]'::jsonb), n.last_seen, n.orchestrator_id, "
-                "t.revoked_at IS NOT NULL, n.state::text "
-                "FROM node_tokens t FULL OUTER JOIN nodes n ON n.id = t.node_id ORDER BY 1"
+                "SELECT n.id, COALESCE(n.location, t.location)::text, n.gpus, n.models, n.last_seen, "
+                "n.orchestrator_id, t.revoked_at IS NOT NULL, n.state::text, 'node' "
+                "FROM nodes n LEFT JOIN node_tokens t ON t.node_id = split_part(n.id, '/', 1) "
+                # A pod name never comes back: a member gone for a day is history (node_events).
+                "WHERE strpos(n.id, '/') = 0 OR n.state NOT IN ('disconnected', 'drained') "
+                "OR n.last_seen IS NULL OR n.last_seen > now() - make_interval(secs => %s) "
+                "UNION ALL "
+                "SELECT t.node_id, t.location::text, 0, '[]'::jsonb, NULL, NULL, t.revoked_at IS NOT NULL, "
+                "NULL, t.kind FROM node_tokens t WHERE NOT EXISTS (SELECT 1 FROM nodes n WHERE n.id = t.node_id) "
+                "ORDER BY 1",
+                (POOL_MEMBER_HISTORY_S,),
             )
             rows = await cur.fetchall()
         now = self._clock()
@@ -203,7 +323,7 @@ class NodeStore:
         answers = await pipe.execute() if rows else []
         out: list[dict[str, object]] = []
         for i, row in enumerate(rows):
-            node_id, location, gpus, models, last_seen, owner, revoked, reg_state = row
+            node_id, location, gpus, models, last_seen, owner, revoked, reg_state, token_kind = row
             hb = decode_hash(answers[2 * i])
             in_flight = int(answers[2 * i + 1])
             ts = _float(hb.get("ts"))
@@ -219,6 +339,9 @@ class NodeStore:
             out.append(
                 {
                     "node_id": node_id,
+                    # "pool": a pool's token row (members are listed as nodes with `pool` set).
+                    "kind": token_kind,
+                    "pool": pool_of(node_id),
                     "location": location,
                     "gpus": gpus,
                     "models": names,
@@ -241,4 +364,13 @@ def _iso(ts: float) -> str:
     return datetime.fromtimestamp(ts, tz=UTC).isoformat()
 
 
-__all__ = ["LOCATIONS", "TOKEN_PREFIX", "NodeIdentity", "NodeState", "NodeStore", "decode_hash"]
+__all__ = [
+    "LOCATIONS",
+    "TOKEN_PREFIX",
+    "NodeIdentity",
+    "NodeState",
+    "NodeStore",
+    "PoolRegistration",
+    "PoolStatus",
+    "decode_hash",
+]
