@@ -7,6 +7,7 @@ and a golden snapshot diff shows exactly what a change does to the infrastructur
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import warnings
 from dataclasses import dataclass
@@ -138,6 +139,17 @@ def render(stack: str, config: InfraConfig | None = None) -> list[dict[str, Any]
 
 def render_program(stack: str, config: InfraConfig | None = None) -> RenderResult:
     """`render` plus the parent of every resource."""
+    # Pulumi's runtime looks up "the current event loop" (set_mocks creates futures on it). After
+    # other asyncio code in the same process (pytest-asyncio unsets its loops) there is none: give
+    # it one, as Pulumi's own `_ensure_event_loop` would, and leave it current for later renders.
+    try:
+        asyncio.get_event_loop_policy().get_event_loop()
+    except RuntimeError:
+        asyncio.set_event_loop(asyncio.new_event_loop())
+    return _render_on_current_loop(stack, config)
+
+
+def _render_on_current_loop(stack: str, config: InfraConfig | None) -> RenderResult:
     config = config or config_for(stack)
     spec = load_spec(config.stack)
     mocks = Mocks()
