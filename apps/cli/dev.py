@@ -1,0 +1,98 @@
+"""`llmfleet dev [--data-dir DIR] [--port 8080]`: the whole platform on this machine.
+
+Embedded PostgreSQL and Redis unless `LLMFLEET_DATABASE_URL` / `LLMFLEET_REDIS_URL` are
+set, migrations, one orchestrator, four enginesim engines with their agents (two 8B
+nodes, one of them on premises, one 32B, one 70B), a gateway on the port, a demo team
+with credits and a demo key. Prints `OPENAI_BASE_URL=`, `OPENAI_API_KEY=` and
+`LLMFLEET_ADMIN_TOKEN=` (one per line) and writes them to `DIR/credentials.env`.
+Ctrl-C or SIGTERM stops everything in reverse order; a child that dies on its own stops
+the rest too (exit 1) rather than leaving a half platform running.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import threading
+from pathlib import Path
+from types import FrameType
+
+from apps.cli.platform import LocalPlatform, PlatformConfig
+
+
+class _Interrupted(Exception):
+    """A signal arrived while the platform was still starting."""
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--data-dir", type=Path, default=Path(".llmfleet-dev"), help="default ./.llmfleet-dev"
+    )
+    parser.add_argument("--port", type=int, default=8080, help="gateway port (default 8080)")
+    parser.add_argument(
+        "--speed", type=float, default=1.0, help="enginesim time scale (default 1: real time)"
+    )
+
+
+def _write_credentials(path: Path, lines: list[str]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write("\n".join(lines) + "\n")
+
+
+def run(args: argparse.Namespace) -> int:
+    config = PlatformConfig(
+        data_dir=args.data_dir,
+        gateway_port=args.port,
+        database_url=os.environ.get("LLMFLEET_DATABASE_URL") or None,
+        redis_url=os.environ.get("LLMFLEET_REDIS_URL") or None,
+        speed=args.speed,
+    )
+    stop = threading.Event()
+    starting = True
+
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        stop.set()
+        if starting:  # abort the start-up; `start()` stops what it began
+            raise _Interrupted(signal.Signals(signum).name)
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+    platform = LocalPlatform(config)
+    try:
+        try:
+            creds = platform.start()
+        except _Interrupted:
+            return 130
+        starting = False
+        lines = creds.env_lines()
+        _write_credentials(platform.data_dir / "credentials.env", lines)
+        print("\n".join(lines), flush=True)
+        print(
+            f"# llmfleet dev: {len(config.nodes)} nodes ready; logs in {platform.supervisor.log_dir}; "
+            "Ctrl-C stops everything",
+            file=sys.stderr,
+            flush=True,
+        )
+        # Wake up once a second to notice a child that died on its own.
+        while not stop.wait(1.0):
+            dead = [c for c in platform.supervisor.children if not c.alive()]
+            if dead:
+                child = dead[0]
+                print(
+                    f"llmfleet dev: {child.name} exited with status {child.popen.returncode}; stopping.\n"
+                    f"{child.log_tail()}",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                return 1
+        return 0
+    finally:
+        # No second signal may interrupt the ordered stop; it is bounded by the supervisor.
+        for sig in previous:
+            signal.signal(sig, signal.SIG_IGN)
+        platform.stop()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

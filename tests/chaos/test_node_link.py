@@ -1,0 +1,218 @@
+"""Chaos 3 and 7, with a TCP proxy between one agent and its orchestrator.
+
+3. The agent's WebSocket is cut: nothing is sent to the node while it is gone, its in-flight
+   streams end (error event, or a retry when no chunk had reached the client), it reconnects
+   with backoff (attempts spread out, not a tight loop) and is routed to again.
+7. The agent finishes requests whose `done_ack` never arrives (the proxy swallows
+   server -> agent bytes), is killed, restarts on the same journal and replays: usage is
+   settled once — not zero times, not twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from apps.cli.platform import MODEL_8B, Engine, LocalPlatform
+from apps.loadgen.config import LoadConfig
+from apps.loadgen.runner import run_load
+from tests.chaos.conftest import PlatformFactory
+from tests.chaos.helpers import (
+    balance_consistent,
+    http_post_json,
+    http_text,
+    ledger_totals,
+    metric_sum,
+    settled_rows,
+    wait_until,
+)
+from tests.chaos.proxy import TcpProxy
+
+pytestmark = pytest.mark.chaos
+
+CUT_S = 5.0
+
+
+@pytest.fixture
+def proxy_list() -> Iterator[list[TcpProxy]]:
+    proxies: list[TcpProxy] = []
+    yield proxies
+    for p in proxies:
+        p.close()
+
+
+def _through_proxy(platform: LocalPlatform, proxies: list[TcpProxy]) -> tuple[Engine, TcpProxy]:
+    """Re-dial the on-premises node's agent through a fresh proxy to orchestrator 0."""
+    engine = next(e for e in platform.engines.values() if e.spec.location == "onprem")
+    platform.stop_child(platform.agents[engine.spec.node_id])
+    proxy = TcpProxy(platform.orchestrator_ports[0])
+    proxies.append(proxy)
+    proxy.start()
+    platform.start_agent(engine.spec.node_id, f"ws://127.0.0.1:{proxy.port}/v1/nodes/connect")
+    platform.wait_nodes_ready([engine.spec.node_id], 60)
+    return engine, proxy
+
+
+def _running(engine: Engine) -> float:
+    return metric_sum(http_text(engine.url + "/metrics"), "vllm:num_requests_running")
+
+
+def _admitted(engine: Engine) -> float:
+    text = http_text(engine.url + "/metrics")
+    return sum(
+        metric_sum(text, name)
+        for name in ("vllm:request_success_total", "vllm:num_requests_running", "vllm:num_requests_waiting")
+    )
+
+
+def test_cut_websocket_reconnects_with_backoff_and_gets_nothing_while_gone(
+    make_platform: PlatformFactory, proxy_list: list[TcpProxy], migrated_db_url: str
+) -> None:
+    platform = make_platform()
+    assert platform.credentials is not None
+    engine, proxy = _through_proxy(platform, proxy_list)
+    node_id = engine.spec.node_id
+    config = LoadConfig(
+        base_url=platform.gateway_url + "/v1",
+        api_key=platform.credentials.api_key,
+        model=MODEL_8B,
+        concurrency=30,
+        requests=150,
+        prompt_tokens=128,
+        max_tokens=1500,
+        request_timeout_s=120,
+    )
+    out: dict[str, dict[str, object]] = {}
+    load = threading.Thread(target=lambda: out.update(r=asyncio.run(run_load(config)).to_json()))
+    load.start()
+    try:
+        wait_until(lambda: _running(engine) >= 3, 60, "streams on the proxied node")
+        proxy.cut()
+        cut_at = time.monotonic()
+        # The agent aborts what it was relaying (its chunks can no longer reach anyone).
+        wait_until(lambda: _running(engine) == 0, 30, "the cut node's engine idle")
+        admitted_while_gone = _admitted(engine)
+        # Stay cut for a while: long enough for several backoff windows (1, 2, 4 s).
+        wait_until(
+            lambda: time.monotonic() - cut_at >= CUT_S and len(_attempts(proxy.refused)) >= 3,
+            30,
+            "three reconnect attempts",
+        )
+        assert _admitted(engine) == admitted_while_gone  # nothing was sent to the node while it was gone
+        attempts = _attempts(proxy.refused)
+        proxy.restore()
+        platform.wait_nodes_ready([node_id], 70)
+    finally:
+        load.join(240)
+    gaps = [round(b - a, 2) for a, b in itertools.pairwise(attempts)]
+    print(f"reconnect attempts in {CUT_S:.0f} s cut: {len(attempts)}, gaps {gaps} s")
+    # Full-jitter backoff (windows 1, 2, 4 s...): a handful of attempts, never a tight loop.
+    assert len(attempts) <= 8
+    report = out["r"]
+    requests = report["requests"]
+    assert isinstance(requests, dict)
+    print("load during the cut:", requests, report["errors_by_status"])
+    # Only streams already relaying from the cut node fail, and they fail with an error event
+    # (no hang, no timeout); everything else — retried or routed elsewhere — succeeds.
+    errors_by_status = report["errors_by_status"]
+    assert isinstance(errors_by_status, dict)
+    assert set(errors_by_status) <= {"stream_error"}
+    assert requests["error"] <= config.concurrency
+    assert requests["ok"] + requests["error"] == 150
+    wait_until(lambda: ledger_totals(migrated_db_url).reserved == 0, 60, "no reservation left open")
+    rows = settled_rows(migrated_db_url)
+    partial = [r for r in rows if r[2] < config.max_tokens]
+    assert len(rows) == 150
+    assert len(partial) == requests["error"]  # each failed stream billed for the tokens it got
+    balance, expected = balance_consistent(migrated_db_url)
+    assert balance == expected
+
+
+def _attempts(accepts: list[float]) -> list[float]:
+    """Dial attempts: accepts closer than 0.1 s are one attempt (the client's immediate retry)."""
+    out: list[float] = []
+    for t in accepts:
+        if not out or t - out[-1] > 0.1:
+            out.append(t)
+    return out
+
+
+def test_agent_restart_with_unacknowledged_dones_settles_once(
+    make_platform: PlatformFactory, proxy_list: list[TcpProxy], migrated_db_url: str
+) -> None:
+    platform = make_platform()
+    assert platform.credentials is not None
+    engine, proxy = _through_proxy(platform, proxy_list)
+    node_id = engine.spec.node_id
+    config = LoadConfig(
+        base_url=platform.gateway_url + "/v1",
+        api_key=platform.credentials.api_key,
+        model=MODEL_8B,
+        concurrency=5,
+        requests=5,
+        prompt_tokens=64,
+        max_tokens=300,
+        request_timeout_s=120,
+    )
+    for e in platform.engines.values():  # every stream pauses 3 s after 5 tokens: a window to act in
+        http_post_json(e.url + "/_sim/faults", {"stall_s": 3.0, "stall_after_tokens": 5, "times": 5})
+    out: dict[str, dict[str, object]] = {}
+    load = threading.Thread(target=lambda: out.update(r=asyncio.run(run_load(config)).to_json()))
+    load.start()
+    try:
+        # On-premises nodes are filled first, so most (usually all) land on the proxied node.
+        wait_until(
+            lambda: sum(_running(e) for e in platform.engines.values()) == 5, 60, "all five streams running"
+        )
+        on_node = int(_running(engine))
+        proxy.drop_downstream = True  # from now on no done_ack reaches the agent
+    finally:
+        load.join(120)
+    report = out["r"]
+    assert report["requests"] == {"total": 5, "ok": 5, "error": 0, "abandoned": 0}, report["errors_by_status"]
+    wait_until(lambda: ledger_totals(migrated_db_url).settled == 5, 30, "five settles")
+    first = sorted(settled_rows(migrated_db_url))
+    health = platform.agent_health_ports[node_id]
+    pending = metric_sum(http_text(f"http://127.0.0.1:{health}/metrics"), "llmfleet_agent_journal_pending")
+    assert on_node >= 1
+    assert pending == on_node  # finished, settled, but never acknowledged
+
+    agent = platform.agents[node_id]
+    agent.popen.kill()  # a crash: no drain, no goodbye
+    agent.popen.wait(10)
+    platform.stop_child(agent)
+    platform.agent_urls.pop(node_id)
+    platform.start_agent(node_id)  # same journal file, straight to the orchestrator
+    platform.wait_nodes_ready([node_id], 60)
+    health = platform.agent_health_ports[node_id]
+    wait_until(
+        lambda: (
+            metric_sum(http_text(f"http://127.0.0.1:{health}/metrics"), "llmfleet_agent_journal_pending") == 0
+        ),
+        30,
+        "the replayed dones acknowledged",
+    )
+    settles = sum(
+        metric_sum(
+            http_text(platform.orchestrator_url(i) + "/metrics"), "llmfleet_orchestrator_settles_total"
+        )
+        for i in range(len(platform.orchestrators))
+    )
+    assert settles >= 5 + on_node  # five settles, then the replays, which were no-ops
+    assert sorted(settled_rows(migrated_db_url)) == first  # once: same rows, same tokens
+    totals = ledger_totals(migrated_db_url)
+    assert totals.settled == 5
+    assert totals.reserved == 0
+    assert totals.completion_tokens == 5 * 300
+    engines_total = sum(
+        metric_sum(http_text(e.url + "/metrics"), "vllm:generation_tokens_total")
+        for e in platform.engines.values()
+    )
+    assert totals.completion_tokens == engines_total
+    balance, expected = balance_consistent(migrated_db_url)
+    assert balance == expected

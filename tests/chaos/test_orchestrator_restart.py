@@ -1,0 +1,97 @@
+"""Chaos 4: every orchestrator replica restarts at once. All nodes come back within a stated
+bound, no replica accepts registrations faster than its limit, and the reconnects are spread
+by the agents' jittered backoff (the spread is printed).
+
+Bound: the agents back off with full jitter (windows 1, 2, 4, 8 ... s, capped at 60 s) and
+a refused registration waits for the retry hint plus jitter. With both replicas down for
+D seconds and a limit of R registrations per second per replica, every node is back within
+2·D + 16 s + nodes/R; the test states BOUND_S = 45 s for 6 nodes at R = 1, D ≈ 2 s.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime
+
+import psycopg
+import pytest
+
+from apps.cli.platform import NodeSpec
+from tests.chaos.conftest import PlatformFactory, eight_b_nodes
+from tests.chaos.helpers import wait_until
+
+pytestmark = pytest.mark.chaos
+
+RATE = 1.0
+BURST = 1
+BOUND_S = 45.0
+
+
+def _registrations(db_url: str, since: datetime) -> list[tuple[str, str, datetime]]:
+    with psycopg.connect(db_url) as conn:
+        rows = conn.execute(
+            "SELECT node_id, orchestrator_id, at FROM node_events WHERE event = 'registered' AND at > %s "
+            "ORDER BY at",
+            (since,),
+        ).fetchall()
+    return [(str(r[0]), str(r[1]), r[2]) for r in rows]
+
+
+def test_all_orchestrators_restart_nodes_return_within_bound_at_limited_rate(
+    make_platform: PlatformFactory, migrated_db_url: str
+) -> None:
+    base = eight_b_nodes(3)
+    # Two agents per engine (six nodes, three engines): a crowd without six engines.
+    twins = [
+        NodeSpec(f"{n.node_id}-twin", n.model, "cloud", engine_of=n.node_id, orchestrator=(i + 1) % 2)
+        for i, n in enumerate(base)
+    ]
+    platform = make_platform(
+        nodes=base + twins,
+        orchestrator_env={
+            "LLMFLEET_REGISTRATIONS_PER_S": str(RATE),
+            "LLMFLEET_REGISTRATION_BURST": str(BURST),
+        },
+    )
+    all_ids = [n.node_id for n in base + twins]
+
+    with psycopg.connect(migrated_db_url) as conn:
+        row = conn.execute("SELECT now()").fetchone()
+    assert row is not None
+    since: datetime = row[0]
+    t_down = time.monotonic()
+    for child in list(platform.orchestrators):
+        platform.stop_child(child)
+    downtime_start = time.monotonic()
+    for i in range(len(platform.orchestrators)):
+        platform.start_orchestrator(i)
+    for i in range(len(platform.orchestrators)):
+        platform.wait_orchestrator(i)
+    down_s = time.monotonic() - downtime_start
+    platform.wait_nodes_ready(all_ids, BOUND_S)
+    back_s = time.monotonic() - t_down
+
+    regs = wait_until(
+        lambda: len(r := _registrations(migrated_db_url, since)) >= len(all_ids) and r, 10, "registrations"
+    )
+    first: dict[str, tuple[str, datetime]] = {}
+    for node_id, orch, at in regs:
+        first.setdefault(node_id, (orch, at))
+    times = sorted(at.timestamp() for _, at in first.values())
+    spread = times[-1] - times[0]
+    print(
+        f"orchestrators down {down_s:.1f} s; all {len(all_ids)} nodes back after {back_s:.1f} s; "
+        f"reconnect spread {spread:.1f} s; registration times {[round(t - times[0], 2) for t in times]}"
+    )
+    assert back_s <= BOUND_S
+    # The limit holds per replica: in every window [t, t + w], at most BURST + RATE * w accepted.
+    by_replica: dict[str, list[float]] = {}
+    for _, orch, at in regs:
+        by_replica.setdefault(orch, []).append(at.timestamp())
+    for stamps in by_replica.values():
+        stamps.sort()
+        for i in range(len(stamps)):
+            for j in range(i, len(stamps)):
+                window = stamps[j] - stamps[i]
+                assert j - i + 1 <= BURST + RATE * window + 1e-6 + 0.05 * RATE, (stamps, i, j)
+    assert spread > 0.5  # spread out by the limit and the jitter, not all in the same instant
