@@ -12,7 +12,7 @@ from apps.enginesim.server import EngineSimSettings, run_enginesim, setup_loggin
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", required=True, help="served model name (what clients send as `model`)")
+    parser.add_argument("--model", help="served model name (what clients send as `model`); required to serve")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument(
@@ -44,6 +44,10 @@ def run(args: argparse.Namespace) -> int:
                 f"{prof.decode_tokens_per_s_per_stream(1):.0f} tok/s at batch 1"
             )
         return 0
+    if not args.model:
+        raise SpecError(
+            "--model is required (the served model name); --list-profiles shows the profiles", param="model"
+        )
     if args.speed <= 0:
         raise SpecError(f"--speed must be greater than 0, got {args.speed}", param="speed")
     try:
