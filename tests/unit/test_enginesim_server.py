@@ -50,15 +50,15 @@ async def _poll(predicate, deadline_s: float = 5.0) -> None:  # type: ignore[no-
 
 async def test_fail_status_fault_hits_next_request_only(sim: RunningEngine) -> None:
     async with aiohttp.ClientSession() as s:
-        r = await s.post(f"{sim.url}/_sim/faults", json={"fail_status": 503, "times": 1})
-        assert r.status == 200
+        async with s.post(f"{sim.url}/_sim/faults", json={"fail_status": 503, "times": 1}) as r:
+            assert r.status == 200
         first = await s.post(f"{sim.url}/v1/chat/completions", json=_body(max_tokens=2))
         assert first.status == 503
         err = (await first.json())["error"]
         assert err["code"] == 503
         assert set(err) == {"message", "type", "param", "code"}
-        second = await s.post(f"{sim.url}/v1/chat/completions", json=_body(max_tokens=2))
-        assert second.status == 200
+        async with s.post(f"{sim.url}/v1/chat/completions", json=_body(max_tokens=2)) as second:
+            assert second.status == 200
         assert (await (await s.get(f"{sim.url}/_sim/faults")).json())["fail_status"] is None
 
 
@@ -124,7 +124,8 @@ async def test_loading_refuses_connections_then_serves() -> None:
             status = None
             while time.monotonic() < end:
                 try:
-                    status = (await s.get(f"{running.url}/health")).status
+                    async with s.get(f"{running.url}/health") as health:
+                        status = health.status
                     break
                 except aiohttp.ClientConnectorError:
                     await asyncio.sleep(0.05)
