@@ -1,20 +1,27 @@
-"""Gateway overhead benchmark: loadgen -> gateway -> fake zero-latency orchestrator, versus
-loadgen -> the same fake directly, side by side in one run.
+"""Gateway overhead benchmark: client -> gateway -> fake zero-latency orchestrator, versus
+client -> the same fake directly, side by side in one run.
 
-    .venv/bin/python tools/bench_gateway.py [--streams 200] [--rounds 3] [--requests 5] [--tokens 64]
+    .venv/bin/python tools/bench_gateway.py [--streams 200] [--rounds 3] [--requests 3] [--workers 1,2]
 
 What runs (all on loopback, separate processes so CPU is attributable):
-  * the fake orchestrator (this script with `--serve-fake PORT`, aiohttp): answers both
-    `POST /internal/v1/dispatch` and `POST /v1/chat/completions` with a vLLM-like SSE stream of
-    `--tokens` chunks written back to back (zero latency);
-  * `llmfleet gateway` (uvicorn, one process) against real PostgreSQL and Redis (a fresh,
-    migrated database; a team with credits; one key without quotas);
-  * the load generator (this process, aiohttp): `--streams` concurrent clients, each issuing
-    `--requests` streaming requests in sequence, alternating direct and gateway rounds.
+  * the fake orchestrator (this script with `--serve-fake PORT`): a raw asyncio protocol on uvloop
+    that answers every POST (`/internal/v1/dispatch` from the gateway, `/v1/chat/completions` from
+    the client) with a vLLM-like chunked SSE stream: role chunk and first content chunk at once,
+    then one content chunk every `--token-interval-ms` (20 ms = 50 tokens/s per stream, the
+    brief's decode speed), then the finish chunk and `[DONE]`. Frames are pre-encoded and paced
+    with `loop.call_at`, so the fake costs little more than its socket writes;
+  * one `llmfleet gateway --workers N` per value of `--workers` (each a separate process tree,
+    idle outside its own rounds) against real PostgreSQL and Redis (a fresh migrated database; a
+    team with credits; one key without quotas);
+  * the load client (this process, uvloop, a raw asyncio protocol per client connection):
+    `--streams` concurrent clients, each issuing `--requests` streaming requests in sequence on one
+    keep-alive connection, starts spread over one request duration so arrivals are steady.
 
-Reported: TTFT (request sent -> first content chunk received) p50/p99 per mode, the added TTFT
-(gateway - direct), and the gateway's CPU seconds (utime+stime from /proc) per 1,000 relayed
-tokens. Each chunk is one token.
+Each round runs `direct`, then every gateway configuration, with the same client. Reported per
+mode: TTFT (request written -> first content chunk received) p50/p99/mean, the added TTFT
+(gateway - direct, per percentile), and the CPU seconds (utime + stime from /proc, summed over the
+process tree) of the gateway, the fake and the client per 1,000 relayed tokens (one chunk = one
+token). The load average is printed because the machine is shared.
 """
 
 from __future__ import annotations
@@ -23,18 +30,24 @@ import argparse
 import asyncio
 import json
 import os
+import re
+import resource
+import signal
 import socket
 import statistics
 import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
-
-import aiohttp
+from typing import cast
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "llama-3.1-8b-instruct"
+MARK = b'"content":"t'  # present in content chunks only (the role chunk's content is "")
+CHUNKED_END = b"\r\n0\r\n\r\n"
+_CONTENT_LENGTH = re.compile(rb"content-length:\s*(\d+)")
 
 
 def free_port() -> int:
@@ -43,11 +56,19 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-# ---------------------------------------------------------------- fake orchestrator
-async def serve_fake(port: int, tokens: int, interval_ms: float) -> None:
-    from aiohttp import web
+def loop_factory() -> Callable[[], asyncio.AbstractEventLoop]:
+    import uvloop
 
-    def chunk(rid: str, delta: dict[str, object], finish: str | None = None) -> bytes:
+    factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
+    return factory
+
+
+# ---------------------------------------------------------------- fake orchestrator
+def sse_frames(tokens: int) -> list[bytes]:
+    """Pre-encoded HTTP chunks: role, `tokens` content chunks, finish + [DONE], terminator."""
+    rid = "chatcmpl-" + uuid.uuid4().hex
+
+    def event(delta: dict[str, object], finish: str | None = None) -> bytes:
         obj = {
             "id": rid,
             "object": "chat.completion.chunk",
@@ -57,76 +78,239 @@ async def serve_fake(port: int, tokens: int, interval_ms: float) -> None:
         }
         return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
 
-    async def stream(request: web.Request) -> web.StreamResponse:
-        await request.read()
-        rid = uuid.uuid4().hex
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await resp.prepare(request)
-        await resp.write(chunk(rid, {"role": "assistant", "content": ""}))
-        for i in range(tokens):
-            if interval_ms and i:
-                await asyncio.sleep(interval_ms / 1000)  # decode pacing after a zero-latency first token
-            await resp.write(chunk(rid, {"content": f"t{i} "}))
-        await resp.write(chunk(rid, {}, "stop") + b"data: [DONE]\n\n")
-        await resp.write_eof()
-        return resp
+    def chunk(payload: bytes) -> bytes:
+        return b"%x\r\n" % len(payload) + payload + b"\r\n"
 
-    app = web.Application()
-    app.router.add_post("/internal/v1/dispatch", stream)
-    app.router.add_post("/v1/chat/completions", stream)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", port, backlog=2048).start()
-    await asyncio.Event().wait()
+    frames = [chunk(event({"role": "assistant", "content": ""}))]
+    frames += [chunk(event({"content": f"t{i} "})) for i in range(tokens)]
+    frames.append(chunk(event({}, "stop") + b"data: [DONE]\n\n") + b"0\r\n\r\n")
+    return frames
 
 
-# ---------------------------------------------------------------- load generator
+STREAM_HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+
+
+class FakeOrchestrator(asyncio.Protocol):
+    """One keep-alive connection; one stream at a time (clients do not pipeline)."""
+
+    def __init__(self, frames: list[bytes], interval_s: float) -> None:
+        self._frames = frames
+        self._interval = interval_s
+        self._buf = bytearray()
+        self._transport: asyncio.Transport | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._next = 0
+        self._t0 = 0.0
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = cast(asyncio.Transport, transport)  # uvloop's transports do not subclass it
+
+    def data_received(self, data: bytes) -> None:
+        self._buf += data
+        while True:
+            end = self._buf.find(b"\r\n\r\n")
+            if end < 0:
+                return
+            head = bytes(self._buf[:end]).lower()
+            m = _CONTENT_LENGTH.search(head)
+            size = int(m.group(1)) if m else 0
+            if len(self._buf) < end + 4 + size:
+                return
+            del self._buf[: end + 4 + size]
+            assert self._transport is not None
+            if head.startswith(b"post"):
+                self._start()
+            else:
+                self._transport.write(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+
+    def _start(self) -> None:
+        assert self._transport is not None
+        if self._interval <= 0:
+            self._transport.write(STREAM_HEAD + b"".join(self._frames))
+            return
+        self._transport.write(STREAM_HEAD + self._frames[0] + self._frames[1])
+        self._next = 2
+        self._t0 = asyncio.get_running_loop().time()
+        self._schedule()
+
+    def _schedule(self) -> None:
+        loop = asyncio.get_running_loop()
+        # call_at on the ideal grid: no cumulative drift, exactly 1 / interval tokens per second.
+        self._timer = loop.call_at(self._t0 + (self._next - 1) * self._interval, self._tick)
+
+    def _tick(self) -> None:
+        assert self._transport is not None
+        if self._transport.is_closing():
+            return
+        self._transport.write(self._frames[self._next])
+        self._next += 1
+        if self._next < len(self._frames):
+            self._schedule()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+
+
+async def serve_fake(port: int, tokens: int, interval_ms: float) -> None:
+    frames = sse_frames(tokens)
+    loop = asyncio.get_running_loop()
+    server = await loop.create_server(
+        lambda: FakeOrchestrator(frames, interval_ms / 1000), "127.0.0.1", port, backlog=4096
+    )
+    async with server:
+        await server.serve_forever()
+
+
+# ---------------------------------------------------------------- load client
+class StreamClient(asyncio.Protocol):
+    """One keep-alive client connection issuing one streaming request at a time."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.lost = asyncio.get_running_loop().create_future()
+        self._buf = bytearray()
+        self._done: asyncio.Future[tuple[int, float | None, int]] | None = None
+        self._t0 = 0.0
+        self._ttft: float | None = None
+        self._status = 0
+        self._body_at = -1
+        self._length: int | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)
+
+    def request(self, raw: bytes) -> asyncio.Future[tuple[int, float | None, int]]:
+        assert self.transport is not None
+        self._buf.clear()
+        self._ttft, self._status, self._body_at, self._length = None, 0, -1, None
+        self._done = asyncio.get_running_loop().create_future()
+        self._t0 = time.perf_counter()
+        self.transport.write(raw)
+        return self._done
+
+    def data_received(self, data: bytes) -> None:
+        start = max(len(self._buf) - len(MARK), 0)
+        self._buf += data
+        if self._body_at < 0:
+            end = self._buf.find(b"\r\n\r\n")
+            if end < 0:
+                return
+            head = bytes(self._buf[:end]).lower()
+            self._status = int(head[9:12])
+            self._body_at = end + 4
+            m = _CONTENT_LENGTH.search(head)
+            self._length = int(m.group(1)) if m else None
+        if self._ttft is None and self._status == 200 and self._buf.find(MARK, start) >= 0:
+            self._ttft = time.perf_counter() - self._t0
+        complete = (
+            len(self._buf) >= self._body_at + self._length
+            if self._length is not None
+            else self._buf.endswith(CHUNKED_END)
+        )
+        if complete and self._done is not None and not self._done.done():
+            self._done.set_result((self._status, self._ttft, self._buf.count(MARK)))
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._done is not None and not self._done.done():
+            self._done.set_exception(ConnectionError("connection lost"))
+        if not self.lost.done():
+            self.lost.set_result(None)
+
+
+def request_bytes(port: int, path: str, key: str, tokens: int) -> bytes:
+    body = json.dumps(
+        {
+            "model": MODEL,
+            "messages": [{"role": "user", "content": "bench"}],
+            "max_tokens": tokens,
+            "stream": True,
+        }
+    ).encode()
+    head = (
+        f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nAuthorization: Bearer {key}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    ).encode()
+    return head + body
+
+
 async def one_round(
-    url: str, key: str, streams: int, requests: int, stagger_s: float = 0.0
+    port: int, raw: bytes, streams: int, requests: int, stagger_s: float
 ) -> tuple[list[float], int, int]:
-    body = {
-        "model": MODEL,
-        "messages": [{"role": "user", "content": "bench"}],
-        "max_tokens": 64,
-        "stream": True,
-    }
-    headers = {"Authorization": f"Bearer {key}"}
+    loop = asyncio.get_running_loop()
     ttfts: list[float] = []
     errors = 0
     chunks = 0
-    conn = aiohttp.TCPConnector(limit=streams + 10)
-    async with aiohttp.ClientSession(connector=conn) as session:
 
-        async def client(i: int) -> None:
-            nonlocal errors, chunks
-            # Spread the clients' start over one request duration so arrivals are steady, not one burst.
-            await asyncio.sleep(stagger_s * i / streams)
-            for _ in range(requests):
-                t0 = time.perf_counter()
-                async with session.post(url, json=body, headers=headers) as resp:
-                    if resp.status != 200:
-                        errors += 1
-                        await resp.read()
-                        continue
-                    first = True
-                    async for line in resp.content:
-                        if line.startswith(b"data: {") and b'"content":"t' in line:
-                            chunks += 1
-                            if first:
-                                ttfts.append(time.perf_counter() - t0)
-                                first = False
+    async def client(i: int) -> None:
+        nonlocal errors, chunks
+        # Spread the clients' start over one request duration so arrivals are steady, not one burst.
+        await asyncio.sleep(stagger_s * i / streams)
+        conn: StreamClient | None = None
+        for _ in range(requests):
+            try:
+                if conn is None or conn.lost.done():
+                    _, conn = await loop.create_connection(StreamClient, "127.0.0.1", port)
+                status, ttft, n = await conn.request(raw)
+            except OSError:
+                errors += 1
+                conn = None
+                continue
+            if status != 200 or ttft is None:
+                errors += 1
+                continue
+            ttfts.append(ttft)
+            chunks += n
+        if conn is not None and conn.transport is not None:
+            conn.transport.close()
 
-        await asyncio.gather(*(client(i) for i in range(streams)))
+    async with asyncio.TaskGroup() as tg:
+        for i in range(streams):
+            tg.create_task(client(i))
     return ttfts, errors, chunks
 
 
-def spawn(cmd: list[str], env: dict[str, str] | None = None, quiet: bool = False) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(cmd, env=env, stderr=subprocess.DEVNULL if quiet else None)
+# ---------------------------------------------------------------- process bookkeeping
+def spawn(
+    cmd: list[str], env: dict[str, str] | None = None, quiet: bool = False, cwd: str | None = None
+) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(cmd, env=env, cwd=cwd, stderr=subprocess.DEVNULL if quiet else None)
 
 
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+def _stat(pid: int) -> list[str] | None:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def tree_cpu_seconds(root: int) -> float:
+    """utime + stime of `root` and all its live descendants (gateway workers are children)."""
+    parents: dict[int, int] = {}
+    times: dict[int, float] = {}
+    tick = os.sysconf("SC_CLK_TCK")
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        fields = _stat(int(entry))
+        if fields is None:
+            continue
+        parents[int(entry)] = int(fields[1])
+        times[int(entry)] = (int(fields[11]) + int(fields[12])) / tick
+    members = {root}
+    grew = True
+    while grew:
+        grew = False
+        for pid, ppid in parents.items():
+            if ppid in members and pid not in members:
+                members.add(pid)
+                grew = True
+    return sum(times.get(p, 0.0) for p in members)
+
+
+def self_cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 def pct(values: list[float], q: float) -> float:
@@ -134,21 +318,24 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-async def wait_http(url: str, timeout_s: float = 30) -> None:
+async def wait_http(port: int, path: str, timeout_s: float = 60) -> None:
     deadline = time.monotonic() + timeout_s
-    async with aiohttp.ClientSession() as s:
-        while True:
-            try:
-                async with s.get(url) as r:
-                    if r.status < 500:
-                        return
-            except aiohttp.ClientError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"{url} did not come up")
-            await asyncio.sleep(0.1)
+    while True:
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(f"GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
+            line = await reader.readline()
+            writer.close()
+            if line.startswith(b"HTTP/1.1 2"):
+                return
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"port {port} did not come up")
+        await asyncio.sleep(0.1)
 
 
+# ---------------------------------------------------------------- the run
 async def bench(args: argparse.Namespace) -> dict[str, object]:
     import psycopg
     from psycopg_pool import AsyncConnectionPool
@@ -157,6 +344,7 @@ async def bench(args: argparse.Namespace) -> dict[str, object]:
     from apps.core.identity.keys import KeyStore
     from apps.core.ledger.teams import TeamStore
 
+    workers = [int(w) for w in args.workers.split(",") if w.strip()]
     db = f"llmfleet_bench_{uuid.uuid4().hex[:8]}"
     admin_url = args.pg
     with psycopg.connect(admin_url, autocommit=True) as c:
@@ -170,21 +358,20 @@ async def bench(args: argparse.Namespace) -> dict[str, object]:
             team = await TeamStore(pool).create_team("bench")
             await TeamStore(pool).add_credits(team.id, 10**15)
             key, _ = await KeyStore(pool, secret.encode()).create(team=team.id)
-        fake_port, gw_port = free_port(), free_port()
-        procs.append(
-            spawn(
-                [
-                    sys.executable,
-                    __file__,
-                    "--serve-fake",
-                    str(fake_port),
-                    "--tokens",
-                    str(args.tokens),
-                    "--token-interval-ms",
-                    str(args.token_interval_ms),
-                ]
-            )
+        fake_port = free_port()
+        fake = spawn(
+            [
+                sys.executable,
+                __file__,
+                "--serve-fake",
+                str(fake_port),
+                "--tokens",
+                str(args.tokens),
+                "--token-interval-ms",
+                str(args.token_interval_ms),
+            ]
         )
+        procs.append(fake)
         env = {
             **os.environ,
             "LLMFLEET_DATABASE_URL": db_url,
@@ -193,59 +380,100 @@ async def bench(args: argparse.Namespace) -> dict[str, object]:
             "LLMFLEET_SECRET_KEY": secret,
             "LLMFLEET_INTERNAL_TOKEN": "bench",
             "LLMFLEET_STACK": "dev",
+            # PostgreSQL is shared with other test runs (max_connections 100): cap every gateway
+            # process's hot-path pool; reservations are single short statements.
+            "LLMFLEET_PG_POOL_MAX": str(args.pg_pool_max),
         }
-        gw = spawn([str(ROOT / ".venv/bin/llmfleet"), "gateway", "--port", str(gw_port)], env=env, quiet=True)
-        procs.append(gw)
-        await wait_http(f"http://127.0.0.1:{gw_port}/livez")
-        await wait_http(f"http://127.0.0.1:{fake_port}/v1/chat/completions")
-        direct_url = f"http://127.0.0.1:{fake_port}/v1/chat/completions"
-        gw_url = f"http://127.0.0.1:{gw_port}/v1/chat/completions"
-        await one_round(gw_url, key, 20, 2)  # warm-up: connection pools, key cache
+        modes: dict[str, tuple[int, int]] = {"direct": (fake_port, fake.pid)}
+        if args.baseline_tree:
+            # The same gateway from another source tree (e.g. `git archive HEAD`), for before/after.
+            port = free_port()
+            base_env = {**env, "PYTHONPATH": args.baseline_tree}
+            cmd = [sys.executable, "-m", "apps.cli.main", "gateway", "--port", str(port)]
+            gw = spawn(cmd, env=base_env, quiet=not args.gateway_logs, cwd=args.baseline_tree)
+            procs.append(gw)
+            modes["baseline"] = (port, gw.pid)
+        for n in workers:
+            port = free_port()
+            cmd = [str(ROOT / ".venv/bin/llmfleet"), "gateway", "--port", str(port), "--workers", str(n)]
+            gw = spawn(cmd, env=env, quiet=not args.gateway_logs)
+            procs.append(gw)
+            modes[f"gateway_w{n}"] = (port, gw.pid)
+        await wait_http(fake_port, "/")
+        for name, (port, _pid) in modes.items():
+            if name != "direct":
+                await wait_http(port, "/livez")
+        raws = {
+            name: request_bytes(
+                port, "/v1/chat/completions", key if name != "direct" else "direct", args.tokens
+            )
+            for name, (port, _pid) in modes.items()
+        }
+        for name, (port, _pid) in modes.items():
+            if name != "direct":  # warm-up: connection pools, key cache, prepared statements
+                await one_round(port, raws[name], 20 * max(workers), 2, 0.0)
         stagger = args.tokens * args.token_interval_ms / 1000
-        results: dict[str, list[float]] = {"direct": [], "gateway": []}
-        errors = {"direct": 0, "gateway": 0}
-        gw_cpu = 0.0
-        gw_tokens = 0
+        ttfts: dict[str, list[float]] = {m: [] for m in modes}
+        errors = dict.fromkeys(modes, 0)
+        tokens = dict.fromkeys(modes, 0)
+        cpu: dict[str, dict[str, float]] = {m: {"server": 0.0, "fake": 0.0, "client": 0.0} for m in modes}
+        load: list[float] = []
         for _ in range(args.rounds):
-            ttfts, err, _chunks = await one_round(direct_url, key, args.streams, args.requests, stagger)
-            results["direct"] += ttfts
-            errors["direct"] += err
-            before = cpu_seconds(gw.pid)
-            ttfts, err, chunks = await one_round(gw_url, key, args.streams, args.requests, stagger)
-            gw_cpu += cpu_seconds(gw.pid) - before
-            gw_tokens += chunks
-            results["gateway"] += ttfts
-            errors["gateway"] += err
+            for name, (port, pid) in modes.items():
+                before = (tree_cpu_seconds(pid), tree_cpu_seconds(fake.pid), self_cpu_seconds())
+                values, err, chunks = await one_round(port, raws[name], args.streams, args.requests, stagger)
+                after = (tree_cpu_seconds(pid), tree_cpu_seconds(fake.pid), self_cpu_seconds())
+                cpu[name]["server"] += after[0] - before[0]
+                cpu[name]["fake"] += after[1] - before[1]
+                cpu[name]["client"] += after[2] - before[2]
+                ttfts[name] += values
+                errors[name] += err
+                tokens[name] += chunks
+                load.append(os.getloadavg()[0])
         out: dict[str, object] = {
             "streams": args.streams,
             "tokens_per_request": args.tokens,
             "token_interval_ms": args.token_interval_ms,
-            "requests": {k: len(v) for k, v in results.items()},
-            "errors": errors,
+            "rounds": args.rounds,
+            "load_avg_1m_after_each_mode": [round(x, 2) for x in load],
         }
-        for mode, values in results.items():
-            out[f"{mode}_ttft_ms"] = {
-                "p50": round(pct(values, 0.5) * 1000, 2),
-                "p99": round(pct(values, 0.99) * 1000, 2),
-                "mean": round(statistics.mean(values) * 1000, 2),
+        direct = ttfts["direct"]
+        for name in modes:
+            values = ttfts[name] or [float("nan")]
+            row: dict[str, object] = {
+                "requests": len(ttfts[name]),
+                "errors": errors[name],
+                "ttft_ms": {
+                    "p50": round(pct(values, 0.5) * 1000, 2),
+                    "p99": round(pct(values, 0.99) * 1000, 2),
+                    "mean": round(statistics.mean(values) * 1000, 2),
+                },
+                "cpu_s_per_1000_tokens": {
+                    k: round(v / max(tokens[name], 1) * 1000, 4) for k, v in cpu[name].items()
+                },
             }
-        d, g = out["direct_ttft_ms"], out["gateway_ttft_ms"]
-        assert isinstance(d, dict)
-        assert isinstance(g, dict)
-        out["added_ttft_ms"] = {"p50": round(g["p50"] - d["p50"], 2), "p99": round(g["p99"] - d["p99"], 2)}
-        out["gateway_cpu_s_per_1000_tokens"] = round(gw_cpu / max(gw_tokens, 1) * 1000, 4)
-        out["gateway_cpu_s_per_request"] = round(gw_cpu / max(len(results["gateway"]), 1), 5)
+            if name != "direct":
+                row["added_ttft_ms"] = {
+                    "p50": round((pct(values, 0.5) - pct(direct, 0.5)) * 1000, 2),
+                    "p99": round((pct(values, 0.99) - pct(direct, 0.99)) * 1000, 2),
+                }
+                row["gateway_cpu_ms_per_request"] = round(cpu[name]["server"] / max(len(values), 1) * 1000, 3)
+            out[name] = row
         return out
     finally:
         for p in procs:
             p.terminate()
         for p in procs:
             try:
-                p.wait(timeout=10)
+                p.wait(timeout=15)
             except subprocess.TimeoutExpired:
                 p.kill()
         with psycopg.connect(admin_url, autocommit=True) as c:
             c.execute(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')
+
+
+def _exit_on_signal(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
 
 
 def main() -> None:
@@ -255,16 +483,23 @@ def main() -> None:
     parser.add_argument("--serve-fake", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--streams", type=int, default=200)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--requests", type=int, default=5)
+    parser.add_argument("--requests", type=int, default=3)
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--token-interval-ms", type=float, default=20.0, help="0 = burst (saturation test)")
+    parser.add_argument("--workers", default="1,2", help="gateway worker counts, compared side by side")
+    parser.add_argument("--baseline-tree", default="", help="also run the gateway from this source tree")
+    parser.add_argument("--pg-pool-max", type=int, default=6, help="per gateway process")
+    parser.add_argument("--gateway-logs", action="store_true", help="show the gateways' stderr")
     parser.add_argument("--pg", default="postgresql://postgres@127.0.0.1:5432/postgres")
     parser.add_argument("--redis", default="redis://127.0.0.1:6379/9")
     args = parser.parse_args()
-    if args.serve_fake is not None:
-        asyncio.run(serve_fake(args.serve_fake, args.tokens, args.token_interval_ms))
-        return
-    print(json.dumps(asyncio.run(bench(args)), indent=2))
+    # SIGTERM unwinds like Ctrl-C, so the child processes and the database are cleaned up.
+    signal.signal(signal.SIGTERM, _exit_on_signal)
+    with asyncio.Runner(loop_factory=loop_factory()) as runner:
+        if args.serve_fake is not None:
+            runner.run(serve_fake(args.serve_fake, args.tokens, args.token_interval_ms))
+            return
+        print(json.dumps(runner.run(bench(args)), indent=2))
 
 
 if __name__ == "__main__":

@@ -17,18 +17,34 @@ from apps.core.protocol.dispatch import DISPATCH_PATH, DispatchRequest
 from apps.gateway.ports import DispatchUnavailable
 
 
+class _Chunks:
+    """Reads as they arrive: one coroutine per chunk, no async-generator and `iter_any` layers
+    (this is on the relay's per-chunk path)."""
+
+    def __init__(self, content: aiohttp.StreamReader) -> None:
+        self._content = content
+
+    def __aiter__(self) -> _Chunks:
+        return self
+
+    async def __anext__(self) -> bytes:
+        try:
+            data = await self._content.readany()
+        except aiohttp.ClientError as exc:
+            raise ConnectionError(str(exc)) from exc
+        if not data:
+            raise StopAsyncIteration
+        return data
+
+
 class HttpUpstream:
     def __init__(self, response: aiohttp.ClientResponse) -> None:
         self._response = response
         self.status = response.status
         self.headers: Mapping[str, str] = {k.lower(): v for k, v in response.headers.items()}
 
-    async def chunks(self) -> AsyncIterator[bytes]:
-        try:
-            async for data in self._response.content.iter_any():
-                yield data
-        except aiohttp.ClientError as exc:
-            raise ConnectionError(str(exc)) from exc
+    def chunks(self) -> AsyncIterator[bytes]:
+        return _Chunks(self._response.content)
 
     async def read_body(self) -> bytes:
         try:

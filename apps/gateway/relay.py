@@ -15,11 +15,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from apps.core.protocol.openai import SSE_DONE, SseSplitter, error_body, is_usage_event, parse_usage, sse_json
 from apps.gateway.ports import Upstream
+
+# The usage event (the orchestrator writes it with `[DONE]`) must lie within the stream's last
+# reads; a window of reads, not bytes, keeps the per-chunk cost at one deque append. Missing it
+# only loses the gateway's output-token metric: billing comes from the orchestrator's settle.
+USAGE_WINDOW_READS = 8
+_DONE_LEN = len(SSE_DONE)
 
 Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
@@ -111,34 +118,47 @@ class RelayResponse:
             await asyncio.sleep(remaining)
 
     async def _relay(self, send: Send) -> None:
-        loop = asyncio.get_running_loop()
-        self._last = loop.time()
+        # The per-chunk path is the gateway's hottest loop (10,000 chunks/s at 200 streams): one
+        # clock read, one send, two cheap bookkeeping steps. `[DONE]` and the usage event are only
+        # looked for once the stream ended, in references to the last few reads (no copies, no SSE
+        # parsing per chunk).
+        now = asyncio.get_running_loop().time
+        outcome = self.outcome
+        self._last = now()
         tail = b""
-        splitter = SseSplitter() if self._watch_usage else None
+        recent: deque[bytes] | None = deque(maxlen=USAGE_WINDOW_READS) if self._watch_usage else None
         try:
             async for data in self._upstream.chunks():
-                self._last = loop.time()
-                if self.outcome.first_byte_at is None:
-                    self.outcome.first_byte_at = time.monotonic()
+                self._last = now()
+                if outcome.first_byte_at is None:
+                    outcome.first_byte_at = time.monotonic()
                 await send({"type": "http.response.body", "body": data, "more_body": True})
-                tail = (
-                    data[-len(SSE_DONE) :] if len(data) >= len(SSE_DONE) else (tail + data)[-len(SSE_DONE) :]
-                )
-                if splitter is not None:
-                    for payload in splitter.feed(data):
-                        if is_usage_event(payload):
-                            self._note_usage(payload)
+                # Only reads shorter than the marker need joining: a tail split over tiny reads.
+                tail = data if len(data) >= _DONE_LEN else (tail + data)[-_DONE_LEN:]
+                if recent is not None:
+                    recent.append(data)
         except (OSError, ValueError):
             # The upstream connection broke mid-stream (the HTTP dispatcher maps client errors to OSError).
-            self.outcome.ended = "upstream_error"
+            outcome.ended = "upstream_error"
             await self._fail(send, "upstream connection lost")
             return
-        if tail != SSE_DONE:
-            self.outcome.ended = "upstream_error"
+        if tail[-_DONE_LEN:] != SSE_DONE:
+            outcome.ended = "upstream_error"
             await self._fail(send, "upstream ended without [DONE]")
             return
-        self.outcome.ended = "done"
+        if recent:
+            self._scan_usage(b"".join(recent))
+        outcome.ended = "done"
         await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    def _scan_usage(self, end_of_stream: bytes) -> None:
+        """The usage event is the last event before `[DONE]`; the window may start mid-event,
+        which the splitter drops (a fragment does not start with `data:`)."""
+        with contextlib.suppress(ValueError):
+            for payload in reversed(SseSplitter().feed(end_of_stream)):
+                if is_usage_event(payload):
+                    self._note_usage(payload)
+                    return
 
     def _note_usage(self, payload: bytes) -> None:
         usage = parse_usage(payload)

@@ -37,6 +37,16 @@ class GatewaySettings(BaseSettings):
     idle_s: float = Field(default=30.0, gt=0)
     cleanup_timeout_s: float = Field(default=5.0, gt=0)
     redis_fail_open: bool = False
-    pg_pool_min: int = 2
-    pg_pool_max: int = 20
+    # Per worker process: the autocommit pool (ledger, keys, teams, usage) and a small one for the
+    # node admin calls (`NodeStore` groups statements in implicit transactions).
+    pg_pool_min: int = Field(default=2, ge=0)
+    pg_pool_max: int = Field(default=20, gt=0)
+    pg_nodes_pool_max: int = Field(default=2, gt=0)
+    redis_max_connections: int = Field(default=200, gt=0)
+    # Worker processes sharing the listening socket (`llmfleet gateway --workers N`).
+    workers: int = Field(default=1, ge=1, le=64)
+    # A worker that exits sooner than this after its start is a start-up failure (no restart).
+    worker_startup_s: float = Field(default=10.0, gt=0)
+    # On SIGTERM: streams in flight get this long to finish before they are cancelled (and cleaned up).
+    graceful_shutdown_s: int = Field(default=30, gt=0)
     ssrf_resolve_timeout_s: float = 2.0

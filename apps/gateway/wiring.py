@@ -72,18 +72,31 @@ async def build_deps(settings: GatewaySettings) -> GatewayDeps:
         raise ValueError("LLMFLEET_SECRET_KEY is required")
     spec = load_spec(settings.stack)
     secret = settings.secret_key.encode()
+    # Autocommit: every statement the gateway's stores run outside an explicit `transaction()` is a
+    # single statement (the reservation is one CTE), so the implicit transaction only cost a second
+    # round trip (COMMIT) per request and held the team's row lock across it; multi-statement
+    # writes (credits, settle) use `conn.transaction()` and stay atomic.
     pool = AsyncConnectionPool(
         settings.database_url,
         min_size=settings.pg_pool_min,
         max_size=settings.pg_pool_max,
+        kwargs={"autocommit": True},
         open=False,
         timeout=5,
     )
     await pool.open(wait=False)
+    node_pool = AsyncConnectionPool(
+        settings.database_url, min_size=0, max_size=settings.pg_nodes_pool_max, open=False, timeout=5
+    )
+    await node_pool.open(wait=False)
     # A blocking pool: under a burst, callers wait (bounded) for a connection instead of failing.
     redis = aioredis.Redis.from_pool(
         aioredis.BlockingConnectionPool.from_url(
-            settings.redis_url, max_connections=200, timeout=2, socket_timeout=2, socket_connect_timeout=2
+            settings.redis_url,
+            max_connections=settings.redis_max_connections,
+            timeout=2,
+            socket_timeout=2,
+            socket_connect_timeout=2,
         )
     )
     jwt = None
@@ -112,9 +125,9 @@ async def build_deps(settings: GatewaySettings) -> GatewayDeps:
         keys=KeyStore(pool, secret, cache_ttl_s=settings.key_cache_ttl_s),
         quota=QuotaStore(redis, lease_s=settings.stream_lease_s),
         dispatcher=dispatcher,
-        nodes=node_admin(pool, redis, secret),
+        nodes=node_admin(node_pool, redis, secret),
         health=StoreHealth(pool, redis),
         resolver=SystemResolver(),
         jwt=jwt,
-        closers=[dispatcher.aclose, close_redis, pool.close],
+        closers=[dispatcher.aclose, close_redis, pool.close, node_pool.close],
     )

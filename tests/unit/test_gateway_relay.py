@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 from apps.core.protocol.openai import SSE_DONE
-from apps.gateway.relay import RelayOutcome, RelayResponse
+from apps.gateway.relay import USAGE_WINDOW_READS, RelayOutcome, RelayResponse
 
 
 class ScriptedUpstream:
@@ -147,3 +147,53 @@ async def test_cleanup_runs_even_when_the_response_task_is_cancelled() -> None:
 async def _first_body(client: FakeClient) -> None:
     while not client.body():
         await asyncio.sleep(0)
+
+
+async def test_done_split_over_single_byte_reads_is_recognised() -> None:
+    client = FakeClient()
+    parts = [CHUNK] + [SSE_DONE[i : i + 1] for i in range(len(SSE_DONE))]
+    outcome, calls = await run_relay(ScriptedUpstream(parts), client)
+    assert outcome.ended == "done"
+    assert client.body() == CHUNK + SSE_DONE
+    assert calls == ["done"]
+
+
+async def test_usage_found_after_many_content_chunks_in_one_final_read() -> None:
+    client = FakeClient()
+    outcome, _ = await run_relay(ScriptedUpstream([CHUNK] * 500 + [USAGE + SSE_DONE]), client)
+    assert outcome.ended == "done"
+    assert (outcome.prompt_tokens, outcome.completion_tokens) == (3, 1)
+
+
+async def test_usage_split_beyond_the_window_is_relayed_but_not_counted() -> None:
+    # Documented limit: the gateway's token metric needs the usage event within the last reads;
+    # the bytes (and the orchestrator's billing) are unaffected.
+    client = FakeClient()
+    pieces = [USAGE[i : i + 4] for i in range(0, len(USAGE), 4)]
+    assert len(pieces) > USAGE_WINDOW_READS
+    outcome, _ = await run_relay(ScriptedUpstream([CHUNK, *pieces, SSE_DONE]), client)
+    assert outcome.ended == "done"
+    assert client.body() == CHUNK + USAGE + SSE_DONE
+    assert outcome.completion_tokens is None
+
+
+async def test_usage_not_watched_when_the_client_did_not_ask() -> None:
+    client = FakeClient()
+    upstream = ScriptedUpstream([CHUNK, USAGE, SSE_DONE])
+
+    async def cleanup(outcome: RelayOutcome) -> None:
+        await upstream.aclose()
+
+    relay = RelayResponse(
+        upstream,
+        headers={},
+        first_token_s=5.0,
+        idle_s=5.0,
+        watch_usage=False,
+        cleanup=cleanup,
+        cleanup_timeout_s=2.0,
+    )
+    await relay({"type": "http"}, client.receive, client.send)
+    assert relay.outcome.ended == "done"
+    assert relay.outcome.completion_tokens is None
+    assert upstream.closed
