@@ -101,8 +101,11 @@ class RelayResponse:
         while True:
             message = await receive()
             if message["type"] == "http.disconnect":
-                self.outcome.ended = "disconnect"
-                relay.cancel()
+                # A server reports "disconnect" as soon as the last body part is out: that is the end
+                # of a finished response, not a client that left.
+                if self.outcome.ended == "running":
+                    self.outcome.ended = "disconnect"
+                    relay.cancel()
                 return
 
     async def _deadlines(self, relay: asyncio.Task[None]) -> None:

@@ -197,3 +197,20 @@ async def test_usage_not_watched_when_the_client_did_not_ask() -> None:
     assert relay.outcome.ended == "done"
     assert relay.outcome.completion_tokens is None
     assert upstream.closed
+
+
+class ServerLikeClient(FakeClient):
+    """Like uvicorn: `receive()` answers `http.disconnect` once the final body part was sent."""
+
+    async def send(self, message: dict[str, Any]) -> None:
+        self.sent.append(message)
+        if message["type"] == "http.response.body" and not message.get("more_body", False):
+            self._disconnect.set()
+            await asyncio.sleep(0)  # let the watcher run before the relay task finishes
+
+
+async def test_disconnect_reported_after_the_last_byte_is_not_a_client_abort() -> None:
+    upstream = ScriptedUpstream([CHUNK, CHUNK, SSE_DONE])
+    outcome, calls = await asyncio.wait_for(run_relay(upstream, ServerLikeClient()), 10)
+    assert outcome.ended == "done"
+    assert calls == ["done"]
