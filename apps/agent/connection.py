@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 
 import aiohttp
 from pydantic import ValidationError
@@ -18,6 +19,9 @@ from pydantic import ValidationError
 from apps.core.protocol import node as proto
 
 log = logging.getLogger("llmfleet.agent.connection")
+
+_BATCH_MAX = 512
+_TCP_CORK: int | None = getattr(socket, "TCP_CORK", None)
 
 
 class RegistrationFailed(Exception):
@@ -124,13 +128,34 @@ class Connection:
 
     async def writer(self) -> None:
         while True:
-            text = await self._queue.get()
+            batch = [await self._queue.get()]
+            # Every frame queued meanwhile (one engine step queues one chunk per running
+            # request) goes out corked: one TCP segment for the batch instead of one
+            # each, so the orchestrator is woken and reads once per batch.
+            while len(batch) < _BATCH_MAX and not self._queue.empty():
+                batch.append(self._queue.get_nowait())
+            corked = len(batch) > 1 and self._cork(True)
             try:
-                await self.ws.send_str(text)
+                for text in batch:
+                    await self.ws.send_str(text)
             except (ConnectionError, aiohttp.ClientError) as exc:
                 raise ConnectionLost(self.ws.close_code, "send failed") from exc
             finally:
-                self._queue.task_done()
+                if corked:
+                    self._cork(False)
+                for _ in batch:
+                    self._queue.task_done()
+
+    def _cork(self, on: bool) -> bool:
+        """TCP_CORK on the socket (Linux); False where unavailable (the frames still go out)."""
+        sock = self.ws.get_extra_info("socket")
+        if sock is None or _TCP_CORK is None:
+            return False
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, _TCP_CORK, 1 if on else 0)
+        except OSError:
+            return False
+        return True
 
     def close(self) -> None:
         self._closed.set()

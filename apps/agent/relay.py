@@ -20,7 +20,8 @@ prompt tokens come from the engine's `POST /tokenize` with the same messages. An
 before the first chunk bills nothing: the engine had not finished prefill.
 
 Phases have deadlines: response headers and first event within
-`first_byte_timeout_s`, then at most `idle_timeout_s` between two reads. One
+`first_byte_timeout_s`, then at most `idle_timeout_s` (plus a slack of at most 1 s, so the
+deadline is not re-armed on every token) between two reads. One
 `asyncio.timeout` scope carries both the deadlines and the abort: `abort()` reschedules
 it to now, so a cancel interrupts any await without swallowing a real cancellation.
 """
@@ -186,13 +187,22 @@ class Relay:
         splitter = SseSplitter()
         usage_raw: bytes | None = None
         saw_done = False
+        idle_s = self._timeouts.idle_s
+        slack = min(1.0, idle_s / 20)
         while True:
             data = await resp.content.readany()
             if not data:
                 break
             if self._abort_reason is None:
                 self._deadline_phase = "the next token"
-                scope.reschedule(loop.time() + self._timeouts.idle_s)
+                # Move the deadline only when it left [now + idle_s, now + idle_s + slack]
+                # (closer: time passed; further: still the first-byte deadline): one
+                # reschedule (a cancelled timer plus a new one on the loop's heap) per
+                # `slack` seconds instead of one per token.
+                now = loop.time()
+                when = scope.when()
+                if when is None or not now + idle_s <= when <= now + idle_s + slack:
+                    scope.reschedule(now + idle_s + slack)
             out: list[bytes] = []
             for payload in splitter.feed(data):
                 if payload == DONE_PAYLOAD:

@@ -45,7 +45,7 @@ from apps.orchestrator.logs import event
 from apps.orchestrator.plane import ControlPlane
 from apps.orchestrator.ratelimit import TokenBucket
 from apps.orchestrator.settle import SettleJob, Settler
-from apps.orchestrator.streams import LostReason
+from apps.orchestrator.streams import ChunkEv, LostReason, RequestStream
 
 CLOSE_HEARTBEAT_TIMEOUT = 4008  # missed heartbeats: the node is treated as dead
 CLOSE_GOING_AWAY = 1001
@@ -176,10 +176,17 @@ class NodeSockets:
             except ValidationError:
                 conn.close(CLOSE_PROTOCOL_ERROR, "invalid frame")
                 return
-            if isinstance(frame, Heartbeat):
+            if type(frame) is Chunk:
+                # Hot path (one per relayed chunk): a local relay gets it synchronously.
+                route = conn.routes.get(frame.request_id)
+                if type(route) is RequestStream:
+                    route.deliver(ChunkEv(frame.delta))
+                else:
+                    await plane.route_frame(conn, frame, msg.data)
+            elif isinstance(frame, Heartbeat):
                 await self._heartbeat(conn, frame)
-            elif isinstance(frame, Chunk | Done | Error):
-                await plane.route_frame(conn, frame, msg.data)
+            elif isinstance(frame, Done | Error):
+                route = await plane.route_frame(conn, frame, msg.data)
                 if isinstance(frame, Done):
                     await self.settler.submit(
                         SettleJob(
@@ -192,9 +199,10 @@ class NodeSockets:
                             conn.node_id, frame.request_id, frame.prompt_tokens, frame.completion_tokens, None
                         )
                     )
-                if not isinstance(frame, Chunk):
-                    await plane.fleet.release_slot(conn.node_id, frame.request_id)
-                    plane.queues.notify()
+                await plane.fleet.release_slot(conn.node_id, frame.request_id)
+                if isinstance(route, RequestStream):
+                    route.slot_released = True
+                plane.queues.notify()
             elif isinstance(frame, Drained):
                 conn.drained = True
                 await plane.deps.node_store.record_event(conn.node_id, "drained", plane.id, frame.reason)

@@ -137,7 +137,8 @@ class ControlPlane:
         conn = self.local.get(node_id)
         if conn is not None and conn.routes.get(request_id) is stream:
             del conn.routes[request_id]
-        await self.fleet.release_slot(node_id, request_id)
+        if not stream.slot_released:  # else the node socket's reader did it (one Redis call saved)
+            await self.fleet.release_slot(node_id, request_id)
         for model in self.deps.models:
             self.queues.notify(model)
 
@@ -150,7 +151,10 @@ class ControlPlane:
 
     # -- owner side: frames from a node socket -----------------------------------------
 
-    async def route_frame(self, conn: NodeConnection, frame: Chunk | Done | Error, raw: str) -> None:
+    async def route_frame(
+        self, conn: NodeConnection, frame: Chunk | Done | Error, raw: str
+    ) -> RequestStream | RemoteRoute | None:
+        """Deliver a node's frame to its relay; returns the route it went to."""
         route = conn.routes.get(frame.request_id)
         terminal = not isinstance(frame, Chunk)
         if terminal:
@@ -169,6 +173,7 @@ class ControlPlane:
         elif isinstance(frame, Chunk):
             # Output for a request nobody relays any more: stop the engine working for nothing.
             conn.send(Cancel(request_id=frame.request_id))
+        return route
 
     def fail_routes(self, conn: NodeConnection, reason: LostReason) -> list[tuple[str, str]]:
         """The socket is gone: every relay on it gets `Lost`; returns (request_id, origin) to notify."""

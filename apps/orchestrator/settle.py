@@ -34,6 +34,15 @@ from apps.orchestrator.logs import event
 from apps.orchestrator.metrics import Metrics
 from apps.orchestrator.plane import SettleFn
 
+# One round trip instead of two (HGET, then SET): skip when the assignment moved to
+# another node (`req:{id}`.node names it), else write the done record the sweeper reads.
+_RECORD_DONE_LUA = """
+local current = redis.call('HGET', KEYS[1], 'node')
+if current and current ~= ARGV[1] then return 0 end
+redis.call('SET', KEYS[2], ARGV[2], 'EX', ARGV[3])
+return 1
+"""
+
 
 @dataclass(frozen=True)
 class SettleJob:
@@ -61,6 +70,7 @@ class Settler:
         self._metrics = metrics
         self._queue: asyncio.Queue[SettleJob] = asyncio.Queue(maxsize=queue_size)
         self._ttl = record_ttl_s
+        self._record_done = redis.register_script(_RECORD_DONE_LUA)
         self.idle = asyncio.Event()
         self.idle.set()
         self._busy = 0
@@ -90,17 +100,19 @@ class Settler:
                     self.idle.set()
 
     async def handle(self, job: SettleJob) -> None:
-        current = await self._fleet.assignment_node(job.request_id)
-        if current is not None and current != job.node_id:
-            self._metrics.settles.labels(outcome="superseded").inc()
-            self._ack(job)
-            return
         record = {
             "node": job.node_id,
             "prompt_tokens": job.prompt_tokens,
             "completion_tokens": job.completion_tokens,
         }
-        await self._redis.set(keys.done_key(job.request_id), json.dumps(record), ex=self._ttl)
+        recorded = await self._record_done(
+            keys=[keys.request_key(job.request_id), keys.done_key(job.request_id)],
+            args=[job.node_id, json.dumps(record), self._ttl],
+        )
+        if not int(recorded):
+            self._metrics.settles.labels(outcome="superseded").inc()
+            self._ack(job)
+            return
         result = await self._settle(job.request_id, job.prompt_tokens, job.completion_tokens)
         self._metrics.settles.labels(outcome=result.outcome.value).inc()
         self._ack(job)

@@ -90,3 +90,28 @@ def test_done_carries_the_raw_usage_event() -> None:
     assert frame.usage_event is not None
     assert '"choices":[]' in frame.usage_event
     assert (frame.prompt_tokens, frame.completion_tokens) == (12, 5)
+
+
+# -- the hand-written chunk encoder is byte-identical to pydantic's -------------------------
+
+_TRICKY = [
+    "",
+    "".join(chr(i) for i in range(0x80)),  # every control character, quote and backslash
+    'data: {"choices":[{"delta":{"content":"Hi \\u00e9 \\"q\\""}}]}\n\n',  # JSON escapes in the payload
+    "é ü 中文 \u2028 \u2029 \ufeff \x7f 😀",  # non-ASCII stays UTF-8, as pydantic writes it
+]
+
+
+@pytest.mark.parametrize("text", _TRICKY)
+def test_encode_chunk_matches_the_pydantic_codec(text: str) -> None:
+    for request_id in ("req-1", text):
+        expected = proto.Chunk(request_id=request_id, delta=text).model_dump_json()
+        assert proto.encode_chunk(request_id, text) == expected
+        assert proto.encode(proto.Chunk(request_id=request_id, delta=text)) == expected
+
+
+def test_encode_chunk_reproduces_the_golden_fixture() -> None:
+    golden = (FIXTURES / "chunk.json").read_text()
+    frame = proto.decode_node_frame(golden)
+    assert isinstance(frame, proto.Chunk)
+    assert proto.encode_chunk(frame.request_id, frame.delta) == golden

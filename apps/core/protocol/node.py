@@ -17,6 +17,7 @@ idempotent on `request_id`).
 
 from __future__ import annotations
 
+from json.encoder import encode_basestring
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
@@ -155,6 +156,8 @@ _server_adapter: TypeAdapter[ServerFrame] = TypeAdapter(ServerFrame)
 
 def encode(frame: _Frame) -> str:
     """The one codec: compact JSON, fields in declaration order."""
+    if type(frame) is Chunk:
+        return encode_chunk(frame.request_id, frame.delta)
     return frame.model_dump_json()
 
 
@@ -166,3 +169,20 @@ def decode_node_frame(text: str | bytes) -> NodeFrame:
 def decode_server_frame(text: str | bytes) -> ServerFrame:
     """Parse a frame sent by the orchestrator."""
     return _server_adapter.validate_json(text)
+
+
+# -- hot path: `chunk` frames -----------------------------------------------------------
+#
+# One `chunk` frame crosses the socket per engine read per request, so it is the one frame
+# worth a hand-written encoder: `encode_chunk` is byte-identical to `model_dump_json` (tested
+# against pydantic and the golden fixtures: `"`, `\\` and control characters escaped the
+# same way, non-ASCII kept as UTF-8) at a third of the cost. Decoding stays with pydantic:
+# measured, `validate_json` of a chunk (~1.5 us) is cheaper than `json.loads` plus
+# `model_construct` (~5 us).
+
+_CHUNK_PREFIX = '{"type":"chunk","request_id":'
+
+
+def encode_chunk(request_id: str, delta: str) -> str:
+    """`encode(Chunk(request_id=..., delta=...))`, without building the model."""
+    return _CHUNK_PREFIX + encode_basestring(request_id) + ',"delta":' + encode_basestring(delta) + "}"

@@ -1,0 +1,87 @@
+"""The agent's hot path: frames queued together leave in one corked batch, in order, and
+the chunk encoder on the way out is the protocol's one codec."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from typing import Any, cast
+
+import aiohttp
+import pytest
+
+from apps.agent.connection import Connection
+from apps.core.protocol import node as proto
+
+GUARD_S = 10.0
+
+
+class RecordingSocket:
+    def __init__(self) -> None:
+        self.options: list[tuple[int, int, int]] = []
+
+    def setsockopt(self, level: int, option: int, value: int) -> None:
+        self.options.append((level, option, value))
+
+
+class FakeWs:
+    """What `Connection` uses of `aiohttp.ClientWebSocketResponse`."""
+
+    def __init__(self, sock: RecordingSocket | None) -> None:
+        self.sock = sock
+        self.close_code: int | None = None
+        self.log: list[Any] = []  # sent texts and cork changes, in order
+        self.sent = asyncio.Event()
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return self.sock if name == "socket" else default
+
+    async def send_str(self, text: str) -> None:
+        self.log.append(text)
+        self.sent.set()
+
+
+def _conn(ws: FakeWs) -> Connection:
+    return Connection(cast(aiohttp.ClientWebSocketResponse, ws), queue_size=64)
+
+
+async def _drain(conn: Connection, ws: FakeWs, frames: int) -> None:
+    writer = asyncio.ensure_future(conn.writer())
+    try:
+        async with asyncio.timeout(GUARD_S):
+            while sum(1 for x in ws.log if isinstance(x, str)) < frames:
+                ws.sent.clear()
+                await ws.sent.wait()
+            await conn.flush(GUARD_S)
+    finally:
+        writer.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await writer
+
+
+async def test_frames_queued_together_go_out_corked_and_in_order() -> None:
+    sock = RecordingSocket()
+    ws = FakeWs(sock)
+    conn = _conn(ws)
+    for i in range(5):
+        assert await conn.send(proto.Chunk(request_id=f"r{i}", delta=f"data: {i}\n\n"))
+    await _drain(conn, ws, 5)
+    assert ws.log == [proto.encode_chunk(f"r{i}", f"data: {i}\n\n") for i in range(5)]
+    cork = socket.TCP_CORK  # Linux, like production and CI
+    assert sock.options == [(socket.IPPROTO_TCP, cork, 1), (socket.IPPROTO_TCP, cork, 0)]
+
+
+async def test_a_single_frame_is_not_corked_and_no_socket_is_fine() -> None:
+    sock = RecordingSocket()
+    ws = FakeWs(sock)
+    conn = _conn(ws)
+    assert await conn.send(proto.Chunk(request_id="r", delta="data: x\n\n"))
+    await _drain(conn, ws, 1)
+    assert sock.options == []  # one frame: nothing to merge, no extra syscalls
+
+    bare = FakeWs(None)  # e.g. a transport without a socket: frames still go out
+    conn2 = _conn(bare)
+    for i in range(3):
+        assert await conn2.send(proto.Chunk(request_id="r", delta=str(i)))
+    await _drain(conn2, bare, 3)
+    assert bare.log == [proto.encode_chunk("r", str(i)) for i in range(3)]
