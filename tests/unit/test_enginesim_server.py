@@ -64,10 +64,12 @@ async def test_fail_status_fault_hits_next_request_only(sim: RunningEngine) -> N
 
 async def test_die_after_tokens_drops_the_connection(sim: RunningEngine) -> None:
     sim.set_faults(Faults(die_after_tokens=3))
-    async with aiohttp.ClientSession() as s:
-        resp = await s.post(
+    async with (
+        aiohttp.ClientSession() as s,
+        s.post(
             f"{sim.url}/v1/chat/completions", json=_body(max_tokens=50, ignore_eos=True, stream=True)
-        )
+        ) as resp,
+    ):
         assert resp.status == 200
         with pytest.raises(aiohttp.ClientPayloadError):
             await _events(resp)
