@@ -144,8 +144,15 @@ def admin_routes(settings: GatewaySettings, deps: GatewayDeps) -> list[Route]:
             raise InvalidRequest("'node_id' must be 1-128 of [A-Za-z0-9._-].", param="node_id")
         if location not in ("onprem", "cloud"):
             raise InvalidRequest("'location' must be onprem or cloud.", param="location")
-        token = await deps.nodes.issue_token(node_id, location)
-        return JSONResponse({"node_id": node_id, "location": location, "token": token}, status_code=201)
+        pool = body.get("pool", False)
+        if not isinstance(pool, bool):
+            raise InvalidRequest("'pool' must be a boolean.", param="pool")
+        # A pool token admits every node id `<pool>/<instance>` (EKS pods, named at run time).
+        token = await deps.nodes.issue_token(node_id, location, pool=pool)
+        return JSONResponse(
+            {"node_id": node_id, "location": location, "kind": "pool" if pool else "node", "token": token},
+            status_code=201,
+        )
 
     async def revoke_node(request: Request) -> JSONResponse:
         await require_admin(request, deps, settings)

@@ -3,17 +3,16 @@
 from __future__ import annotations
 
 import asyncio
-import importlib
 from typing import Any
 
 import redis.asyncio as aioredis
 from psycopg_pool import AsyncConnectionPool
 
-from apps.core.errors import Unavailable
 from apps.core.identity.jwt_verify import JwtVerifier
 from apps.core.identity.keys import KeyStore
 from apps.core.ledger.pg import PgLedger
 from apps.core.ledger.teams import TeamStore
+from apps.core.nodes.store import NodeStore
 from apps.core.quota.admission import QuotaStore
 from apps.core.spec import load_spec
 from apps.gateway.deps import GatewayDeps
@@ -45,26 +44,8 @@ class StoreHealth:
             return False
 
 
-class NoNodes:
-    """Until the control plane's `NodeStore` exists: an empty list, refusals for changes."""
-
-    async def issue_token(self, node_id: str, location: str) -> str:
-        raise Unavailable("the node control plane is not installed")
-
-    async def revoke(self, node_id: str) -> bool:
-        return False
-
-    async def list_nodes(self) -> list[dict[str, object]]:
-        return []
-
-
 def node_admin(pool: AsyncConnectionPool, redis: Any, secret_key: bytes) -> NodeAdmin:
-    try:
-        module = importlib.import_module("apps.core.nodes.store")
-    except ImportError:
-        return NoNodes()
-    store: NodeAdmin = module.NodeStore(pool, redis, secret_key)
-    return store
+    return NodeStore(pool, redis, secret_key)
 
 
 async def build_deps(settings: GatewaySettings) -> GatewayDeps:

@@ -24,8 +24,9 @@ from apps.core.spec import load_spec
 from apps.gateway.app import create_app
 from apps.gateway.deps import GatewayDeps
 from apps.gateway.settings import GatewaySettings
-from apps.gateway.wiring import NoNodes, StoreHealth
+from apps.gateway.wiring import StoreHealth
 from tests.fakes.fake_dispatcher import FakeDispatcher
+from tests.fakes.fake_node_admin import FakeNodeAdmin
 
 SECRET = b"test-secret-key"
 
@@ -95,7 +96,7 @@ async def gateway_env(
         keys=KeyStore(pool, SECRET, cache_ttl_s=settings.key_cache_ttl_s),
         quota=QuotaStore(redis, lease_s=settings.stream_lease_s),
         dispatcher=dispatcher,
-        nodes=NoNodes(),
+        nodes=FakeNodeAdmin(),
         health=StoreHealth(pool, redis),
         resolver=resolver or StaticResolver(),
         jwt=JwtVerifier(jwks_url, issuer=issuer.issuer, audience=issuer.audience),

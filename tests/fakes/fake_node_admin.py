@@ -7,8 +7,9 @@ class FakeNodeAdmin:
     def __init__(self) -> None:
         self.nodes: dict[str, dict[str, object]] = {}
 
-    async def issue_token(self, node_id: str, location: str) -> str:
-        self.nodes[node_id] = {"node_id": node_id, "location": location, "state": "stale"}
+    async def issue_token(self, node_id: str, location: str, *, pool: bool = False) -> str:
+        kind = "pool" if pool else "node"
+        self.nodes[node_id] = {"node_id": node_id, "location": location, "kind": kind, "state": "stale"}
         return f"nt-{node_id}-secret"
 
     async def revoke(self, node_id: str) -> bool:

@@ -279,10 +279,24 @@ async def test_node_admin_routes(env: GatewayEnv) -> None:
     async with client(env) as c:
         r = await c.post("/admin/nodes", json={"node_id": "gpu-1", "location": "onprem"}, headers=h)
         assert r.status_code == 201
-        assert r.json() == {"node_id": "gpu-1", "location": "onprem", "token": "nt-gpu-1-secret"}
+        assert r.json() == {
+            "node_id": "gpu-1",
+            "location": "onprem",
+            "kind": "node",
+            "token": "nt-gpu-1-secret",
+        }
+        pool = await c.post(
+            "/admin/nodes", json={"node_id": "eks", "location": "cloud", "pool": True}, headers=h
+        )
+        assert pool.status_code == 201
+        assert pool.json()["kind"] == "pool"
+        assert env.deps.nodes.nodes["eks"]["kind"] == "pool"  # type: ignore[attr-defined]
+        not_bool = await c.post("/admin/nodes", json={"node_id": "x", "pool": "yes"}, headers=h)
+        assert not_bool.status_code == 400
+        assert not_bool.json()["error"]["param"] == "pool"
         bad = await c.post("/admin/nodes", json={"node_id": "../x", "location": "onprem"}, headers=h)
         assert bad.json()["error"]["param"] == "node_id"
         listed = (await c.get("/admin/nodes", headers=h)).json()["data"]
-        assert [n["node_id"] for n in listed] == ["gpu-1"]
+        assert [n["node_id"] for n in listed] == ["gpu-1", "eks"]
         assert (await c.delete("/admin/nodes/gpu-1", headers=h)).status_code == 200
         assert (await c.delete("/admin/nodes/gpu-1", headers=h)).status_code == 404
