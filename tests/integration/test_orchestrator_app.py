@@ -5,124 +5,16 @@ from __future__ import annotations
 
 import asyncio
 import json
-import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
 
-import aiohttp
-import pytest
-from psycopg_pool import AsyncConnectionPool
 from redis.asyncio import Redis
 
 from apps.core.ledger.api import ReservationStatus
 from apps.core.nodes import keys
-from apps.core.nodes.store import NodeStore, decode_hash
+from apps.core.nodes.store import decode_hash
 from apps.core.protocol import node as proto
 from apps.core.protocol.dispatch import DISPATCH_PATH
-from apps.orchestrator.app import RunningOrchestrator, start_orchestrator
-from apps.orchestrator.plane import OrchestratorDeps
-from apps.orchestrator.settings import OrchestratorSettings
-from tests.fakes.fake_ledger import FakeLedger
-from tests.fakes.fake_node import Auto, FakeNode, vllm_chunk
-
-TOKEN = "internal-test-token"
-SECRET = b"server-secret-for-tests"
-
-
-class Env:
-    def __init__(self, pool: AsyncConnectionPool, redis: Redis) -> None:
-        self.pool = pool
-        self.redis = redis
-        self.ledger = FakeLedger()
-        self.store = NodeStore(pool, redis, SECRET, heartbeat_interval_s=0.5)
-        self.orchestrators: list[RunningOrchestrator] = []
-        self.nodes: list[FakeNode] = []
-        self.session = aiohttp.ClientSession()
-
-    async def orchestrator(self, **overrides: Any) -> RunningOrchestrator:
-        values: dict[str, Any] = {
-            "orchestrator_id": f"orch-{len(self.orchestrators)}-{uuid.uuid4().hex[:4]}",
-            "internal_token": TOKEN,
-            "secret_key": SECRET.decode(),
-            "heartbeat_interval_s": 0.5,
-            "fleet_refresh_s": 0.05,
-            "shutdown_grace_s": 2.0,
-            **overrides,
-        }
-        deps = OrchestratorDeps(
-            redis=self.redis,
-            node_store=self.store,
-            ledger=self.ledger,
-            settle=self.ledger.settle,
-            models={"m", "big"},
-        )
-        orch = await start_orchestrator(OrchestratorSettings(**values), deps)
-        self.orchestrators.append(orch)
-        return orch
-
-    async def node(
-        self,
-        orch: RunningOrchestrator,
-        node_id: str,
-        *,
-        location: str = "onprem",
-        connect: bool = True,
-        **kw: Any,
-    ) -> FakeNode:
-        token = await self.store.issue_token(node_id, location)
-        kw.setdefault("heartbeat_every_s", 0.2)
-        node = FakeNode(orch.ws_url, node_id, token, location=location, **kw)
-        self.nodes.append(node)
-        if connect:
-            ack = await node.connect()
-            assert isinstance(ack, proto.RegisterAck), ack
-        return node
-
-    async def dispatch(
-        self, orch: RunningOrchestrator, request_id: str, *, model: str = "m", **kw: Any
-    ) -> tuple[int, dict[str, str], bytes]:
-        body = {
-            "request_id": request_id,
-            "team_id": 1,
-            "key_id": 1,
-            "model": model,
-            "body": {"model": model, "messages": [{"role": "user", "content": "hi"}], "stream": True},
-            **kw,
-        }
-        headers = {"Authorization": f"Bearer {TOKEN}"}
-        async with self.session.post(orch.url + DISPATCH_PATH, json=body, headers=headers) as resp:
-            return resp.status, dict(resp.headers), await resp.read()
-
-    async def close(self) -> None:
-        for node in self.nodes:
-            await node.close()
-        for orch in self.orchestrators:
-            await orch.close()
-        await self.session.close()
-
-
-@pytest.fixture
-async def env(migrated_db_url: str, redis_url: str) -> AsyncIterator[Env]:
-    pool = AsyncConnectionPool(migrated_db_url, min_size=1, max_size=8, open=False)
-    await pool.open()
-    redis = Redis.from_url(redis_url)
-    environment = Env(pool, redis)
-    try:
-        yield environment
-    finally:
-        await environment.close()
-        await redis.aclose()
-        await pool.close()
-
-
-async def eventually(check: Callable[[], Awaitable[bool]], timeout: float = 10.0) -> None:
-    """Poll `check` until it holds or the deadline passes (no fixed sleeps)."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not await check():
-        if loop.time() > deadline:
-            raise AssertionError("condition not met before the deadline")
-        await asyncio.sleep(0.02)
+from tests.fakes.fake_node import Auto, vllm_chunk
+from tests.integration.orchestrator_env import TOKEN, Env, eventually
 
 
 def events(body: bytes) -> list[bytes]:

@@ -11,10 +11,8 @@ from apps.core.ledger.api import ReservationStatus
 from apps.core.protocol import node as proto
 from apps.core.protocol.dispatch import DISPATCH_PATH
 from tests.fakes.fake_node import Auto, FakeNode, vllm_chunk
-from tests.integration.test_orchestrator_app import TOKEN, Env, _done, events, eventually
-
-__all__ = ["env"]
-from tests.integration.test_orchestrator_app import env
+from tests.integration.orchestrator_env import TOKEN, Env, eventually
+from tests.integration.test_orchestrator_app import _done, events
 
 
 async def test_dispatch_on_one_replica_runs_on_a_node_owned_by_the_other(env: Env) -> None:

@@ -15,9 +15,8 @@ from apps.core.protocol import node as proto
 from apps.core.protocol.dispatch import DISPATCH_PATH
 from apps.orchestrator.app import SWEEPER
 from tests.fakes.fake_node import Auto, FakeNode, vllm_chunk
-from tests.integration.test_orchestrator_app import TOKEN, Env, _done, env, eventually
-
-__all__ = ["env"]
+from tests.integration.orchestrator_env import TOKEN, Env, eventually
+from tests.integration.test_orchestrator_app import _done
 
 
 async def test_engine_error_mid_stream_settles_the_tokens_produced(env: Env) -> None:
