@@ -24,9 +24,9 @@ import psutil
 import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_platform import DEFAULT_PG, DEFAULT_REDIS, _load, _with_db
+from bench_platform import DEFAULT_PG, DEFAULT_REDIS, _load, _with_db, bench_platform_config
 
-from apps.cli.platform import MODEL_8B, LocalPlatform, NodeSpec, PlatformConfig
+from apps.cli.platform import LocalPlatform
 
 
 def _cpu(proc: psutil.Process) -> float:
@@ -48,19 +48,7 @@ def main() -> None:
         conn.execute(f'CREATE DATABASE "{dbname}"')
     try:
         with tempfile.TemporaryDirectory(prefix="llmfleet-hot-") as tmp:
-            node = NodeSpec(
-                "bench-8b", MODEL_8B, "onprem", max_num_seqs=1024, engine_args=("--num-blocks", "400000")
-            )
-            config = PlatformConfig(
-                data_dir=Path(tmp),
-                gateway_port=0,
-                orchestrators=1,
-                nodes=[node],
-                database_url=_with_db(admin_url, dbname),
-                redis_url=DEFAULT_REDIS,
-                speed=args.speed,
-                ready_timeout_s=120,
-            )
+            config = bench_platform_config(Path(tmp), _with_db(admin_url, dbname), DEFAULT_REDIS, args.speed)
             with LocalPlatform(config) as platform:
                 assert platform.credentials is not None
                 children = {c.name: psutil.Process(c.pid) for c in platform.supervisor.children}

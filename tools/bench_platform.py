@@ -132,6 +132,22 @@ def _waits(platform: LocalPlatform) -> list[tuple[float, float]]:
     ]
 
 
+def bench_platform_config(data_dir: Path, database_url: str, redis_url: str, speed: float) -> PlatformConfig:
+    """One gateway, one orchestrator, one agent in front of an 8B enginesim with room for 1,024
+    sequences and 400,000 KV blocks, so that the engine is never the bottleneck."""
+    node = NodeSpec("bench-8b", MODEL_8B, "onprem", max_num_seqs=1024, engine_args=("--num-blocks", "400000"))
+    return PlatformConfig(
+        data_dir=data_dir,
+        gateway_port=0,
+        orchestrators=1,
+        nodes=[node],
+        database_url=database_url,
+        redis_url=redis_url,
+        speed=speed,
+        ready_timeout_s=120,
+    )
+
+
 def _with_db(url: str, name: str) -> str:
     return urlunsplit(urlsplit(url)._replace(path="/" + name))
 
@@ -145,23 +161,8 @@ def bench(args: argparse.Namespace) -> tuple[list[Run], dict[str, str]]:
     runs: list[Run] = []
     try:
         with tempfile.TemporaryDirectory(prefix="llmfleet-bench-") as tmp:
-            node = NodeSpec(
-                "bench-8b",
-                MODEL_8B,
-                "onprem",
-                max_num_seqs=1024,
-                engine_args=("--num-blocks", "400000"),
-            )
-            config = PlatformConfig(
-                data_dir=Path(tmp),
-                gateway_port=0,
-                orchestrators=1,
-                nodes=[node],
-                database_url=_with_db(admin_url, dbname),
-                redis_url=redis_url,
-                speed=args.speed,
-                ready_timeout_s=120,
-            )
+            config = bench_platform_config(Path(tmp), _with_db(admin_url, dbname), redis_url, args.speed)
+            node = config.nodes[0]
             with LocalPlatform(config) as platform:
                 assert platform.credentials is not None
                 engine = platform.engines[node.node_id]

@@ -70,6 +70,18 @@ def _admitted(engine: Engine) -> float:
     )
 
 
+def _load_8b(platform: LocalPlatform, **shape: int) -> LoadConfig:
+    """Load on the 8B model through the gateway; `shape` is concurrency, requests and token counts."""
+    assert platform.credentials is not None
+    return LoadConfig(
+        base_url=platform.gateway_url + "/v1",
+        api_key=platform.credentials.api_key,
+        model=MODEL_8B,
+        request_timeout_s=120,
+        **shape,
+    )
+
+
 def test_cut_websocket_reconnects_with_backoff_and_gets_nothing_while_gone(
     make_platform: PlatformFactory, proxy_list: list[TcpProxy], migrated_db_url: str
 ) -> None:
@@ -77,16 +89,7 @@ def test_cut_websocket_reconnects_with_backoff_and_gets_nothing_while_gone(
     assert platform.credentials is not None
     engine, proxy = _through_proxy(platform, proxy_list)
     node_id = engine.spec.node_id
-    config = LoadConfig(
-        base_url=platform.gateway_url + "/v1",
-        api_key=platform.credentials.api_key,
-        model=MODEL_8B,
-        concurrency=30,
-        requests=150,
-        prompt_tokens=128,
-        max_tokens=1500,
-        request_timeout_s=120,
-    )
+    config = _load_8b(platform, concurrency=30, requests=150, prompt_tokens=128, max_tokens=1500)
     out: dict[str, dict[str, object]] = {}
     load = threading.Thread(target=lambda: out.update(r=asyncio.run(run_load(config)).to_json()))
     load.start()
@@ -149,16 +152,7 @@ def test_agent_restart_with_unacknowledged_dones_settles_once(
     assert platform.credentials is not None
     engine, proxy = _through_proxy(platform, proxy_list)
     node_id = engine.spec.node_id
-    config = LoadConfig(
-        base_url=platform.gateway_url + "/v1",
-        api_key=platform.credentials.api_key,
-        model=MODEL_8B,
-        concurrency=5,
-        requests=5,
-        prompt_tokens=64,
-        max_tokens=300,
-        request_timeout_s=120,
-    )
+    config = _load_8b(platform, concurrency=5, requests=5, prompt_tokens=64, max_tokens=300)
     for e in platform.engines.values():  # every stream pauses 3 s after 5 tokens: a window to act in
         http_post_json(e.url + "/_sim/faults", {"stall_s": 3.0, "stall_after_tokens": 5, "times": 5})
     out: dict[str, dict[str, object]] = {}
