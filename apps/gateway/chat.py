@@ -22,6 +22,7 @@ import psycopg
 import redis.exceptions
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
+from starlette.types import Receive
 
 from apps.core.errors import (
     InvalidRequest,
@@ -48,6 +49,12 @@ log = logging.getLogger("llmfleet.gateway")
 REQUEST_ID_RE = re.compile(r"^[A-Za-z0-9._:-]{8,128}$")
 # Statuses with which the orchestrator answers before anything ran on a node.
 NOTHING_RAN = frozenset({400, 404, 409, 413, 422, 429, 503})
+
+
+async def _client_gone(receive: Receive) -> None:
+    """Returns when the client disconnects (the request body has been read already)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
 
 
 def request_id_for(request: Request) -> str:
@@ -162,7 +169,7 @@ class ChatHandler:
             raise
         ex.reserved = True
         self._m.reservations_open.inc()
-        return await self._dispatch(chat, principal, team_id, ex)
+        return await self._dispatch(chat, principal, team_id, ex, request.receive)
 
     async def _admit(self, principal: Principal, ex: Exchange) -> None:
         try:
@@ -190,7 +197,7 @@ class ChatHandler:
         ex.slot_held = True
 
     async def _dispatch(
-        self, chat: ChatRequest, principal: Principal, team_id: int, ex: Exchange
+        self, chat: ChatRequest, principal: Principal, team_id: int, ex: Exchange, receive: Receive
     ) -> Response:
         dreq = DispatchRequest(
             request_id=ex.request_id,
@@ -229,7 +236,7 @@ class ChatHandler:
                 cleanup=lambda outcome: self._after_relay(ex, upstream, outcome),
                 cleanup_timeout_s=self._s.cleanup_timeout_s,
             )  # type: ignore[return-value]
-        return await self._collect(upstream, ex, headers)
+        return await self._collect(upstream, ex, headers, receive)
 
     async def _upstream_error(self, upstream: Upstream, ex: Exchange) -> Response:
         try:
@@ -256,10 +263,36 @@ class ChatHandler:
             raise err
         raise UpstreamFailed(message)
 
-    async def _collect(self, upstream: Upstream, ex: Exchange, headers: dict[str, str]) -> Response:
+    async def _collect(
+        self, upstream: Upstream, ex: Exchange, headers: dict[str, str], receive: Receive
+    ) -> Response:
+        """A non-streaming request: read the whole upstream stream, answer one JSON body. Bound to the
+        client connection like a stream: a client that leaves stops the request upstream (the
+        orchestrator cancels it on the node and settles the tokens produced so far)."""
+        outcome = RelayOutcome()
+        reader = asyncio.ensure_future(self._read_all(upstream, outcome))
+        gone = asyncio.ensure_future(_client_gone(receive))
+        try:
+            await asyncio.wait({reader, gone}, return_when=asyncio.FIRST_COMPLETED)
+            if not reader.done():
+                outcome.ended = "disconnect"
+                reader.cancel()
+                await asyncio.wait({reader})
+                return Response(status_code=499)  # nobody is listening; the server drops it
+            body = reader.result()
+        finally:
+            gone.cancel()
+            reader.cancel()
+            await shielded(lambda: self._after_relay(ex, upstream, outcome), self._s.cleanup_timeout_s)
+        usage = body.get("usage") or {}
+        outcome.completion_tokens = usage.get("completion_tokens")
+        if isinstance(outcome.completion_tokens, int):
+            self._m.output_tokens.labels(ex.model).inc(outcome.completion_tokens)
+        return JSONResponse(body, headers=headers)
+
+    async def _read_all(self, upstream: Upstream, outcome: RelayOutcome) -> dict[str, Any]:
         payloads: list[bytes] = []
         splitter = SseSplitter()
-        outcome = RelayOutcome()
         try:
             chunks = upstream.chunks()
             deadline = self._s.first_token_s
@@ -274,20 +307,14 @@ class ChatHandler:
                     outcome.first_byte_at = time.monotonic()
                 payloads.extend(splitter.feed(data))
             body = assemble_completion(payloads)
-            outcome.ended = "done"
         except TimeoutError:
             outcome.ended = "timeout"
             raise UpstreamFailed("upstream timed out") from None
         except (OSError, ValueError) as exc:
             outcome.ended = "upstream_error"
             raise UpstreamFailed(f"upstream failed: {exc}") from None
-        finally:
-            await shielded(lambda: self._after_relay(ex, upstream, outcome), self._s.cleanup_timeout_s)
-        usage = body.get("usage") or {}
-        outcome.completion_tokens = usage.get("completion_tokens")
-        if isinstance(outcome.completion_tokens, int):
-            self._m.output_tokens.labels(ex.model).inc(outcome.completion_tokens)
-        return JSONResponse(body, headers=headers)
+        outcome.ended = "done"
+        return body
 
     async def _after_relay(self, ex: Exchange, upstream: Upstream, outcome: RelayOutcome) -> None:
         # Release the stream slot first (one cheap Redis call) so a slow socket close can never

@@ -181,3 +181,51 @@ async def test_500_abandoned_streams_leave_nothing_behind(migrated_db_url: str, 
         assert rows == [("settled", 500)]
         assert env.dispatcher.closed == 500
         assert env.dispatcher.running == 0
+
+
+async def test_non_streaming_client_that_leaves_stops_the_request_and_settles_what_ran(
+    migrated_db_url: str, redis_url: str
+) -> None:
+    async with gateway_env(
+        migrated_db_url,
+        redis_url,
+        serve=True,
+        dispatcher_factory=lambda lg, rd: FakeDispatcher(lg, rd, tokens=100_000, delay_s=0.01),
+    ) as env:
+        _, key = await env.team_with_key("a", max_streams=10)
+        headers = {"Authorization": f"Bearer {key}"}
+        body = {"model": MODEL, "messages": MSG, "max_tokens": 5000}  # not streaming
+        async with aiohttp.ClientSession() as session:
+
+            async def ask() -> None:
+                async with session.post(
+                    env.base_url + "/v1/chat/completions", json=body, headers=headers
+                ) as r:
+                    await r.read()
+
+            callers = [asyncio.create_task(ask()) for _ in range(5)]
+
+            async def all_running() -> bool:
+                return env.dispatcher.running == 5
+
+            await poll(all_running, "five requests running upstream")
+            for c in callers:
+                c.cancel()  # the client gives up: aiohttp drops the connection
+            await asyncio.gather(*callers, return_exceptions=True)
+
+        async def stopped() -> bool:
+            return env.dispatcher.closed == 5 and env.dispatcher.running == 0
+
+        await poll(stopped, "the upstream requests closed")
+        await poll(lambda: _scard_zero(env, "1"), "stream slots released")
+
+        async def settled() -> bool:
+            async with env.pool.connection() as conn:
+                row = await (
+                    await conn.execute(
+                        "SELECT count(*) FILTER (WHERE status = 'settled'), max(completion_tokens) FROM usage_ledger"
+                    )
+                ).fetchone()
+            return row is not None and row[0] == 5 and 0 < row[1] < 5000
+
+        await poll(settled, "five rows settled with the tokens produced before the client left")
