@@ -52,6 +52,7 @@ class Run:
     target: str
     streams: int
     report: dict[str, Any]
+    arrivals: str = "burst"
     cpu_s: float = 0.0
     rss_per_stream_kib: float = 0.0
     waits_ms: str = ""  # mean gateway / orchestrator queue wait during the run (where the time goes)
@@ -95,13 +96,23 @@ def _cpu(procs: list[psutil.Process]) -> float:
     return total
 
 
-def _load(base_url: str, api_key: str, streams: int, max_tokens: int, prompt_tokens: int) -> dict[str, Any]:
+def _load(
+    base_url: str,
+    api_key: str,
+    streams: int,
+    max_tokens: int,
+    prompt_tokens: int,
+    ramp_s: float = 0.0,
+) -> dict[str, Any]:
+    """Burst (`ramp_s` 0): max(2N, 40) requests, the first N at once. Steady: 3N requests, the N
+    streams' first requests spread over `ramp_s` (one request's duration), so arrivals stay even."""
     config = LoadConfig(
         base_url=base_url,
         api_key=api_key,
         model=MODEL_8B,
         concurrency=streams,
-        requests=max(streams * 2, 40),
+        requests=3 * streams if ramp_s else max(streams * 2, 40),
+        ramp_s=ramp_s,
         prompt_tokens=prompt_tokens,
         max_tokens=max_tokens,
         request_timeout_s=600,
@@ -148,6 +159,37 @@ def bench_platform_config(data_dir: Path, database_url: str, redis_url: str, spe
     )
 
 
+def _platform_run(
+    platform: LocalPlatform,
+    relay: list[psutil.Process],
+    streams: int,
+    args: argparse.Namespace,
+    ramp_s: float,
+    arrivals: str,
+) -> Run:
+    assert platform.credentials is not None
+    idle_rss = sum(p.memory_info().rss for p in relay)
+    cpu0 = _cpu(relay)
+    waits0 = _waits(platform)
+    with RssSampler(relay) as sampler:
+        via = _load(
+            platform.gateway_url + "/v1",
+            platform.credentials.api_key,
+            streams,
+            args.max_tokens,
+            args.prompt_tokens,
+            ramp_s,
+        )
+    run = Run("platform", streams, via, arrivals, cpu_s=_cpu(relay) - cpu0)
+    run.rss_per_stream_kib = max(0, sampler.peak - idle_rss) / 1024 / streams
+    means = [
+        (s1 - s0) / (c1 - c0) * 1000 if c1 > c0 else float("nan")
+        for (s0, c0), (s1, c1) in zip(waits0, _waits(platform), strict=True)
+    ]
+    run.waits_ms = " / ".join(f"{m:.0f}" for m in means)
+    return run
+
+
 def _with_db(url: str, name: str) -> str:
     return urlunsplit(urlsplit(url)._replace(path="/" + name))
 
@@ -172,28 +214,19 @@ def bench(args: argparse.Namespace) -> tuple[list[Run], dict[str, str]]:
                 _load(engine.url + "/v1", "", 20, 8, args.prompt_tokens)
                 _load(platform.gateway_url + "/v1", platform.credentials.api_key, 20, 8, args.prompt_tokens)
                 for streams in args.streams:
-                    direct = _load(engine.url + "/v1", "", streams, args.max_tokens, args.prompt_tokens)
-                    runs.append(Run("direct", streams, direct))
-                    idle_rss = sum(p.memory_info().rss for p in relay)
-                    cpu0 = _cpu(relay)
-                    waits0 = _waits(platform)
-                    with RssSampler(relay) as sampler:
-                        via = _load(
-                            platform.gateway_url + "/v1",
-                            platform.credentials.api_key,
-                            streams,
-                            args.max_tokens,
-                            args.prompt_tokens,
-                        )
-                    run = Run("platform", streams, via, cpu_s=_cpu(relay) - cpu0)
-                    run.rss_per_stream_kib = max(0, sampler.peak - idle_rss) / 1024 / streams
-                    means = [
-                        (s1 - s0) / (c1 - c0) * 1000 if c1 > c0 else float("nan")
-                        for (s0, c0), (s1, c1) in zip(waits0, _waits(platform), strict=True)
-                    ]
-                    run.waits_ms = " / ".join(f"{m:.0f}" for m in means)
-                    runs.append(run)
-                    print(_row(runs[-2], runs[-1]), flush=True)
+                    burst_direct = _load(engine.url + "/v1", "", streams, args.max_tokens, args.prompt_tokens)
+                    # Steady arrivals: the streams' starts spread over one request's duration (direct, burst).
+                    ramp_s = float(burst_direct["e2e_ms"]["p50"] or 0.0) / 1000
+                    for arrivals in args.arrivals:
+                        ramp = ramp_s if arrivals == "steady" else 0.0
+                        direct = burst_direct
+                        if ramp:
+                            direct = _load(
+                                engine.url + "/v1", "", streams, args.max_tokens, args.prompt_tokens, ramp
+                            )
+                        runs.append(Run("direct", streams, direct, arrivals))
+                        runs.append(_platform_run(platform, relay, streams, args, ramp, arrivals))
+                        print(_row(runs[-2], runs[-1]), flush=True)
     finally:
         with psycopg.connect(admin_url, autocommit=True) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{dbname}" WITH (FORCE)')
@@ -219,7 +252,7 @@ def _row(direct: Run, via: Run) -> str:
     cpu_per_k = via.cpu_s / (via.tokens / 1000) if via.tokens else float("nan")
     errs = via.report["requests"]["error"]
     return (
-        f"| {via.streams} | {_ms(d['p50'])} / {_ms(d['p99'])} | {_ms(p['p50'])} / {_ms(p['p99'])} | "
+        f"| {via.streams} | {via.arrivals} | {_ms(d['p50'])} / {_ms(d['p99'])} | {_ms(p['p50'])} / {_ms(p['p99'])} | "
         f"**{_ms(add50)} / {_ms(add99)}** | {via.waits_ms} | {cpu_per_k:.3f} | {via.rss_per_stream_kib:.0f} | "
         f"{via.report['requests']['ok']} ok, {errs} errors {via.report['errors_by_status'] or ''} |"
     )
@@ -239,7 +272,11 @@ def render(runs: list[Run], machine: dict[str, str], args: argparse.Namespace) -
         "",
         "## Method",
         "",
-        f"- Closed loop, N concurrent streams, max(2·N, 40) requests per run, prompt {args.prompt_tokens} tokens, "
+        "- Closed loop, N concurrent streams. *burst*: max(2·N, 40) requests per run, the first N sent at "
+        "once (a thundering herd: per-request work queues up). *steady*: 3·N requests, the N streams' first "
+        "requests spread evenly over one request's duration (the direct burst run's E2E p50), so N streams "
+        "stay open with arrivals spread out — the steady state of N concurrent streams.",
+        f"- Prompt {args.prompt_tokens} tokens, "
         f"`max_tokens` {args.max_tokens} (`ignore_eos`), enginesim 8B profile at `--speed {args.speed}` "
         "with 1,024 sequences and 400,000 KV blocks (the engine is never the bottleneck).",
         "- One gateway, one orchestrator, one agent (one process each), real PostgreSQL 15 and Redis 7 "
@@ -254,9 +291,9 @@ def render(runs: list[Run], machine: dict[str, str], args: argparse.Namespace) -
         "",
         "## Results",
         "",
-        "| streams | direct TTFT p50 / p99 ms | platform TTFT p50 / p99 ms | added p50 / p99 ms | "
+        "| streams | arrivals | direct TTFT p50 / p99 ms | platform TTFT p50 / p99 ms | added p50 / p99 ms | "
         "mean queue wait gateway / orchestrator ms | CPU s / 1k tokens | RSS KiB / stream | platform requests |",
-        "|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|",
         *[_row(d, p) for d, p in pairs],
         "",
         "Targets (issue 5): added TTFT p50 ≤ 5 ms and p99 ≤ 20 ms at 200 streams; 1,000 streams held "
@@ -274,9 +311,13 @@ def main() -> int:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--prompt-tokens", type=int, default=128)
     parser.add_argument("--speed", type=float, default=1.0)
+    parser.add_argument("--arrivals", default="burst,steady", help="comma-separated: burst, steady")
     parser.add_argument("--out", type=Path, default=Path("docs/bench/platform.md"))
     args = parser.parse_args()
     args.streams = [int(s) for s in args.streams.split(",")]
+    args.arrivals = [a.strip() for a in args.arrivals.split(",") if a.strip()]
+    if not args.arrivals or set(args.arrivals) - {"burst", "steady"}:
+        parser.error("--arrivals takes burst and/or steady")
     runs, machine = bench(args)
     text = render(runs, machine, args)
     args.out.parent.mkdir(parents=True, exist_ok=True)

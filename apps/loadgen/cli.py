@@ -25,6 +25,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     stop.add_argument("--requests", type=int, help="total requests (default: one per stream)")
     stop.add_argument("--duration", type=float, help="seconds to keep sending")
     parser.add_argument("--rate", type=float, help="open loop: Poisson arrivals per second")
+    parser.add_argument(
+        "--ramp",
+        type=float,
+        default=0.0,
+        help="closed loop: spread the streams' starts over SECONDS (steady arrivals)",
+    )
     parser.add_argument("--prompt-tokens", type=int, default=128)
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--abandon-after", type=int, help="drop each stream after K chunks (leak tests)")
@@ -62,6 +68,7 @@ def run(args: argparse.Namespace) -> int:
         requests=args.requests,
         duration_s=args.duration,
         rate=args.rate,
+        ramp_s=args.ramp,
         prompt_tokens=args.prompt_tokens,
         max_tokens=args.max_tokens,
         abandon_after=args.abandon_after,

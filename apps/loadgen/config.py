@@ -16,6 +16,9 @@ class LoadConfig:
     requests: int | None = None  # stop after this many requests ...
     duration_s: float | None = None  # ... or after this long (one of the two; default 1 request per stream)
     rate: float | None = None  # open loop: Poisson arrivals per second
+    ramp_s: float = (
+        0.0  # closed loop: spread the streams' first requests evenly over this long (steady arrivals)
+    )
     prompt_tokens: int = 128
     max_tokens: int = 128
     abandon_after: int | None = None  # drop each stream after K content chunks (leak tests)
@@ -38,6 +41,12 @@ class LoadConfig:
             raise SpecError("--duration must be greater than 0", param="duration")
         if self.rate is not None and self.rate <= 0:
             raise SpecError("--rate must be greater than 0", param="rate")
+        if self.ramp_s < 0:
+            raise SpecError("--ramp must be 0 or more seconds", param="ramp")
+        if self.ramp_s and self.rate is not None:
+            raise SpecError(
+                "--ramp applies to the closed loop; the open loop (--rate) has its own arrivals", param="ramp"
+            )
         if self.abandon_after is not None and self.abandon_after < 1:
             raise SpecError("--abandon-after must be at least 1", param="abandon_after")
         return self

@@ -1,6 +1,7 @@
 """`run_load(config) -> LoadReport`: closed-loop or open-loop load against an OpenAI-compatible URL.
 
-Closed loop: `concurrency` workers, each sends its next request when the previous one ends.
+Closed loop: `concurrency` workers, each sends its next request when the previous one ends (with
+`ramp_s`, the workers' first requests are spread evenly over that time instead of arriving at once).
 Open loop: Poisson arrivals at `rate` per second; at most `concurrency` in flight (an arrival that
 finds none free waits, and its TTFT counts from its scheduled arrival, so client-side backlog
 shows in the numbers instead of hiding it). Every task lives in one TaskGroup.
@@ -107,13 +108,19 @@ class _Run:
             self.in_flight -= 1
 
     async def closed_loop(self) -> None:
-        async def worker() -> None:
+        # With a ramp, worker k starts k/concurrency of the way through it: the streams' first requests
+        # arrive evenly instead of in one burst, and later ones keep that spread (steady state).
+        step = self.config.ramp_s / self.config.concurrency
+
+        async def worker(k: int) -> None:
+            if step:
+                await asyncio.sleep(k * step)
             while (index := self.next_index()) is not None:
                 await self.one(index, time.monotonic())
 
         async with asyncio.TaskGroup() as tg:
-            for _ in range(self.config.concurrency):
-                tg.create_task(worker())
+            for k in range(self.config.concurrency):
+                tg.create_task(worker(k))
 
     async def open_loop(self) -> None:
         assert self.config.rate is not None

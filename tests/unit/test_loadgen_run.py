@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import time
 from collections.abc import AsyncIterator
@@ -10,6 +11,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from apps.cli.main import main
+from apps.core.errors import SpecError
 from apps.enginesim.faults import Faults
 from apps.enginesim.server import EngineSimSettings, RunningEngine, start_enginesim
 from apps.loadgen.config import LoadConfig
@@ -64,6 +66,23 @@ async def test_open_loop_sends_the_requested_number(sim: RunningEngine) -> None:
     report = await run_load(_config(sim, concurrency=8, requests=10, rate=200.0))
     assert report.to_json()["mode"] == "open"
     assert report.to_json()["requests"]["ok"] == 10
+
+
+async def test_ramp_spreads_the_first_requests_of_the_closed_loop(sim: RunningEngine) -> None:
+    # Every request stalls 0.5 s (longer than the ramp), so each worker sends exactly one.
+    sim.set_faults(Faults(stall_s=0.5, stall_after_tokens=1))
+    report = await run_load(_config(sim, concurrency=4, requests=4, ramp_s=0.4, max_tokens=2))
+    starts = sorted(r.start for r in report.results)
+    gaps = [b - a for a, b in itertools.pairwise(starts)]
+    assert report.to_json()["requests"]["ok"] == 4
+    assert all(g >= 0.09 for g in gaps), gaps  # one every 0.1 s, not four at once
+
+
+def test_ramp_bad_values_are_refused() -> None:
+    with pytest.raises(SpecError, match="--ramp"):
+        LoadConfig(base_url="http://x", model="m", ramp_s=-1).validate()
+    with pytest.raises(SpecError, match="--ramp"):
+        LoadConfig(base_url="http://x", model="m", ramp_s=1, rate=5).validate()
 
 
 async def test_duration_mode_stops_sending(sim: RunningEngine) -> None:
