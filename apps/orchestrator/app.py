@@ -197,7 +197,7 @@ async def build_deps(settings: OrchestratorSettings) -> tuple[OrchestratorDeps, 
         raise LlmfleetError("LLMFLEET_INTERNAL_TOKEN is not set (the bearer the gateway uses)")
     spec = load_spec(settings.stack)
     pool: AsyncConnectionPool = AsyncConnectionPool(
-        settings.database_url, min_size=1, max_size=10, open=False
+        settings.database_url, min_size=1, max_size=settings.pg_pool_max, open=False
     )
     await pool.open()
     # A blocking pool: under a burst, callers wait briefly for a connection instead of

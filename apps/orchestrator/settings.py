@@ -26,6 +26,8 @@ class OrchestratorSettings(BaseSettings):
     secret_key: SecretStr = SecretStr("")
     stack: str = "dev"
     redis_max_connections: int = Field(default=200, gt=0)
+    # PostgreSQL: settles (settle_workers at a time), registrations, drains, the sweeper.
+    pg_pool_max: int = Field(default=10, gt=0)
 
     # Registration storm control: a token bucket per replica; refusals carry a retry hint
     # that spreads the refused nodes over the following seconds.

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 
+import pytest
 from redis.asyncio import Redis
 
 from apps.core.ledger.api import ReservationStatus
@@ -13,6 +14,8 @@ from apps.core.nodes import keys
 from apps.core.nodes.store import decode_hash
 from apps.core.protocol import node as proto
 from apps.core.protocol.dispatch import DISPATCH_PATH
+from apps.orchestrator.app import build_deps
+from apps.orchestrator.settings import OrchestratorSettings
 from tests.fakes.fake_node import Auto, vllm_chunk
 from tests.integration.orchestrator_env import TOKEN, Env, eventually
 
@@ -274,3 +277,21 @@ async def test_metrics_expose_queue_depth_per_catalog_model_and_live_tasks(env: 
     assert "llmfleet_orchestrator_asyncio_tasks" in text
     async with env.session.get(orch.url + "/readyz") as resp:
         assert resp.status == 200
+
+
+async def test_build_deps_sizes_the_postgres_pool_from_settings(
+    migrated_db_url: str, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("LLMFLEET_PG_POOL_MAX", "3")
+    settings = OrchestratorSettings(
+        database_url=migrated_db_url, redis_url=redis_url, secret_key="s", internal_token="t"
+    )
+    deps, pool = await build_deps(settings)
+    try:
+        assert settings.pg_pool_max == 3
+        assert pool.max_size == 3
+    finally:
+        await deps.redis.aclose()
+        await pool.close()
+    with pytest.raises(ValueError, match="pg_pool_max"):
+        OrchestratorSettings(pg_pool_max=0)
