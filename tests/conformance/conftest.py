@@ -147,7 +147,12 @@ def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineUnde
 
 @pytest.fixture(
     scope="session",
-    params=["enginesim", pytest.param("vllm", marks=pytest.mark.realvllm)],
+    # pytest-timeout counts fixture set-up: the test that starts the real vLLM may wait up to its
+    # readiness deadline on top of its own run time (the default per-test timeout is 120 s).
+    params=[
+        "enginesim",
+        pytest.param("vllm", marks=[pytest.mark.realvllm, pytest.mark.timeout(VLLM_READY_DEADLINE_S + 120)]),
+    ],
 )
 def engine(request: pytest.FixtureRequest) -> EngineUnderTest:
     server: EngineUnderTest = request.getfixturevalue(f"{request.param}_server")
