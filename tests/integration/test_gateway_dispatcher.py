@@ -4,8 +4,10 @@ stand-in on loopback, and the machine's PostgreSQL and Redis."""
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
 from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
 
 import pytest
 from aiohttp import web
@@ -117,6 +119,109 @@ async def test_connection_lost_mid_stream_is_an_oserror(
     finally:
         await dispatcher.aclose()
     assert b"".join(got) == PARTS[0]
+
+
+@dataclass
+class Scripted:
+    url: str
+    # Per request, in order: "busy" (503 JSON), "short" (whole body), "hang" (mid-body), "slow" (no head).
+    modes: list[str]
+    transports: list[int] = field(default_factory=list)  # the server-side connection of each request
+    arrived: asyncio.Event = field(default_factory=asyncio.Event)
+    gone: asyncio.Event = field(default_factory=asyncio.Event)  # a hanging request saw the disconnect
+
+
+@pytest.fixture
+async def scripted() -> AsyncIterator[Scripted]:
+    """An orchestrator stand-in scripted per request; a hanging stream waits until the gateway
+    disconnects (aiohttp then cancels the handler, as in the real orchestrator)."""
+    script = Scripted("", [])
+
+    async def dispatch(req: web.Request) -> web.StreamResponse:
+        script.transports.append(id(req.transport))
+        await req.read()
+        script.arrived.set()
+        mode = script.modes.pop(0)
+        if mode == "busy":
+            return web.json_response(
+                {"error": {"message": "no node"}}, status=503, headers={"Retry-After": "2"}
+            )
+        if mode == "short":
+            return web.Response(body=b"".join(PARTS), content_type="text/event-stream")
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        try:
+            if mode == "hang":
+                await resp.prepare(req)
+                await resp.write(PARTS[0])
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            script.gone.set()
+            raise
+        return resp
+
+    app = web.Application()
+    app.router.add_post(DISPATCH_PATH, dispatch)
+    runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    script.url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
+    try:
+        yield script
+    finally:
+        await runner.cleanup()
+
+
+async def test_error_answer_and_streams_reuse_one_keep_alive_connection(scripted: Scripted) -> None:
+    scripted.modes = ["busy", "short", "short"]
+    dispatcher = HttpDispatcher([scripted.url], "internal")
+    try:
+        busy = await dispatcher.open(request())
+        assert (busy.status, busy.headers["retry-after"]) == (503, "2")
+        assert json.loads(await busy.read_body())["error"]["message"] == "no node"
+        await busy.aclose()
+        for _ in range(2):
+            upstream = await dispatcher.open(request())
+            assert b"".join([d async for d in upstream.chunks()]) == b"".join(PARTS)
+            await upstream.aclose()
+    finally:
+        await dispatcher.aclose()
+    assert len(scripted.transports) == 3
+    assert len(set(scripted.transports)) == 1
+
+
+async def test_early_close_reaches_the_orchestrator_and_is_not_reused(scripted: Scripted) -> None:
+    scripted.modes = ["hang", "short"]
+    dispatcher = HttpDispatcher([scripted.url], "internal")
+    try:
+        upstream = await dispatcher.open(request())
+        assert await anext(upstream.chunks()) == PARTS[0]
+        await upstream.aclose()
+        async with asyncio.timeout(10):
+            await scripted.gone.wait()  # the orchestrator's handler was cancelled: it cancels on the node
+        again = await dispatcher.open(request())
+        assert await again.read_body() == b"".join(PARTS)
+        await again.aclose()
+    finally:
+        await dispatcher.aclose()
+    assert len(scripted.transports) == 2
+
+
+async def test_cancelled_open_drops_the_connection(scripted: Scripted) -> None:
+    """chat.py bounds `open()` with a timeout; a cancelled open must not leave the request running."""
+    scripted.modes = ["slow"]
+    dispatcher = HttpDispatcher([scripted.url], "internal")
+    try:
+        task = asyncio.ensure_future(dispatcher.open(request()))
+        async with asyncio.timeout(10):
+            await scripted.arrived.wait()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        async with asyncio.timeout(10):
+            await scripted.gone.wait()
+    finally:
+        await dispatcher.aclose()
 
 
 async def test_build_deps_reserves_and_cancels_on_the_autocommit_pool(

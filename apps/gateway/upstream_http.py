@@ -1,0 +1,432 @@
+"""A minimal HTTP/1.1 client over `asyncio.Protocol` and httptools, for the gateway's upstream call.
+
+Only what the dispatch call needs, on the fewest microseconds per request and per chunk: one
+`transport.write` per request, a keep-alive pool per origin (LIFO idle list), the response head
+parsed before `request()` returns, the body handed to one consumer as the pieces arrive (chunked
+framing decoded by httptools; no re-splitting, no copies) with read flow control.
+
+Connection rules: a connection goes back to the idle pool only when the message ended, the server
+allows keep-alive and the consumer read the whole body; anything else (an early `aclose()`, a parse
+error, a loss mid-body, `Connection: close`) closes it, so closing early is how the upstream learns
+that the client left. A pooled connection that turns out closed before any response byte arrived
+(the server timed it out while idle) is retried once on a fresh connection: nothing ran. Once a
+response byte arrived, nothing is retried.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import deque
+from collections.abc import Callable, Mapping
+from typing import cast
+from urllib.parse import urlsplit
+
+import httptools
+
+HIGH_WATER = 256 * 1024  # buffered body bytes above which the socket is not read any more
+LOW_WATER = 64 * 1024  # ... and below which reading resumes
+CONNECT_TIMEOUT_S = 5.0
+# Like aiohttp's keepalive_timeout: drop our idle connections before the server (aiohttp: 75 s) does,
+# which keeps the stale-connection race (and its retry) rare.
+IDLE_TIMEOUT_S = 15.0
+
+
+class Unreachable(ConnectionError):
+    """The origin refused or timed out the connection, or closed a fresh connection before any
+    response byte: the request did not run there."""
+
+
+class _NoResponse(Exception):
+    """The connection closed before any response byte (internal: retry or `Unreachable`)."""
+
+
+class HttpConnection(asyncio.Protocol):
+    """One TCP connection and the state of its current exchange (at most one at a time)."""
+
+    def __init__(self, pool: HostPool, loop: asyncio.AbstractEventLoop) -> None:
+        self._pool = pool
+        self.loop = loop
+        self._parser = httptools.HttpResponseParser(self)
+        self.transport: asyncio.Transport | None = None
+        self.lost: asyncio.Future[None] = loop.create_future()
+        self.closed = False
+        self.in_pool = False
+        self.idle_since = 0.0
+        self._active = False
+        self._head: asyncio.Future[None] | None = None
+        self._reset()
+
+    def _reset(self) -> None:
+        self._got_bytes = False
+        self._head_done = False
+        self._interim = False
+        self._until_eof = False
+        self.status = 0
+        self.headers: dict[str, str] = {}
+        self.buf: deque[bytes] = deque()
+        self.buffered = 0
+        self.waiter: asyncio.Future[None] | None = None
+        self.complete = False
+        self.keep_alive = False
+        self.error: ConnectionError | None = None
+        self.paused = False
+        self.sink: Callable[[bytes], bool] | None = None
+
+    # -- the exchange, driven by the pool and the response ---------------------------------------
+
+    async def exchange(self, data: bytes) -> None:
+        """Send one request; return once the response head is parsed (`status`, `headers`)."""
+        transport = self.transport
+        if self.closed or transport is None or transport.is_closing():
+            raise _NoResponse
+        self._reset()
+        self._active = True
+        head = self._head = self.loop.create_future()
+        try:
+            transport.write(data)
+        except (RuntimeError, OSError):  # uvloop raises on a transport closed under us
+            self.close()
+            raise _NoResponse from None
+        try:
+            await head
+        except asyncio.CancelledError:
+            self.close()  # the caller gave up: dropping the connection tells the server
+            raise
+        finally:
+            self._head = None
+        if self._head_done:
+            return
+        self.close()
+        if not self._got_bytes:
+            raise _NoResponse
+        raise self.error or ConnectionError("upstream closed the connection")
+
+    def resume(self) -> None:
+        self.paused = False
+        transport = self.transport
+        if transport is not None and not self.closed and not transport.is_closing():
+            transport.resume_reading()
+
+    def make_idle(self) -> None:
+        self._active = False
+        if self.paused:
+            self.resume()
+        self._reset()
+
+    def close(self) -> None:
+        self.keep_alive = False
+        if self.transport is not None:
+            self.transport.close()
+
+    def _wake(self) -> None:
+        waiter = self.waiter
+        if waiter is not None:
+            self.waiter = None
+            if not waiter.done():
+                waiter.set_result(None)
+
+    def _wake_head(self) -> None:
+        head = self._head
+        if head is not None and not head.done():
+            head.set_result(None)
+
+    def _fail(self, error: ConnectionError) -> None:
+        self.keep_alive = False
+        if self.complete:
+            return  # the body is whole: only the connection is unusable
+        if self.error is None:
+            self.error = error
+        self._wake()
+        self._wake_head()
+
+    # -- asyncio.Protocol ---------------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's transports do not subclass it
+
+    def data_received(self, data: bytes) -> None:
+        self._got_bytes = True
+        if not self._active:  # bytes on an idle connection: not a server we can reuse
+            self.close()
+            return
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            self._fail(ConnectionError(f"malformed upstream response: {exc}"))
+            self.close()
+
+    def eof_received(self) -> bool | None:
+        return None  # close our side too; `connection_lost` settles the exchange
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self.keep_alive = False
+        if not self.lost.done():
+            self.lost.set_result(None)
+        self._pool.forget(self)
+        if not self._active:
+            return
+        if self._head_done and self._until_eof and exc is None and not self.complete:
+            self.complete = True  # a body delimited by the end of the connection
+            self._wake()
+            return
+        reason = f": {exc}" if exc is not None else ""
+        self._fail(ConnectionError(f"upstream connection lost{reason}"))
+
+    # -- httptools callbacks (an exception here aborts `feed_data` with HttpParserCallbackError) ------
+
+    def on_message_begin(self) -> None:
+        if self.complete:  # a second response to one request: never reuse this connection
+            self.keep_alive = False
+            raise httptools.HttpParserCallbackError("unexpected response")
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.headers[name.decode("latin-1").lower()] = value.decode("latin-1")
+
+    def on_headers_complete(self) -> None:
+        status = self._parser.get_status_code()
+        if 100 <= status < 200:  # an interim response (100 Continue): wait for the real one
+            self._interim = True
+            self.headers = {}
+            return
+        self.status = status
+        self.keep_alive = self._parser.should_keep_alive()
+        headers = self.headers
+        self._until_eof = (
+            "content-length" not in headers
+            and "chunked" not in headers.get("transfer-encoding", "").lower()
+            and status not in (204, 304)
+        )
+        self._head_done = True
+        self._wake_head()
+
+    def on_body(self, body: bytes) -> None:
+        sink = self.sink
+        # Only while the consumer is parked waiting (a `waiter` exists) with nothing queued: a consumer
+        # that is busy may hold a piece it has not written yet (e.g. waiting for the client's socket
+        # to drain), and a piece written past it would overtake it.
+        if sink is not None and self.waiter is not None and not self.buf:
+            try:
+                if sink(body):
+                    return
+            except Exception:
+                self.sink = None  # a failing sink is dropped; its piece and the rest go to `chunks()`
+        self.buf.append(body)
+        self.buffered += len(body)
+        if self.buffered > HIGH_WATER and not self.paused and self.transport is not None:
+            self.paused = True
+            self.transport.pause_reading()
+        waiter = self.waiter  # `_wake`, inlined: this runs once per body piece
+        if waiter is not None:
+            self.waiter = None
+            if not waiter.done():
+                waiter.set_result(None)
+
+    def on_message_complete(self) -> None:
+        if self._interim:
+            self._interim = False
+            return
+        self.complete = True
+        self._wake()
+
+
+class HttpResponse:
+    """One response: status and lower-cased headers known, the body read with `chunks()` (the
+    object is its own iterator) or `read_body()`. Satisfies the gateway's `Upstream` Protocol."""
+
+    __slots__ = ("_conn", "_error", "_pool", "headers", "status")
+
+    def __init__(self, conn: HttpConnection, pool: HostPool) -> None:
+        self._conn: HttpConnection | None = conn
+        self._pool = pool
+        self._error: ConnectionError | None = None
+        self.status = conn.status
+        self.headers: Mapping[str, str] = conn.headers
+
+    def chunks(self) -> HttpResponse:
+        return self
+
+    def set_sink(self, sink: Callable[[bytes], bool] | None) -> None:
+        """Offer each body piece to `sink` from `data_received` while the consumer waits in `chunks()`
+        with none queued: a piece it takes (returns True) never comes out of `chunks()`, one it
+        declines does, in order (the relay writes pieces straight to the client socket this way:
+        `splice.py`). `None` stops it."""
+        if self._conn is not None:
+            self._conn.sink = sink
+
+    def __aiter__(self) -> HttpResponse:
+        return self
+
+    async def __anext__(self) -> bytes:
+        # The relay's per-chunk path: a buffered piece is returned without a future or a lookup.
+        conn = self._conn
+        while conn is not None:
+            buf = conn.buf
+            if buf:
+                data = buf.popleft()
+                conn.buffered -= len(data)
+                if conn.paused and conn.buffered <= LOW_WATER:
+                    conn.resume()
+                return data
+            if conn.error is not None:
+                self._error = conn.error
+                self._finish(conn, reuse=False)
+                break
+            if conn.complete:
+                self._finish(conn, reuse=True)
+                break
+            waiter = conn.waiter = conn.loop.create_future()
+            await waiter
+        if self._error is not None:
+            raise ConnectionError(*self._error.args)
+        raise StopAsyncIteration
+
+    async def read_body(self) -> bytes:
+        return b"".join([data async for data in self])
+
+    async def aclose(self) -> None:
+        """Before the consumer read the whole body this drops the connection: the server sees the
+        disconnect (the orchestrator cancels the request on the node)."""
+        conn = self._conn
+        if conn is not None:
+            self._finish(conn, reuse=False)
+
+    def _finish(self, conn: HttpConnection, *, reuse: bool) -> None:
+        self._conn = None
+        self._pool.release(conn, reuse=reuse)
+
+
+class HostPool:
+    """Keep-alive connections to one `http://host[:port]` origin, at most `limit` in use at a time
+    (`slots`, when given, is a limit shared with other pools: aiohttp's connector-wide limit)."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        limit: int = 2000,
+        slots: asyncio.Semaphore | None = None,
+        connect_timeout_s: float = CONNECT_TIMEOUT_S,
+        idle_timeout_s: float = IDLE_TIMEOUT_S,
+    ) -> None:
+        parts = urlsplit(url)
+        if parts.scheme != "http" or not parts.hostname:
+            raise ValueError(f"only http://host[:port] upstream URLs are supported, got {url!r}")
+        self.host = parts.hostname
+        self.port = parts.port or 80
+        self.base_path = parts.path.rstrip("/")
+        self._host_header = parts.netloc.rsplit("@", 1)[-1]
+        self._limit = limit
+        self._slots = slots if slots is not None else asyncio.Semaphore(limit)
+        self._connect_timeout_s = connect_timeout_s
+        self._idle_timeout_s = idle_timeout_s
+        self._idle: list[HttpConnection] = []
+        self._conns: set[HttpConnection] = set()
+        self._closed = False
+
+    def head(self, method: str, path: str, headers: Mapping[str, str]) -> bytes:
+        """The request head up to the `Content-Length` value (a caller sending many requests with the
+        same headers encodes this once); `Host` and `Content-Length` are ours, not from `headers`."""
+        for text in (method, path, *headers.keys(), *headers.values()):
+            if "\r" in text or "\n" in text:
+                raise ValueError("CR or LF inside a request line or header")
+        lines = [f"{method} {path} HTTP/1.1\r\nHost: {self._host_header}\r\n"]
+        lines += [f"{name}: {value}\r\n" for name, value in headers.items()]
+        lines.append("Content-Length: ")
+        return "".join(lines).encode("latin-1")
+
+    async def request(self, method: str, path: str, headers: Mapping[str, str], body: bytes) -> HttpResponse:
+        """Send one request; return once the status line and headers arrived. Raises `Unreachable`
+        when the request surely did not run here, `ConnectionError` when the response broke off."""
+        return await self.send(self.head(method, path, headers), body)
+
+    async def send(self, head: bytes, body: bytes) -> HttpResponse:
+        """`request` with the head already encoded by `head()`; the request goes out in one write."""
+        if self._closed:
+            raise Unreachable("the pool is closed")
+        data = b"%b%d\r\n\r\n%b" % (head, len(body), body)
+        await self._slots.acquire()
+        try:
+            conn = self._pop_idle()
+            if conn is not None:
+                try:
+                    await conn.exchange(data)
+                    return HttpResponse(conn, self)
+                except _NoResponse:
+                    pass  # the server closed it while idle: nothing ran, retry once on a fresh one
+            conn = await self._connect()
+            try:
+                await conn.exchange(data)
+            except _NoResponse:
+                raise Unreachable(f"{self._host_header} closed the connection before answering") from None
+            return HttpResponse(conn, self)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def _pop_idle(self) -> HttpConnection | None:
+        idle = self._idle
+        while idle:
+            conn = idle.pop()
+            conn.in_pool = False
+            if conn.closed:
+                continue
+            if conn.loop.time() - conn.idle_since > self._idle_timeout_s:
+                # LIFO: every connection below this one has been idle even longer.
+                conn.close()
+                for old in idle:
+                    old.in_pool = False
+                    old.close()
+                idle.clear()
+                return None
+            return conn
+        return None
+
+    async def _connect(self) -> HttpConnection:
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(self._connect_timeout_s):
+                _, conn = await loop.create_connection(
+                    lambda: HttpConnection(self, loop), self.host, self.port
+                )
+        except (OSError, TimeoutError) as exc:
+            raise Unreachable(f"{self._host_header}: {exc!r}") from exc
+        self._conns.add(conn)
+        return conn
+
+    def release(self, conn: HttpConnection, *, reuse: bool) -> None:
+        """The exchange on `conn` is over: back to the idle list, or closed."""
+        self._slots.release()
+        if (
+            reuse
+            and conn.keep_alive
+            and not conn.closed
+            and not self._closed
+            and len(self._idle) < self._limit
+        ):
+            conn.make_idle()
+            conn.idle_since = conn.loop.time()
+            conn.in_pool = True
+            self._idle.append(conn)
+        else:
+            conn.close()
+
+    def forget(self, conn: HttpConnection) -> None:
+        """`conn` is gone (called from `connection_lost`)."""
+        self._conns.discard(conn)
+        if conn.in_pool:
+            conn.in_pool = False
+            with contextlib.suppress(ValueError):
+                self._idle.remove(conn)
+
+    async def aclose(self) -> None:
+        """Close every connection (a response still being read then fails with `ConnectionError`)."""
+        self._closed = True
+        self._idle.clear()
+        conns = list(self._conns)
+        for conn in conns:
+            conn.in_pool = False
+            conn.close()
+        if conns:
+            await asyncio.wait([c.lost for c in conns], timeout=1.0)

@@ -1,0 +1,530 @@
+"""The raw-protocol upstream client (`apps.gateway.upstream_http`) and the dispatcher on top of it,
+against small raw asyncio HTTP servers on loopback that script each exchange byte for byte."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+
+import pytest
+
+from apps.core.protocol.dispatch import DISPATCH_PATH, DispatchRequest
+from apps.gateway.dispatcher import HttpDispatcher
+from apps.gateway.ports import DispatchUnavailable
+from apps.gateway.upstream_http import HIGH_WATER, HostPool, HttpResponse, Unreachable
+
+HEAD_CHUNKED = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+PIECES = [b'data: {"choices":[{"delta":{"content":"a"}}]}\n\n', b"data: \r\n0\r\n\n\n", b"data: [DONE]\n\n"]
+
+
+def chunk(data: bytes) -> bytes:
+    return b"%x\r\n%b\r\n" % (len(data), data)
+
+
+@dataclass
+class Request:
+    head: bytes
+    body: bytes
+    conn: int  # which server-side connection (1, 2, ...) it came on
+
+
+@dataclass
+class Conn:
+    number: int
+    reader: asyncio.StreamReader
+    writer: asyncio.StreamWriter
+
+    async def wait_disconnect(self) -> None:
+        """Returns when the client closed the connection (EOF or reset)."""
+        with contextlib.suppress(ConnectionError):
+            while await self.reader.read(65536):
+                pass
+
+
+Handler = Callable[[Request, Conn], Awaitable[bool]]  # True: keep the connection for the next request
+
+
+@dataclass
+class RawServer:
+    handler: Handler
+    requests: list[Request] = field(default_factory=list)
+    conns: list[Conn] = field(default_factory=list)
+    port: int = 0
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        conn = Conn(len(self.conns) + 1, reader, writer)
+        self.conns.append(conn)
+        try:
+            while True:
+                try:
+                    head = await reader.readuntil(b"\r\n\r\n")
+                except (asyncio.IncompleteReadError, ConnectionError):
+                    return  # the client closed the connection
+                length = 0
+                for line in head.split(b"\r\n"):
+                    name, _, value = line.partition(b":")
+                    if name.strip().lower() == b"content-length":
+                        length = int(value)
+                req = Request(head, await reader.readexactly(length), conn.number)
+                self.requests.append(req)
+                if not await self.handler(req, conn):
+                    return
+        finally:
+            writer.close()
+
+
+@contextlib.asynccontextmanager
+async def raw_server(handler: Handler) -> AsyncIterator[RawServer]:
+    server = RawServer(handler)
+    listener = await asyncio.start_server(server.serve, "127.0.0.1", 0)
+    server.port = listener.sockets[0].getsockname()[1]
+    try:
+        yield server
+    finally:
+        listener.close()
+        for conn in server.conns:
+            conn.writer.close()
+        await listener.wait_closed()
+
+
+async def poll_until(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
+    """Poll with a deadline (for state that has no event to wait on)."""
+    async with asyncio.timeout(timeout):
+        while not predicate():
+            await asyncio.sleep(0.005)
+
+
+async def streaming(req: Request, conn: Conn) -> bool:
+    conn.writer.write(HEAD_CHUNKED + b"".join(chunk(p) for p in PIECES) + b"0\r\n\r\n")
+    await conn.writer.drain()
+    return True
+
+
+async def get(pool: HostPool, body: bytes = b"{}") -> HttpResponse:
+    return await pool.request("POST", "/x", {"Authorization": "Bearer t"}, body)
+
+
+async def test_chunked_body_arrives_piecewise_and_byte_identical() -> None:
+    acks: asyncio.Queue[None] = asyncio.Queue()
+
+    async def lockstep(req: Request, conn: Conn) -> bool:
+        conn.writer.write(HEAD_CHUNKED)
+        for piece in PIECES:  # one piece per write, the next only once the client got this one
+            conn.writer.write(chunk(piece))
+            await acks.get()
+        conn.writer.write(b"0\r\n\r\n")
+        return True
+
+    async with raw_server(lockstep) as server:
+        pool = HostPool(server.url)
+        try:
+            response = await get(pool, b'{"a":1}')
+            assert response.status == 200
+            assert response.headers["content-type"] == "text/event-stream"
+            got = []
+            async for data in response.chunks():
+                got.append(data)
+                acks.put_nowait(None)
+            await response.aclose()
+        finally:
+            await pool.aclose()
+    assert got == PIECES
+    head = server.requests[0].head
+    assert head.startswith(b"POST /x HTTP/1.1\r\n")
+    assert b"\r\nAuthorization: Bearer t\r\n" in head
+    assert b"\r\nContent-Length: 7\r\n" in head
+    assert server.requests[0].body == b'{"a":1}'
+
+
+async def test_content_length_body_and_keep_alive_reuse() -> None:
+    body = b'{"error":{"message":"no node"}}'
+
+    async def answer(req: Request, conn: Conn) -> bool:
+        head = b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: 3\r\nContent-Length: %d\r\n\r\n" % len(body)
+        conn.writer.write(head + body[:10])
+        await conn.writer.drain()
+        conn.writer.write(body[10:])
+        return True
+
+    async with raw_server(answer) as server:
+        pool = HostPool(server.url)
+        try:
+            first = await get(pool)
+            assert (first.status, first.headers["retry-after"]) == (503, "3")
+            assert await first.read_body() == body
+            await first.aclose()
+            second = await get(pool)
+            assert b"".join([d async for d in second.chunks()]) == body
+            await second.aclose()
+        finally:
+            await pool.aclose()
+    assert [r.conn for r in server.requests] == [1, 1]  # two sequential requests, one connection
+    assert len(server.conns) == 1
+
+
+async def test_early_aclose_drops_the_connection_and_it_is_not_reused() -> None:
+    seen_gone = asyncio.Event()
+
+    async def endless(req: Request, conn: Conn) -> bool:
+        if req.conn == 2:
+            return await streaming(req, conn)
+        conn.writer.write(HEAD_CHUNKED + chunk(PIECES[0]))  # ... and the rest never comes
+        await conn.wait_disconnect()
+        seen_gone.set()
+        return False
+
+    async with raw_server(endless) as server:
+        pool = HostPool(server.url)
+        try:
+            response = await get(pool)
+            assert await anext(response.chunks()) == PIECES[0]
+            await response.aclose()
+            async with asyncio.timeout(10):
+                await seen_gone.wait()  # the server saw the disconnect: the orchestrator cancels
+            again = await get(pool)
+            assert await again.read_body() == b"".join(PIECES)
+        finally:
+            await pool.aclose()
+    assert [r.conn for r in server.requests] == [1, 2]
+
+
+@pytest.mark.parametrize("framing", ["chunked", "content-length"])
+async def test_connection_lost_mid_body_is_a_connection_error(framing: str) -> None:
+    async def dies(req: Request, conn: Conn) -> bool:
+        if framing == "chunked":
+            conn.writer.write(HEAD_CHUNKED + chunk(PIECES[0]))
+        else:
+            conn.writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\n" + PIECES[0])
+        await conn.writer.drain()
+        return False  # the server closes the connection mid-body
+
+    async with raw_server(dies) as server:
+        pool = HostPool(server.url)
+        try:
+            response = await get(pool)
+            chunks = response.chunks()
+            assert await anext(chunks) == PIECES[0]
+            with pytest.raises(ConnectionError):
+                await anext(chunks)
+            with pytest.raises(ConnectionError):  # and stays failed
+                await anext(chunks)
+            await response.aclose()
+        finally:
+            await pool.aclose()
+
+
+async def test_body_until_close_ends_cleanly_and_connection_close_is_honoured() -> None:
+    async def close_delimited(req: Request, conn: Conn) -> bool:
+        conn.writer.write(b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n" + PIECES[0])
+        await conn.writer.drain()
+        return False
+
+    async with raw_server(close_delimited) as server:
+        pool = HostPool(server.url)
+        try:
+            for _ in range(2):
+                response = await get(pool)
+                assert await response.read_body() == PIECES[0]
+        finally:
+            await pool.aclose()
+    assert [r.conn for r in server.requests] == [1, 2]
+
+
+async def test_stale_pooled_connection_is_retried_once_on_a_fresh_one() -> None:
+    async def idle_timeout(req: Request, conn: Conn) -> bool:
+        if len(server.requests) == 2:
+            return False  # closes the kept-alive connection instead of answering: nothing ran
+        return await streaming(req, conn)
+
+    async with raw_server(idle_timeout) as server:
+        pool = HostPool(server.url)
+        try:
+            first = await get(pool, b"1")
+            assert await first.read_body() == b"".join(PIECES)
+            second = await get(pool, b"2")
+            assert await second.read_body() == b"".join(PIECES)
+        finally:
+            await pool.aclose()
+    assert [(r.conn, r.body) for r in server.requests] == [(1, b"1"), (1, b"2"), (2, b"2")]
+
+
+async def test_stale_then_fresh_closed_is_unreachable_and_retried_only_once() -> None:
+    async def closes_after_first(req: Request, conn: Conn) -> bool:
+        return len(server.requests) == 1 and await streaming(req, conn)
+
+    async with raw_server(closes_after_first) as server:
+        pool = HostPool(server.url)
+        try:
+            assert await (await get(pool)).read_body() == b"".join(PIECES)
+            with pytest.raises(Unreachable):
+                await get(pool)
+        finally:
+            await pool.aclose()
+    assert [r.conn for r in server.requests] == [1, 1, 2]
+
+
+async def test_no_retry_once_a_response_byte_arrived() -> None:
+    async def half_a_head(req: Request, conn: Conn) -> bool:
+        if len(server.requests) == 1:
+            return await streaming(req, conn)
+        conn.writer.write(b"HTTP/1.1 200 OK\r\nContent-")
+        await conn.writer.drain()
+        return False
+
+    async with raw_server(half_a_head) as server:
+        pool = HostPool(server.url)
+        try:
+            assert await (await get(pool)).read_body() == b"".join(PIECES)
+            with pytest.raises(ConnectionError) as info:
+                await get(pool)
+            assert not isinstance(info.value, Unreachable)
+        finally:
+            await pool.aclose()
+    assert [r.conn for r in server.requests] == [1, 1]  # never sent again
+
+
+async def test_malformed_response_is_a_connection_error_and_the_connection_is_dropped() -> None:
+    gone = asyncio.Event()
+
+    async def garbage(req: Request, conn: Conn) -> bool:
+        conn.writer.write(HEAD_CHUNKED + b"zz\r\nnot a chunk\r\n")
+        await conn.writer.drain()
+        await conn.wait_disconnect()
+        gone.set()
+        return False
+
+    async with raw_server(garbage) as server:
+        pool = HostPool(server.url)
+        try:
+            response = await get(pool)
+            with pytest.raises(ConnectionError):
+                await response.read_body()
+            async with asyncio.timeout(10):
+                await gone.wait()
+        finally:
+            await pool.aclose()
+    assert len(server.requests) == 1
+
+
+async def test_flow_control_pauses_reading_and_resumes() -> None:
+    total = 32 * 1024 * 1024  # far more than the high-water mark plus the kernel's socket buffers
+    block = bytes(range(256)) * 256
+    sent_all = asyncio.Event()
+    writers: list[asyncio.StreamWriter] = []
+
+    async def firehose(req: Request, conn: Conn) -> bool:
+        writers.append(conn.writer)
+        conn.writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % total)
+        for _ in range(total // len(block)):
+            conn.writer.write(block)
+            await conn.writer.drain()
+        sent_all.set()
+        return True
+
+    async with raw_server(firehose) as server:
+        pool = HostPool(server.url)
+        try:
+            response = await get(pool)
+            conn = response._conn
+            assert conn is not None
+            await poll_until(lambda: conn.paused)
+            # The client stopped reading: the server's own buffer fills and its drain() blocks.
+            await poll_until(lambda: writers[0].transport.get_write_buffer_size() > 0)
+            assert HIGH_WATER < conn.buffered <= HIGH_WATER + 512 * 1024
+            assert not sent_all.is_set()
+            received = 0
+            async for data in response.chunks():
+                received += len(data)
+            assert conn.paused is False
+            async with asyncio.timeout(10):
+                await sent_all.wait()
+        finally:
+            await pool.aclose()
+    assert received == total
+
+
+async def test_a_sink_takes_pieces_in_order_and_declined_ones_come_out_of_chunks() -> None:
+    pieces = [b"data: %d\n\n" % i for i in range(6)]
+    acks: asyncio.Queue[None] = asyncio.Queue()
+
+    async def lockstep(req: Request, conn: Conn) -> bool:
+        conn.writer.write(HEAD_CHUNKED)
+        await acks.get()  # the sink is set
+        for piece in pieces:
+            conn.writer.write(chunk(piece))
+            await acks.get()
+        conn.writer.write(b"0\r\n\r\n")
+        return True
+
+    taken: list[bytes] = []
+
+    def sink(data: bytes) -> bool:
+        if data == pieces[2]:
+            return False  # e.g. the client is slow: this one goes through `chunks()`
+        if data == pieces[4]:
+            raise RuntimeError("a broken sink is dropped, not fatal")
+        taken.append(data)
+        acks.put_nowait(None)
+        return True
+
+    async with raw_server(lockstep) as server:
+        pool = HostPool(server.url)
+        try:
+            response = await get(pool)
+            response.set_sink(sink)
+            acks.put_nowait(None)
+            got = []
+            async for data in response.chunks():
+                got.append(data)
+                acks.put_nowait(None)
+            await response.aclose()
+        finally:
+            await pool.aclose()
+    assert taken == [pieces[0], pieces[1], pieces[3]]
+    assert got == [pieces[2], pieces[4], pieces[5]]
+    assert len(server.requests) == 1
+
+
+async def test_a_sink_is_not_offered_pieces_while_the_consumer_is_busy() -> None:
+    """A consumer between two reads may still hold a piece it has not written (waiting for its
+    client's socket to drain); a piece handed to the sink then would overtake it."""
+    pieces = [b"data: %d\n\n" % i for i in range(3)]
+    acks: asyncio.Queue[None] = asyncio.Queue()
+
+    async def lockstep(req: Request, conn: Conn) -> bool:
+        conn.writer.write(HEAD_CHUNKED)
+        for piece in pieces:
+            await acks.get()
+            conn.writer.write(chunk(piece))
+        await acks.get()
+        conn.writer.write(b"0\r\n\r\n")
+        return True
+
+    taken: list[bytes] = []
+
+    def sink(data: bytes) -> bool:
+        taken.append(data)
+        return True
+
+    async def queued(response: HttpResponse, n: int) -> None:
+        conn = response._conn
+        assert conn is not None
+        async with asyncio.timeout(10):
+            while len(conn.buf) < n:
+                await asyncio.sleep(0.001)
+
+    async with raw_server(lockstep) as server:
+        pool = HostPool(server.url)
+        try:
+            response = await get(pool)
+            response.set_sink(sink)
+            it = response.chunks()
+            acks.put_nowait(None)
+            await queued(response, 1)  # nobody waiting in chunks(): queued, not sunk
+            got = [await anext(it)]
+            acks.put_nowait(None)  # the consumer is busy with piece 0 (not waiting)
+            await queued(response, 1)
+            assert taken == []
+            got.append(await anext(it))
+            waiting = asyncio.ensure_future(anext(it))  # now it waits: the next piece is sunk
+            await asyncio.sleep(0)
+            acks.put_nowait(None)
+            acks.put_nowait(None)  # and the end of the body
+            with pytest.raises(StopAsyncIteration):
+                await waiting
+            await response.aclose()
+        finally:
+            await pool.aclose()
+    assert got == pieces[:2]
+    assert taken == [pieces[2]]
+
+
+async def test_the_limit_bounds_connections_in_use() -> None:
+    async def read(pool: HostPool) -> bytes:
+        response = await get(pool)
+        try:
+            return await response.read_body()
+        finally:
+            await response.aclose()
+
+    async with raw_server(streaming) as server:
+        pool = HostPool(server.url, limit=1)
+        try:
+            bodies = await asyncio.gather(*(read(pool) for _ in range(5)))
+        finally:
+            await pool.aclose()
+    assert bodies == [b"".join(PIECES)] * 5
+    assert len(server.conns) == 1  # unbounded, the five would have opened five connections at once
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def dispatch_request() -> DispatchRequest:
+    return DispatchRequest(request_id="r-12345678", team_id=1, model="m", body={"messages": []})
+
+
+async def test_dispatcher_skips_a_refusing_replica_and_none_reachable_is_unavailable() -> None:
+    async with raw_server(streaming) as server:
+        dead = f"http://127.0.0.1:{closed_port()}"
+        dispatcher = HttpDispatcher([dead, server.url + "/"], "internal")
+        try:
+            for _ in range(2):  # whichever replica the rotation starts with, the live one answers
+                upstream = await dispatcher.open(dispatch_request())
+                assert await upstream.read_body() == b"".join(PIECES)
+                await upstream.aclose()
+        finally:
+            await dispatcher.aclose()
+    assert len(server.requests) == 2
+    assert server.requests[0].head.startswith(f"POST {DISPATCH_PATH} HTTP/1.1\r\n".encode())
+    assert b"\r\nAuthorization: Bearer internal\r\n" in server.requests[0].head
+    assert DispatchRequest.model_validate_json(server.requests[0].body) == dispatch_request()
+    nobody = HttpDispatcher([dead, f"http://127.0.0.1:{closed_port()}"], "internal")
+    try:
+        with pytest.raises(DispatchUnavailable):
+            await nobody.open(dispatch_request())
+    finally:
+        await nobody.aclose()
+
+
+@pytest.mark.parametrize("url", ["https://orchestrator:8443", "orchestrator:8080", "ws://x"])
+def test_only_http_urls_are_accepted(url: str) -> None:
+    with pytest.raises(ValueError, match="http://"):
+        HttpDispatcher([url], "internal")
+
+
+def test_header_injection_is_refused() -> None:
+    with pytest.raises(ValueError, match="CR or LF"):
+        HttpDispatcher(["http://127.0.0.1:1"], "tok\r\nX-Evil: 1")
+
+
+UVLOOP_SCENARIOS: list[Callable[[], Awaitable[None]]] = [
+    test_chunked_body_arrives_piecewise_and_byte_identical,
+    test_content_length_body_and_keep_alive_reuse,
+    test_early_aclose_drops_the_connection_and_it_is_not_reused,
+    lambda: test_connection_lost_mid_body_is_a_connection_error("chunked"),
+    test_body_until_close_ends_cleanly_and_connection_close_is_honoured,
+    test_stale_pooled_connection_is_retried_once_on_a_fresh_one,
+    test_no_retry_once_a_response_byte_arrived,
+    test_flow_control_pauses_reading_and_resumes,
+    test_dispatcher_skips_a_refusing_replica_and_none_reachable_is_unavailable,
+]
+
+
+@pytest.mark.parametrize("scenario", UVLOOP_SCENARIOS, ids=lambda f: getattr(f, "__name__", "lost"))
+def test_the_same_under_uvloop(scenario: Callable[[], Awaitable[None]]) -> None:
+    """The gateway runs on uvloop, whose transports differ from the stdlib's (they do not subclass
+    asyncio.Transport; writing to a closed one raises)."""
+    uvloop = pytest.importorskip("uvloop")
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        runner.run(scenario())  # type: ignore[arg-type]
