@@ -184,7 +184,7 @@ async def bench(args: argparse.Namespace) -> dict[str, object]:
         }
         for name, (port, _pid) in modes.items():
             if name != "direct":  # warm-up: connection pools, key cache, prepared statements
-                await one_round(port, raws[name], 20 * max(workers), 2, 0.0)
+                await one_round(port, raws[name], 20 * max(workers, default=1), 2, 0.0)
         stagger = args.tokens * args.token_interval_ms / 1000
         ttfts: dict[str, list[float]] = {m: [] for m in modes}
         errors = dict.fromkeys(modes, 0)

@@ -7,7 +7,6 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
@@ -19,10 +18,11 @@ from apps.gateway.chat import ChatHandler
 from apps.gateway.deps import GatewayDeps
 from apps.gateway.metrics import GatewayMetrics
 from apps.gateway.settings import GatewaySettings
+from apps.gateway.splice import GatewayApp
 from apps.gateway.usage import usage_route
 
 
-def create_app(settings: GatewaySettings, deps: GatewayDeps) -> Starlette:
+def create_app(settings: GatewaySettings, deps: GatewayDeps) -> GatewayApp:
     metrics = GatewayMetrics(deps.registry)
     chat = ChatHandler(settings, deps, metrics)
 
@@ -54,7 +54,7 @@ def create_app(settings: GatewaySettings, deps: GatewayDeps) -> Starlette:
         return JSONResponse(exc.envelope(), status_code=exc.status, headers=headers)
 
     @asynccontextmanager
-    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+    async def lifespan(app: GatewayApp) -> AsyncIterator[None]:
         try:
             yield
         finally:
@@ -70,4 +70,4 @@ def create_app(settings: GatewaySettings, deps: GatewayDeps) -> Starlette:
         Route("/metrics", metrics_view, methods=["GET"]),
         *admin_routes(settings, deps),
     ]
-    return Starlette(routes=routes, exception_handlers={LlmfleetError: on_error}, lifespan=lifespan)
+    return GatewayApp(routes=routes, exception_handlers={LlmfleetError: on_error}, lifespan=lifespan)

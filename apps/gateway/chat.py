@@ -333,6 +333,10 @@ class ChatHandler:
             self._m.ttft.labels(ex.model).observe(outcome.first_byte_at - ex.started)
         if outcome.completion_tokens is not None:
             self._m.output_tokens.labels(ex.model).inc(outcome.completion_tokens)
+        if outcome.direct_chunks:
+            self._m.relayed_chunks.labels("direct").inc(outcome.direct_chunks)
+        if outcome.asgi_chunks:
+            self._m.relayed_chunks.labels("asgi").inc(outcome.asgi_chunks)
         self._log(ex, ended=outcome.ended, completion_tokens=outcome.completion_tokens)
 
     async def _finish(self, ex: Exchange, *, cancel_reservation: bool) -> None:

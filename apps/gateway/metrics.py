@@ -56,5 +56,12 @@ class GatewayMetrics:
         )
         self.live_tasks = Gauge("llmfleet_gateway_asyncio_tasks", "Live asyncio tasks", registry=registry)
         self.live_tasks.set_function(_live_tasks)
+        self.relayed_chunks = Counter(
+            "llmfleet_gateway_relayed_chunks",
+            "Upstream reads relayed to clients, by path: direct (written from the upstream socket's "
+            "callback) or asgi (through send: first read, slow or departing clients)",
+            ["path"],
+            registry=registry,
+        )
         self.redis_errors = Counter("llmfleet_gateway_redis_errors", "Redis failures", registry=registry)
         self.pg_errors = Counter("llmfleet_gateway_postgres_errors", "PostgreSQL failures", registry=registry)

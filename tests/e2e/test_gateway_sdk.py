@@ -219,13 +219,15 @@ async def test_non_streaming_client_that_leaves_stops_the_request_and_settles_wh
         await poll(stopped, "the upstream requests closed")
         await poll(lambda: _scard_zero(env, "1"), "stream slots released")
 
+        rows: list[tuple[str, int]] = []
+
         async def settled() -> bool:
             async with env.pool.connection() as conn:
-                row = await (
-                    await conn.execute(
-                        "SELECT count(*) FILTER (WHERE status = 'settled'), max(completion_tokens) FROM usage_ledger"
-                    )
-                ).fetchone()
-            return row is not None and row[0] == 5 and 0 < row[1] < 5000
+                cur = await conn.execute("SELECT status::text, completion_tokens FROM usage_ledger")
+                rows[:] = await cur.fetchall()
+            return [s for s, _ in rows] == ["settled"] * 5 and 0 < max(t for _, t in rows) < 5000
 
-        await poll(settled, "five rows settled with the tokens produced before the client left")
+        try:
+            await poll(settled, "five rows settled with the tokens produced before the client left")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; rows: {rows}") from None
