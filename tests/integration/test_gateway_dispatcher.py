@@ -17,6 +17,7 @@ from apps.gateway.dispatcher import HttpDispatcher
 from apps.gateway.ports import DispatchUnavailable
 from apps.gateway.settings import GatewaySettings
 from apps.gateway.wiring import build_deps
+from tests.fakes.web_server import serve_app
 
 PARTS = [b'data: {"choices":[{"delta":{"content":"a"}}]}\n\n', b"data: [DONE]\n\n"]
 
@@ -51,15 +52,8 @@ async def orchestrator() -> AsyncIterator[tuple[str, list[dict[str, object]], as
 
     app = web.Application()
     app.router.add_post(DISPATCH_PATH, dispatch)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    try:
-        yield f"http://127.0.0.1:{port}", seen, cut
-    finally:
-        await runner.cleanup()
+    async with serve_app(app) as url:
+        yield url, seen, cut
 
 
 async def test_stream_relayed_in_order_with_token(
@@ -161,15 +155,9 @@ async def scripted() -> AsyncIterator[Scripted]:
 
     app = web.Application()
     app.router.add_post(DISPATCH_PATH, dispatch)
-    runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    script.url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
-    try:
+    async with serve_app(app, handler_cancellation=True) as url:
+        script.url = url
         yield script
-    finally:
-        await runner.cleanup()
 
 
 async def test_error_answer_and_streams_reuse_one_keep_alive_connection(scripted: Scripted) -> None:

@@ -20,6 +20,7 @@ from apps.core.protocol.dispatch import DISPATCH_PATH
 from apps.gateway import splice
 from apps.gateway.dispatcher import HttpDispatcher
 from tests.fakes.fake_gateway import GatewayEnv, gateway_env
+from tests.fakes.web_server import serve_app
 
 MODEL = "llama-3.1-8b-instruct"
 
@@ -62,15 +63,9 @@ async def upstream() -> AsyncIterator[Upstream]:
 
     app = web.Application()
     app.router.add_post(DISPATCH_PATH, dispatch)
-    runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    state.url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
-    try:
+    async with serve_app(app, handler_cancellation=True) as url:
+        state.url = url
         yield state
-    finally:
-        await runner.cleanup()
 
 
 def _factory(up: Upstream) -> Callable[[Any, Any], Any]:
