@@ -106,6 +106,29 @@ async def test_reserve_settle_once_cancel(ledger: Env) -> None:
     assert await lg.stale_reservations(old + timedelta(seconds=5)) == ["r4"]
 
 
+@pytest.mark.parametrize(
+    ("prompt", "completion"), [(0, 0), (1, 0), (0, 1), (7, 13), (999_999, 1), (12_345, 67_890)]
+)
+async def test_settle_cost_is_rounded_up_like_cost_microcredits(
+    ledger: Env, prompt: int, completion: int
+) -> None:
+    """The settle statement computes the cost in SQL; it must match the Python rule to the microcredit."""
+    _, teams, pool = ledger
+    odd = PgLedger(
+        pool, {"odd": Prices(prompt_per_million_microcredits=3, completion_per_million_microcredits=7)}
+    )
+    team = await teams.create_team("t")
+    await teams.add_credits(team.id, 10**12)
+    await odd.reserve(
+        request_id="r", team_id=team.id, key_id=None, model="odd", estimated_prompt_tokens=1, max_tokens=1
+    )
+    result = await odd.settle("r", prompt, completion)
+    assert result.outcome is SettleOutcome.SETTLED
+    assert result.cost_microcredits == cost_microcredits(prompt, completion, 3, 7)
+    assert (result.prompt_tokens, result.completion_tokens) == (prompt, completion)
+    assert await invariants(pool, team.id) == (10**12 - result.cost_microcredits, result.cost_microcredits)
+
+
 async def test_settle_above_balance_never_goes_negative(ledger: Env) -> None:
     lg, teams, pool = ledger
     team = await teams.create_team("t")

@@ -51,6 +51,39 @@ SELECT t.balance_microcredits, t.reserved_microcredits, (SELECT count(*) FROM in
 FROM (SELECT 1) AS one LEFT JOIN teams t ON t.id = %(team)s
 """
 
+# Settle exactly once, in one statement: the cost (rounded up like `cost_microcredits`) is charged
+# up to the balance (the rest is recorded as uncharged: the balance never goes negative), the
+# reservation is released, the row becomes `settled`. No row back: unknown request; `final`:
+# it was settled or cancelled already (by this statement's snapshot or a concurrent one).
+_SETTLE = """
+WITH r AS (
+    SELECT team_id, estimated_cost_microcredits AS est,
+           (%(p)s::bigint * prompt_price_per_million + %(c)s::bigint * completion_price_per_million
+            + 999999) / 1000000 AS cost
+    FROM usage_ledger WHERE request_id = %(rid)s AND status = 'reserved'
+    FOR UPDATE
+), t AS (
+    SELECT teams.id, r.est, r.cost, LEAST(r.cost, teams.balance_microcredits) AS charged
+    FROM teams JOIN r ON teams.id = r.team_id
+    FOR UPDATE OF teams
+), debited AS (
+    UPDATE teams SET balance_microcredits = teams.balance_microcredits - t.charged,
+                     reserved_microcredits = teams.reserved_microcredits - t.est
+    FROM t WHERE teams.id = t.id
+    RETURNING 1
+), settled AS (
+    UPDATE usage_ledger SET status = 'settled', prompt_tokens = %(p)s, completion_tokens = %(c)s,
+           cost_microcredits = t.charged, uncharged_microcredits = t.cost - t.charged, finalized_at = now()
+    FROM t WHERE usage_ledger.request_id = %(rid)s
+    RETURNING usage_ledger.team_id, usage_ledger.key_id, usage_ledger.model, t.charged
+)
+SELECT 'settled', team_id, key_id, model, charged FROM settled
+UNION ALL
+SELECT 'final', team_id, key_id, model, 0 FROM usage_ledger
+WHERE request_id = %(rid)s AND NOT EXISTS (SELECT 1 FROM settled)
+"""
+
+
 _CANCEL = """
 WITH done AS (
     UPDATE usage_ledger SET status = 'cancelled', finalized_at = now()
@@ -118,38 +151,18 @@ class PgLedger:
 
     async def settle(self, request_id: str, prompt_tokens: int, completion_tokens: int) -> SettleResult:
         prompt_tokens, completion_tokens = max(prompt_tokens, 0), max(completion_tokens, 0)
+        params = {"rid": request_id, "p": prompt_tokens, "c": completion_tokens}
         async with self._pool.connection() as conn, conn.transaction():
-            cur = await conn.execute(
-                "SELECT team_id, key_id, model, prompt_price_per_million, completion_price_per_million, status, "
-                "estimated_cost_microcredits "
-                "FROM usage_ledger WHERE request_id = %s FOR UPDATE",
-                (request_id,),
-            )
+            # One statement (BEGIN and COMMIT around it): lock the reserved row, then the team's row,
+            # debit, finalise. A concurrent settle of the same request waits for the row lock and then
+            # finds it no longer `reserved` (PostgreSQL re-checks the condition on the new version).
+            cur = await conn.execute(_SETTLE, params)
             row = await cur.fetchone()
-            if row is None:
-                return SettleResult(SettleOutcome.UNKNOWN, request_id)
-            team_id, key_id, model, p_price, c_price, status, estimated = row
-            if status != "reserved":
-                return SettleResult(SettleOutcome.ALREADY_FINAL, request_id, team_id, key_id, model)
-            cost = cost_microcredits(prompt_tokens, completion_tokens, int(p_price), int(c_price))
-            cur = await conn.execute(
-                "SELECT balance_microcredits FROM teams WHERE id = %s FOR UPDATE", (team_id,)
-            )
-            bal_row = await cur.fetchone()
-            balance = int(bal_row[0]) if bal_row else 0
-            charged = min(cost, balance)
-            shortfall = cost - charged
-            await conn.execute(
-                "UPDATE teams SET balance_microcredits = balance_microcredits - %s, "
-                "reserved_microcredits = reserved_microcredits - %s WHERE id = %s",
-                (charged, int(estimated), team_id),
-            )
-            await conn.execute(
-                "UPDATE usage_ledger SET status = 'settled', prompt_tokens = %s, completion_tokens = %s, "
-                "cost_microcredits = %s, uncharged_microcredits = %s, finalized_at = now() "
-                "WHERE request_id = %s",
-                (prompt_tokens, completion_tokens, charged, shortfall, request_id),
-            )
+        if row is None:
+            return SettleResult(SettleOutcome.UNKNOWN, request_id)
+        outcome, team_id, key_id, model, charged = row
+        if outcome != "settled":
+            return SettleResult(SettleOutcome.ALREADY_FINAL, request_id, team_id, key_id, model)
         return SettleResult(
             SettleOutcome.SETTLED,
             request_id,
@@ -158,7 +171,7 @@ class PgLedger:
             model,
             prompt_tokens,
             completion_tokens,
-            charged,
+            int(charged),
         )
 
     async def cancel(self, request_id: str) -> bool:
