@@ -177,7 +177,9 @@ class _Relay:
                 return await self._fail_before_output(exc)
             response = await self._open_response(node)
             if isinstance(first, ChunkEv):
-                await self._write_chunks(first, stream)
+                await self._write_chunks(first, stream)  # also puts aiohttp's buffered headers out
+                if response.chunked:
+                    stream.sink = self._through
                 await self._stream(node, stream)
             else:
                 await self._finish_ok(first)
@@ -193,6 +195,7 @@ class _Relay:
             await shielded(plane.cancel(node.node_id, dreq.request_id), CLEANUP_S, "cancel")
             raise
         finally:
+            stream.sink = None
             stream.close()
             await shielded(plane.finish(node.node_id, dreq.request_id, stream), CLEANUP_S, "finish")
 
@@ -251,6 +254,8 @@ class _Relay:
                 "x-llmfleet-node": node.node_id,
             },
         )
+        if self.request.version >= (1, 1):
+            response.enable_chunked_encoding()  # explicit: the direct writer frames chunks itself
         await response.prepare(self.request)
         self.response = response
         return response
@@ -263,6 +268,18 @@ class _Relay:
             await self._write((first.delta + "".join(more)).encode())
         else:
             await self._write(first.delta.encode())
+
+    def _through(self, delta: str) -> bool:
+        """The stream's sink, called from the node socket's reader: one chunk framed as aiohttp's
+        chunked writer frames it, straight onto the gateway's transport, unless the gateway is slow
+        (writing paused) or gone; then the chunk is queued and goes out through `_write`, in order."""
+        transport = self.request.transport
+        if transport is None or transport.is_closing() or self.request.protocol.writing_paused:
+            return False
+        data = delta.encode()
+        self.chunks += data.count(b"\n\n")
+        transport.write(b"%x\r\n%b\r\n" % (len(data), data))
+        return True
 
     async def _write(self, data: bytes, *, count: bool = True) -> None:
         assert self.response is not None

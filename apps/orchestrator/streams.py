@@ -10,7 +10,9 @@ Hot path (one call per relayed chunk): `next()` returns a queued event without a
 and otherwise waits on one plain future. The per-phase deadline is a loop-time stamp;
 one timer per stream checks it and re-arms itself for the stamp when it fires early, so
 a chunk costs no task and no timer (`asyncio.wait_for` cost both, per chunk). The relay
-takes every chunk already queued with `take_chunks()` and writes them in one write.
+takes every chunk already queued with `take_chunks()` and writes them in one write; while it
+waits and the gateway's socket is writable, `sink` writes each chunk from `deliver` itself
+(no task wake-up, no response-writer layers per chunk).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import enum
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from apps.core.protocol.node import Done, Error
@@ -70,11 +73,20 @@ class RequestStream:
         self.finished = False  # a terminal event was delivered
         self.owner = ""  # for a node owned by another replica: that replica's id
         self.slot_released = False  # the node socket's reader freed the node slot on done/error
+        # The relay's direct writer (`relay.py`): offered each chunk while the relay waits in `next()`
+        # with nothing queued; a chunk it takes (True) is already on the gateway's socket.
+        self.sink: Callable[[str], bool] | None = None
+        self._wait_s = 0.0
 
     def deliver(self, event: StreamEvent) -> None:
         if self.finished:
             return
         if isinstance(event, ChunkEv):
+            sink, waiter = self.sink, self._waiter
+            if sink is not None and waiter is not None and not self._events and sink(event.delta):
+                # Written through: the relay stays parked; output moved its idle deadline on.
+                self._deadline = waiter.get_loop().time() + self._wait_s
+                return
             if len(self._events) >= self._limit:
                 self.finished = True
                 event = LostEv(LostReason.RELAY_OVERFLOW)
@@ -92,6 +104,7 @@ class RequestStream:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait_s
         self._deadline = deadline
+        self._wait_s = wait_s
         timer = self._timer
         if timer is None or timer.when() > deadline + _EARLY_S:
             if timer is not None:

@@ -67,3 +67,50 @@ async def test_close_drops_the_timer() -> None:
     stream.close()
     assert stream._timer is None
     assert timer.cancelled()  # nothing pins the stream for the next 1000 s
+
+
+async def test_a_sink_takes_chunks_only_while_the_relay_waits_with_nothing_queued() -> None:
+    stream = RequestStream("r", "n", limit=8)
+    written: list[str] = []
+    writable = True
+
+    def sink(delta: str) -> bool:
+        if writable:
+            written.append(delta)
+        return writable
+
+    stream.sink = sink
+    stream.deliver(ChunkEv("queued"))  # nobody waits: the relay may be busy writing; keep order
+    assert written == []
+    assert await stream.next(1) == ChunkEv("queued")
+    waiter = asyncio.ensure_future(stream.next(GUARD_S))
+    await asyncio.sleep(0)
+    stream.deliver(ChunkEv("a"))
+    stream.deliver(ChunkEv("b"))
+    assert written == ["a", "b"]
+    assert not waiter.done()  # written through: the relay was not woken
+    writable = False  # the gateway's socket is backed up
+    stream.deliver(ChunkEv("c"))
+    stream.deliver(ChunkEv("d"))  # queued behind c, not offered
+    assert await waiter == ChunkEv("c")
+    writable = True
+    assert stream.take_chunks() == ["d"]
+    assert written == ["a", "b"]
+    stream.close()
+
+
+async def test_chunks_written_by_the_sink_keep_the_idle_deadline_moving() -> None:
+    loop = asyncio.get_running_loop()
+    stream = RequestStream("r", "n", limit=8)
+    stream.sink = lambda delta: True
+    start = loop.time()
+    waiter = asyncio.ensure_future(stream.next(0.3))  # idle limit 300 ms
+    await asyncio.sleep(0)
+    while loop.time() - start < 0.9:  # 900 ms of output, every chunk written through
+        stream.deliver(ChunkEv("x"))
+        await asyncio.sleep(0.03)
+        assert not waiter.done(), "idle timeout while output was flowing"
+    stream.deliver(DoneEv(Done(request_id="r", prompt_tokens=1, completion_tokens=1)))
+    async with asyncio.timeout(GUARD_S):
+        assert isinstance(await waiter, DoneEv)
+    stream.close()
