@@ -4,111 +4,26 @@ against small raw asyncio HTTP servers on loopback that script each exchange byt
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import socket
-from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable
 
 import pytest
 
 from apps.core.protocol.dispatch import DISPATCH_PATH, DispatchRequest
 from apps.gateway.dispatcher import HttpDispatcher
 from apps.gateway.ports import DispatchUnavailable
-from apps.gateway.upstream_http import HIGH_WATER, HostPool, HttpResponse, Unreachable
-
-HEAD_CHUNKED = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
-PIECES = [b'data: {"choices":[{"delta":{"content":"a"}}]}\n\n', b"data: \r\n0\r\n\n\n", b"data: [DONE]\n\n"]
-
-
-def chunk(data: bytes) -> bytes:
-    return b"%x\r\n%b\r\n" % (len(data), data)
-
-
-@dataclass
-class Request:
-    head: bytes
-    body: bytes
-    conn: int  # which server-side connection (1, 2, ...) it came on
-
-
-@dataclass
-class Conn:
-    number: int
-    reader: asyncio.StreamReader
-    writer: asyncio.StreamWriter
-
-    async def wait_disconnect(self) -> None:
-        """Returns when the client closed the connection (EOF or reset)."""
-        with contextlib.suppress(ConnectionError):
-            while await self.reader.read(65536):
-                pass
-
-
-Handler = Callable[[Request, Conn], Awaitable[bool]]  # True: keep the connection for the next request
-
-
-@dataclass
-class RawServer:
-    handler: Handler
-    requests: list[Request] = field(default_factory=list)
-    conns: list[Conn] = field(default_factory=list)
-    port: int = 0
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        conn = Conn(len(self.conns) + 1, reader, writer)
-        self.conns.append(conn)
-        try:
-            while True:
-                try:
-                    head = await reader.readuntil(b"\r\n\r\n")
-                except (asyncio.IncompleteReadError, ConnectionError):
-                    return  # the client closed the connection
-                length = 0
-                for line in head.split(b"\r\n"):
-                    name, _, value = line.partition(b":")
-                    if name.strip().lower() == b"content-length":
-                        length = int(value)
-                req = Request(head, await reader.readexactly(length), conn.number)
-                self.requests.append(req)
-                if not await self.handler(req, conn):
-                    return
-        finally:
-            writer.close()
-
-
-@contextlib.asynccontextmanager
-async def raw_server(handler: Handler) -> AsyncIterator[RawServer]:
-    server = RawServer(handler)
-    listener = await asyncio.start_server(server.serve, "127.0.0.1", 0)
-    server.port = listener.sockets[0].getsockname()[1]
-    try:
-        yield server
-    finally:
-        listener.close()
-        for conn in server.conns:
-            conn.writer.close()
-        await listener.wait_closed()
-
-
-async def poll_until(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
-    """Poll with a deadline (for state that has no event to wait on)."""
-    async with asyncio.timeout(timeout):
-        while not predicate():
-            await asyncio.sleep(0.005)
-
-
-async def streaming(req: Request, conn: Conn) -> bool:
-    conn.writer.write(HEAD_CHUNKED + b"".join(chunk(p) for p in PIECES) + b"0\r\n\r\n")
-    await conn.writer.drain()
-    return True
-
-
-async def get(pool: HostPool, body: bytes = b"{}") -> HttpResponse:
-    return await pool.request("POST", "/x", {"Authorization": "Bearer t"}, body)
+from apps.gateway.upstream_http import HIGH_WATER, HostPool, Unreachable
+from tests.fakes.raw_http_server import (
+    HEAD_CHUNKED,
+    PIECES,
+    Conn,
+    Request,
+    chunk,
+    get,
+    poll_until,
+    raw_server,
+    streaming,
+)
 
 
 async def test_chunked_body_arrives_piecewise_and_byte_identical() -> None:
@@ -348,102 +263,6 @@ async def test_flow_control_pauses_reading_and_resumes() -> None:
         finally:
             await pool.aclose()
     assert received == total
-
-
-async def test_a_sink_takes_pieces_in_order_and_declined_ones_come_out_of_chunks() -> None:
-    pieces = [b"data: %d\n\n" % i for i in range(6)]
-    acks: asyncio.Queue[None] = asyncio.Queue()
-
-    async def lockstep(req: Request, conn: Conn) -> bool:
-        conn.writer.write(HEAD_CHUNKED)
-        await acks.get()  # the sink is set
-        for piece in pieces:
-            conn.writer.write(chunk(piece))
-            await acks.get()
-        conn.writer.write(b"0\r\n\r\n")
-        return True
-
-    taken: list[bytes] = []
-
-    def sink(data: bytes) -> bool:
-        if data == pieces[2]:
-            return False  # e.g. the client is slow: this one goes through `chunks()`
-        if data == pieces[4]:
-            raise RuntimeError("a broken sink is dropped, not fatal")
-        taken.append(data)
-        acks.put_nowait(None)
-        return True
-
-    async with raw_server(lockstep) as server:
-        pool = HostPool(server.url)
-        try:
-            response = await get(pool)
-            response.set_sink(sink)
-            acks.put_nowait(None)
-            got = []
-            async for data in response.chunks():
-                got.append(data)
-                acks.put_nowait(None)
-            await response.aclose()
-        finally:
-            await pool.aclose()
-    assert taken == [pieces[0], pieces[1], pieces[3]]
-    assert got == [pieces[2], pieces[4], pieces[5]]
-    assert len(server.requests) == 1
-
-
-async def test_a_sink_is_not_offered_pieces_while_the_consumer_is_busy() -> None:
-    """A consumer between two reads may still hold a piece it has not written (waiting for its
-    client's socket to drain); a piece handed to the sink then would overtake it."""
-    pieces = [b"data: %d\n\n" % i for i in range(3)]
-    acks: asyncio.Queue[None] = asyncio.Queue()
-
-    async def lockstep(req: Request, conn: Conn) -> bool:
-        conn.writer.write(HEAD_CHUNKED)
-        for piece in pieces:
-            await acks.get()
-            conn.writer.write(chunk(piece))
-        await acks.get()
-        conn.writer.write(b"0\r\n\r\n")
-        return True
-
-    taken: list[bytes] = []
-
-    def sink(data: bytes) -> bool:
-        taken.append(data)
-        return True
-
-    async def queued(response: HttpResponse, n: int) -> None:
-        conn = response._conn
-        assert conn is not None
-        async with asyncio.timeout(10):
-            while len(conn.buf) < n:
-                await asyncio.sleep(0.001)
-
-    async with raw_server(lockstep) as server:
-        pool = HostPool(server.url)
-        try:
-            response = await get(pool)
-            response.set_sink(sink)
-            it = response.chunks()
-            acks.put_nowait(None)
-            await queued(response, 1)  # nobody waiting in chunks(): queued, not sunk
-            got = [await anext(it)]
-            acks.put_nowait(None)  # the consumer is busy with piece 0 (not waiting)
-            await queued(response, 1)
-            assert taken == []
-            got.append(await anext(it))
-            waiting = asyncio.ensure_future(anext(it))  # now it waits: the next piece is sunk
-            await asyncio.sleep(0)
-            acks.put_nowait(None)
-            acks.put_nowait(None)  # and the end of the body
-            with pytest.raises(StopAsyncIteration):
-                await waiting
-            await response.aclose()
-        finally:
-            await pool.aclose()
-    assert got == pieces[:2]
-    assert taken == [pieces[2]]
 
 
 async def test_the_limit_bounds_connections_in_use() -> None:
