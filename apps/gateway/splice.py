@@ -58,7 +58,8 @@ class DirectWriter:
             or cycle.chunked_encoding is not True
         ):
             return False
-        self._transport.write(b"%x\r\n%b\r\n" % (len(data), data))
+        if data:  # an empty chunk frame would end the response body
+            self._transport.write(b"%x\r\n%b\r\n" % (len(data), data))
         return True
 
 

@@ -277,8 +277,9 @@ class _Relay:
         if transport is None or transport.is_closing() or self.request.protocol.writing_paused:
             return False
         data = delta.encode()
-        self.chunks += data.count(b"\n\n")
-        transport.write(b"%x\r\n%b\r\n" % (len(data), data))
+        if data:  # an empty chunk frame would end the response body
+            self.chunks += data.count(b"\n\n")
+            transport.write(b"%x\r\n%b\r\n" % (len(data), data))
         return True
 
     async def _write(self, data: bytes, *, count: bool = True) -> None:

@@ -108,3 +108,25 @@ async def test_a_gateway_that_stops_reading_gets_every_chunk_in_order(
     assert [c.split(":", 1)[0] for c in got] == [str(i) for i in range(n)]
     assert all(len(c) == len(f"{i}:") + size for i, c in enumerate(got))
     assert bytes(body).endswith(b"data: [DONE]\n\n")
+
+
+async def test_an_empty_chunk_from_a_node_does_not_end_the_response(env: Env) -> None:
+    orch = await env.orchestrator()
+    node = await env.node(orch, "n1")
+    env.ledger.add("r1")
+
+    async def serve() -> None:
+        assign = await asyncio.wait_for(node.assigns.get(), 10)
+        rid = assign.request_id
+        await node.chunk(rid, vllm_chunk(rid, "m", "a"))
+        for text in ("", "b"):  # the relay is parked by now: these take the direct path
+            await asyncio.sleep(0.05)
+            await node.chunk(rid, text if not text else vllm_chunk(rid, "m", text))
+        await node.done(rid, 5, 2, finish_reason="stop")
+
+    serving = asyncio.ensure_future(serve())
+    status, _, body = await env.dispatch(orch, "r1")
+    await serving
+    assert status == 200
+    assert contents(body) == ["a", "b"]
+    assert body.endswith(b"data: [DONE]\n\n")
