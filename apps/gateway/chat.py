@@ -2,6 +2,8 @@
 
 Order (the brief's cheapest first): key/JWT, body (413/400/404), allowlist (403), SSRF
 (400), Redis admission in one round trip (429), ledger reservation (402), dispatch.
+For a key with headroom the admission and the reservation run concurrently
+(`apps.gateway.speculation`); a key at or near a limit gets them strictly in order.
 From the moment a stream slot is taken, every path out releases it (shielded); a
 reservation is cancelled when the orchestrator refused before anything ran, otherwise the
 orchestrator settles it.
@@ -43,6 +45,7 @@ from apps.gateway.metrics import GatewayMetrics
 from apps.gateway.ports import DispatchUnavailable, Upstream
 from apps.gateway.relay import RelayOutcome, RelayResponse, shielded
 from apps.gateway.settings import GatewaySettings
+from apps.gateway.speculation import Speculation
 from apps.gateway.validate import ChatRequest, check_ssrf, parse_body, upstream_body, validate_chat
 
 log = logging.getLogger("llmfleet.gateway")
@@ -86,6 +89,10 @@ _REFUSALS = {
 }
 
 
+def _duplicate_request_id() -> InvalidRequest:
+    return InvalidRequest("Duplicate x-request-id.", param="x-request-id", code="duplicate_request_id")
+
+
 @dataclass
 class Exchange:
     """Per-request state the cleanup needs (and the log line reports)."""
@@ -98,6 +105,7 @@ class Exchange:
     slot_held: bool = False
     reserved: bool = False
     headers: dict[str, str] = field(default_factory=dict)
+    pending: tuple[asyncio.Future[None], ...] = ()  # admission and reservation running concurrently
 
 
 class ChatHandler:
@@ -105,6 +113,7 @@ class ChatHandler:
         self._s = settings
         self._d = deps
         self._m = metrics
+        self._speculation = Speculation()
 
     async def handle(self, request: Request) -> Response:
         ex = Exchange(request_id_for(request), time.monotonic())
@@ -147,7 +156,40 @@ class ChatHandler:
             self._m.rejections.labels("model_not_allowed").inc()
             raise PermissionDenied(f"This key may not use the model `{chat.model}`.", param="model")
         await check_ssrf(body, self._d.resolver, self._s.ssrf_resolve_timeout_s)
-        await self._admit(principal, ex)
+        subject, limits = principal.subject, principal.limits
+        checks_at = time.monotonic()
+        overlapped = self._speculation.begin(subject, limits)
+        try:
+            if overlapped:
+                await self._admit_and_reserve(chat, principal, team_id, ex)
+            else:
+                await self._admit(principal, ex)
+                await self._reserve(chat, principal, team_id, ex)
+        finally:
+            if overlapped:
+                self._speculation.end(subject, limits)
+            mode = "overlapped" if overlapped else "in_order"
+            self._m.checks.labels(mode).observe(time.monotonic() - checks_at)
+        return await self._dispatch(chat, principal, team_id, ex, request.receive)
+
+    async def _admit_and_reserve(
+        self, chat: ChatRequest, principal: Principal, team_id: int, ex: Exchange
+    ) -> None:
+        """Both checks at once; both always run to completion (what each took is in `ex`, so the
+        cleanup can give it back). When both refuse, the admission's refusal is the answer."""
+        admit = asyncio.ensure_future(self._admit(principal, ex))
+        reserve = asyncio.ensure_future(self._reserve(chat, principal, team_id, ex))
+        ex.pending = (admit, reserve)
+        await asyncio.wait(ex.pending)  # cancelled here: `_finish` waits for both first
+        ex.pending = ()
+        errors = [task.exception() for task in (admit, reserve)]
+        if errors[0] is not None and ex.reserved:
+            self._m.overlap_wasted.inc()
+        for error in errors:
+            if error is not None:
+                raise error
+
+    async def _reserve(self, chat: ChatRequest, principal: Principal, team_id: int, ex: Exchange) -> None:
         try:
             await self._d.ledger.reserve(
                 request_id=ex.request_id,
@@ -158,9 +200,7 @@ class ChatHandler:
                 max_tokens=chat.max_tokens,
             )
         except psycopg.errors.UniqueViolation:
-            raise InvalidRequest(
-                "Duplicate x-request-id.", param="x-request-id", code="duplicate_request_id"
-            ) from None
+            raise _duplicate_request_id() from None
         except psycopg.Error:
             self._m.pg_errors.inc()
             raise Unavailable("The ledger is unavailable.", retry_after=5) from None
@@ -169,7 +209,6 @@ class ChatHandler:
             raise
         ex.reserved = True
         self._m.reservations_open.inc()
-        return await self._dispatch(chat, principal, team_id, ex, request.receive)
 
     async def _admit(self, principal: Principal, ex: Exchange) -> None:
         try:
@@ -184,6 +223,9 @@ class ChatHandler:
             raise Unavailable(
                 "Quota store unavailable; request refused (fail closed).", retry_after=5
             ) from None
+        self._speculation.record(principal.subject, adm)
+        if adm.verdict is Verdict.DUPLICATE:
+            raise _duplicate_request_id()
         ex.headers.update(ratelimit_headers(adm))
         if not adm.admitted:
             reason, message = _REFUSALS[adm.verdict]
@@ -341,6 +383,9 @@ class ChatHandler:
 
     async def _finish(self, ex: Exchange, *, cancel_reservation: bool) -> None:
         """Release what this request still holds; idempotent."""
+        if ex.pending:
+            await asyncio.wait(ex.pending)  # an admission or reservation still landing
+            ex.pending = ()
         if ex.slot_held and ex.principal is not None:
             ex.slot_held = False
             try:

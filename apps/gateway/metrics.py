@@ -63,5 +63,18 @@ class GatewayMetrics:
             ["path"],
             registry=registry,
         )
+        self.checks = Histogram(
+            "llmfleet_gateway_checks_seconds",
+            "Redis admission + ledger reservation, by mode: overlapped (run concurrently, a key with "
+            "headroom) or in_order (a key at or near a limit, or not seen yet)",
+            ["mode"],
+            buckets=(0.0005, 0.001, 0.0015, 0.002, 0.003, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5),
+            registry=registry,
+        )
+        self.overlap_wasted = Counter(
+            "llmfleet_gateway_overlap_wasted_reservations",
+            "Reservations made alongside an admission that Redis refused (then cancelled)",
+            registry=registry,
+        )
         self.redis_errors = Counter("llmfleet_gateway_redis_errors", "Redis failures", registry=registry)
         self.pg_errors = Counter("llmfleet_gateway_postgres_errors", "PostgreSQL failures", registry=registry)

@@ -95,3 +95,14 @@ async def test_settle_usage_counts_tokens_once(rds: aioredis.Redis, migrated_db_
             await settle_usage(lg, rds, "r", 5, 7, now=NOW)
     assert await rds.get(f"tpd:{rec.id}:20261129") == b"12"
     assert 0 < await rds.ttl(f"tpd:{rec.id}:20261129") <= 2 * 86400
+
+
+async def test_a_request_id_holding_a_slot_is_a_duplicate_and_writes_nothing(rds: aioredis.Redis) -> None:
+    q = QuotaStore(rds)
+    lim = Limits(max_streams=2, rpm=10)
+    assert (await q.admit("k", "same", lim, NOW)).admitted
+    again = await q.admit("k", "same", lim, NOW + timedelta(seconds=1))
+    assert again.verdict is Verdict.DUPLICATE
+    assert await rds.zcard("rl:k:rpm") == 1  # no rpm slot spent on the duplicate
+    await q.release("k", "same")
+    assert (await q.admit("k", "same", lim, NOW + timedelta(seconds=2))).admitted  # finished: reusable here

@@ -1,8 +1,10 @@
 """Per-key admission in Redis: one Lua script, one round trip (ARCHITECTURE D3).
 
 Order (the brief's cheapest first): concurrent streams, requests per minute, tokens per
-day. Nothing is written unless every check passes, so a request refused for rpm does not
-hold a stream slot and a request refused for streams does not consume an rpm slot.
+day. A request id that already holds a slot is refused as a duplicate (so a client reusing
+`x-request-id` cannot free a running stream's slot). Nothing is written unless every check
+passes, so a request refused for rpm does not hold a stream slot and a request refused for
+streams does not consume an rpm slot.
 
 Keys:
   streams:{key_id}        SET of active request ids (SCARD = streams in use); expires
@@ -42,6 +44,9 @@ if #expired > 0 then
   redis.call('SREM', streams, unpack(expired))
   redis.call('ZREMRANGEBYSCORE', lease, '-inf', now)
 end
+if redis.call('SISMEMBER', streams, rid) == 1 then
+  return {4, 0, 0, 0, 0}
+end
 local active = redis.call('SCARD', streams)
 if max_streams > 0 and active >= max_streams then
   local first = redis.call('ZRANGE', lease, 0, 0, 'WITHSCORES')
@@ -80,6 +85,7 @@ class Verdict(enum.IntEnum):
     MAX_STREAMS = 1
     RPM = 2
     TOKENS_PER_DAY = 3
+    DUPLICATE = 4  # the request id holds a stream slot already (a client reusing x-request-id)
 
 
 @dataclass(frozen=True)
