@@ -177,8 +177,10 @@ class ChatHandler:
     ) -> None:
         """Both checks at once; both always run to completion (what each took is in `ex`, so the
         cleanup can give it back). When both refuse, the admission's refusal is the answer."""
-        admit = asyncio.ensure_future(self._admit(principal, ex))
+        # The reservation is the slower leg (a PostgreSQL commit): its task starts first, so its
+        # statement is on the wire before the admission's Python work runs.
         reserve = asyncio.ensure_future(self._reserve(chat, principal, team_id, ex))
+        admit = asyncio.ensure_future(self._admit(principal, ex))
         ex.pending = (admit, reserve)
         await asyncio.wait(ex.pending)  # cancelled here: `_finish` waits for both first
         ex.pending = ()

@@ -11,6 +11,7 @@ reach PostgreSQL on every request.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -115,6 +116,11 @@ class KeyStore:
         self._mono = monotonic
         self._now = now
         self._cache: OrderedDict[str, tuple[float, KeyRecord | None]] = OrderedDict()
+        # One lookup per key at a time (concurrent misses share it), and a key in use is re-read in
+        # the background during the last quarter of its TTL, so requests of a busy key do not wait
+        # for PostgreSQL every TTL. Expiry is unchanged: past its TTL an entry is never served.
+        self._loading: dict[str, asyncio.Future[KeyRecord | None]] = {}
+        self._refresh_ahead_s = cache_ttl_s / 4
         self.db_lookups = 0
 
     async def create(
@@ -201,18 +207,43 @@ class KeyStore:
         hit = self._cache.get(digest)
         if hit is not None and hit[0] > mono:
             record = hit[1]
+            if record is not None and hit[0] - mono < self._refresh_ahead_s:
+                self._lookup(digest)  # in the background; this request is served from the cache
         else:
-            record = await self._load(digest)
-            ttl = self._ttl if record is not None else self._neg_ttl
-            self._cache[digest] = (mono + ttl, record)
-            self._cache.move_to_end(digest)
-            while len(self._cache) > self._max:
-                self._cache.popitem(last=False)
+            record = await asyncio.shield(self._lookup(digest))
         if record is None or record.revoked_at is not None:
             raise AuthenticationFailed("Incorrect API key provided.")
         if record.expires_at is not None and record.expires_at <= self._now():
             raise AuthenticationFailed("The API key has expired.", code="expired_api_key")
         return record.principal()
+
+    def _lookup(self, digest: str) -> asyncio.Future[KeyRecord | None]:
+        """The key's lookup in flight, started if there is none; it caches what it read."""
+        running = self._loading.get(digest)
+        if running is not None and not running.done():
+            return running
+        started = self._mono()
+
+        async def load() -> KeyRecord | None:
+            record = await self._load(digest)
+            ttl = self._ttl if record is not None else self._neg_ttl
+            self._cache[digest] = (started + ttl, record)
+            self._cache.move_to_end(digest)
+            while len(self._cache) > self._max:
+                self._cache.popitem(last=False)
+            return record
+
+        task = asyncio.ensure_future(load())
+        self._loading[digest] = task
+
+        def finished(done: asyncio.Future[KeyRecord | None]) -> None:
+            if self._loading.get(digest) is done:
+                del self._loading[digest]
+            if not done.cancelled():
+                done.exception()  # a failed background refresh: the entry just expires
+
+        task.add_done_callback(finished)
+        return task
 
     async def _load(self, digest: str) -> KeyRecord | None:
         self.db_lookups += 1
