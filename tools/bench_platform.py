@@ -8,6 +8,9 @@ and Redis). For each concurrency, loadgen runs closed-loop twice, back to back:
 direct to the engine, then through the gateway to the same engine. Reported:
 
 - added TTFT p50/p99 = platform TTFT - direct TTFT (the same engine, the same load);
+- added transit p50/p99 = platform transit - direct transit, where a request's transit is its
+  client TTFT minus the engine's own TTFT for it (joined by the request's `user` tag with the
+  engine's `--timing-log`): the engine's batching time cancels request by request;
 - CPU seconds per 1,000 relayed tokens, summed over gateway + orchestrator + agent
   (psutil user+system time of each process, before/after the platform run);
 - resident memory per open stream = (peak RSS during the run - idle RSS before it) of those
@@ -27,6 +30,7 @@ import platform as pyplatform
 import sys
 import tempfile
 import threading
+import time
 import urllib.request
 import uuid
 from dataclasses import dataclass
@@ -42,9 +46,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from apps.cli.platform import MODEL_8B, LocalPlatform, NodeSpec, PlatformConfig
 from apps.loadgen.config import LoadConfig
 from apps.loadgen.runner import run_load
+from apps.loadgen.transit import added, join_transit, read_timing_log
 
 DEFAULT_PG = "postgresql://postgres@127.0.0.1:5432/postgres"
 DEFAULT_REDIS = "redis://127.0.0.1:6379/12"
+TIMING_LOG = "engine-timing.jsonl"  # in the platform's data dir: the engine's --timing-log
 
 
 @dataclass
@@ -103,9 +109,13 @@ def _load(
     max_tokens: int,
     prompt_tokens: int,
     ramp_s: float = 0.0,
+    timing: tuple[Path, str] | None = None,
 ) -> dict[str, Any]:
     """Burst (`ramp_s` 0): max(2N, 40) requests, the first N at once. Steady: 3N requests, the N
-    streams' first requests spread over `ramp_s` (one request's duration), so arrivals stay even."""
+    streams' first requests spread over `ramp_s` (one request's duration), so arrivals stay even.
+
+    `timing` (engine timing log, tag): tag the requests and join them with the log afterwards;
+    the report gets `transit_ms` {ok, joined, p50, p99}."""
     config = LoadConfig(
         base_url=base_url,
         api_key=api_key,
@@ -116,11 +126,30 @@ def _load(
         prompt_tokens=prompt_tokens,
         max_tokens=max_tokens,
         request_timeout_s=600,
+        tag=timing[1] if timing else None,
     )
     result = asyncio.run(run_load(config))
     report: dict[str, Any] = result.to_json()
     report["output_tokens"] = result.output_tokens  # relayed tokens (usage counts), not a rate
+    if timing is not None:
+        report["transit_ms"] = _transit(timing[0], result.results)
     return report
+
+
+def _transit(log: Path, results: list[Any], wait_s: float = 5.0) -> dict[str, Any]:
+    """Join a run's results with the engine's timing log. The engine writes its lines once its
+    last stream has ended, which can be a moment after the client read `[DONE]`: re-read the log
+    until every OK request is joined (or `wait_s` is up, and the report shows how many were)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        stats = join_transit(results, read_timing_log(log))
+        if stats.joined == stats.ok or time.monotonic() >= deadline:
+            return stats.to_json()
+        time.sleep(0.05)
+
+
+def _tag(mode: str, streams: int, arrivals: str) -> str:
+    return f"{mode}-{streams}-{arrivals}-{uuid.uuid4().hex[:8]}"
 
 
 def _scrape(url: str, family: str) -> tuple[float, float]:
@@ -146,7 +175,13 @@ def _waits(platform: LocalPlatform) -> list[tuple[float, float]]:
 def bench_platform_config(data_dir: Path, database_url: str, redis_url: str, speed: float) -> PlatformConfig:
     """One gateway, one orchestrator, one agent in front of an 8B enginesim with room for 1,024
     sequences and 400,000 KV blocks, so that the engine is never the bottleneck."""
-    node = NodeSpec("bench-8b", MODEL_8B, "onprem", max_num_seqs=1024, engine_args=("--num-blocks", "400000"))
+    node = NodeSpec(
+        "bench-8b",
+        MODEL_8B,
+        "onprem",
+        max_num_seqs=1024,
+        engine_args=("--num-blocks", "400000", "--timing-log", str(data_dir / TIMING_LOG)),
+    )
     return PlatformConfig(
         data_dir=data_dir,
         gateway_port=0,
@@ -179,6 +214,7 @@ def _platform_run(
             args.max_tokens,
             args.prompt_tokens,
             ramp_s,
+            (platform.data_dir / TIMING_LOG, _tag("platform", streams, arrivals)),
         )
     run = Run("platform", streams, via, arrivals, cpu_s=_cpu(relay) - cpu0)
     run.rss_per_stream_kib = max(0, sampler.peak - idle_rss) / 1024 / streams
@@ -213,8 +249,16 @@ def bench(args: argparse.Namespace) -> tuple[list[Run], dict[str, str]]:
                 # Warm-up: connection pools, JIT-less but cache-warm paths, JWKS/key caches.
                 _load(engine.url + "/v1", "", 20, 8, args.prompt_tokens)
                 _load(platform.gateway_url + "/v1", platform.credentials.api_key, 20, 8, args.prompt_tokens)
+                log = Path(tmp) / TIMING_LOG
                 for streams in args.streams:
-                    burst_direct = _load(engine.url + "/v1", "", streams, args.max_tokens, args.prompt_tokens)
+                    burst_direct = _load(
+                        engine.url + "/v1",
+                        "",
+                        streams,
+                        args.max_tokens,
+                        args.prompt_tokens,
+                        timing=(log, _tag("direct", streams, "burst")),
+                    )
                     # Steady arrivals: the streams' starts spread over one request's duration (direct, burst).
                     ramp_s = float(burst_direct["e2e_ms"]["p50"] or 0.0) / 1000
                     for arrivals in args.arrivals:
@@ -222,7 +266,13 @@ def bench(args: argparse.Namespace) -> tuple[list[Run], dict[str, str]]:
                         direct = burst_direct
                         if ramp:
                             direct = _load(
-                                engine.url + "/v1", "", streams, args.max_tokens, args.prompt_tokens, ramp
+                                engine.url + "/v1",
+                                "",
+                                streams,
+                                args.max_tokens,
+                                args.prompt_tokens,
+                                ramp,
+                                (log, _tag("direct", streams, arrivals)),
                             )
                         runs.append(Run("direct", streams, direct, arrivals))
                         runs.append(_platform_run(platform, relay, streams, args, ramp, arrivals))
@@ -245,16 +295,28 @@ def _ms(v: Any) -> str:
     return "n/a" if v is None else f"{v:.1f}"
 
 
+def _transit_cells(direct: Run, via: Run) -> tuple[str, str, str]:
+    """(transit direct | platform, added transit, joined) cells of a row."""
+    empty = {"ok": 0, "joined": 0, "p50": None, "p99": None}
+    d, p = direct.report.get("transit_ms", empty), via.report.get("transit_ms", empty)
+    both = f"{_ms(d['p50'])} / {_ms(d['p99'])} \\| {_ms(p['p50'])} / {_ms(p['p99'])}"
+    add = f"**{_ms(added(p['p50'], d['p50']))} / {_ms(added(p['p99'], d['p99']))}**"
+    joined = f"joined {d['joined']}/{d['ok']} direct, {p['joined']}/{p['ok']} platform"
+    return both, add, joined
+
+
 def _row(direct: Run, via: Run) -> str:
     d, p = direct.report["ttft_ms"], via.report["ttft_ms"]
-    add50 = p["p50"] - d["p50"] if p["p50"] is not None and d["p50"] is not None else None
-    add99 = p["p99"] - d["p99"] if p["p99"] is not None and d["p99"] is not None else None
+    add50, add99 = added(p["p50"], d["p50"]), added(p["p99"], d["p99"])
+    transit, add_transit, joined = _transit_cells(direct, via)
     cpu_per_k = via.cpu_s / (via.tokens / 1000) if via.tokens else float("nan")
     errs = via.report["requests"]["error"]
+    by_status = f" {via.report['errors_by_status']}" if via.report["errors_by_status"] else ""
     return (
         f"| {via.streams} | {via.arrivals} | {_ms(d['p50'])} / {_ms(d['p99'])} | {_ms(p['p50'])} / {_ms(p['p99'])} | "
-        f"**{_ms(add50)} / {_ms(add99)}** | {via.waits_ms} | {cpu_per_k:.3f} | {via.rss_per_stream_kib:.0f} | "
-        f"{via.report['requests']['ok']} ok, {errs} errors {via.report['errors_by_status'] or ''} |"
+        f"**{_ms(add50)} / {_ms(add99)}** | {transit} | {add_transit} | {via.waits_ms} | {cpu_per_k:.3f} | "
+        f"{via.rss_per_stream_kib:.0f} | "
+        f"{via.report['requests']['ok']} ok, {errs} errors{by_status}; {joined} |"
     )
 
 
@@ -282,7 +344,16 @@ def render(runs: list[Run], machine: dict[str, str], args: argparse.Namespace) -
         "- One gateway, one orchestrator, one agent (one process each), real PostgreSQL 15 and Redis 7 "
         "on loopback; every platform request is authenticated, admitted (Redis), reserved and settled "
         "(PostgreSQL).",
-        "- Added TTFT = platform TTFT - direct TTFT at the same percentile.",
+        "- Added TTFT = platform TTFT - direct TTFT at the same percentile. Both are ~all engine time "
+        "(its simulated batching), so this difference of two large numbers moves by a few ms run to run.",
+        "- Transit (per request) = client TTFT (first content chunk received - request sent, in loadgen) "
+        "- engine TTFT (first content chunk written - request received, in enginesim's `--timing-log`), "
+        "joined by a unique `user` tag per request, which the platform relays to the engine as sent. "
+        "This cancels the engine's batching time request by request, leaving the client, loopback and "
+        "(for the platform) gateway → orchestrator → agent time. Every timestamp is `time.monotonic()` "
+        "(CLOCK_MONOTONIC), one clock for all processes on this machine. Added transit = platform "
+        "transit - direct transit at the same percentile; *joined* counts the OK requests that found "
+        "their engine timing (all of them, normally).",
         "- CPU = user+system seconds of gateway + orchestrator + agent during the platform run, per 1,000 "
         "relayed output tokens.",
         "- Memory = (peak RSS during the run - idle RSS before it) of the same three processes / N.",
@@ -292,8 +363,9 @@ def render(runs: list[Run], machine: dict[str, str], args: argparse.Namespace) -
         "## Results",
         "",
         "| streams | arrivals | direct TTFT p50 / p99 ms | platform TTFT p50 / p99 ms | added p50 / p99 ms | "
+        "transit p50 / p99 ms (direct \\| platform) | **added transit p50 / p99** ms | "
         "mean queue wait gateway / orchestrator ms | CPU s / 1k tokens | RSS KiB / stream | platform requests |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
         *[_row(d, p) for d, p in pairs],
         "",
         "Targets (issue 5): added TTFT p50 ≤ 5 ms and p99 ≤ 20 ms at 200 streams; 1,000 streams held "

@@ -11,8 +11,8 @@ import asyncio
 import json
 import time
 import uuid
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import IO, Any
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -38,6 +38,48 @@ SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Contro
 
 
 @dataclass
+class TimingLog:
+    """Per streamed request: when it arrived and when its first content chunk was written
+    (`time.monotonic()`, so a client on the same machine can subtract the engine's own TTFT from
+    its own and keep only the time spent in transit). One JSON line per request, appended.
+
+    Lines wait in memory and go out in one write once no timed stream is open any more (the end of
+    a load run) or `batch` of them are pending, so the log costs no syscall per request while a
+    run is going. Only the `user` tag and two clocks are written: never prompt or completion text.
+    """
+
+    path: str
+    batch: int = 256
+    open_streams: int = 0
+    _pending: list[str] = field(default_factory=list)
+    _file: IO[str] | None = None
+
+    def record(self, user: str | None, arrived: float, first_content: float) -> None:
+        line = {"user": user, "arrived": arrived, "first_content": first_content}
+        self._pending.append(json.dumps(line, separators=(",", ":")) + "\n")
+
+    def stream_ended(self) -> None:
+        self.open_streams -= 1
+        if self.open_streams == 0 or len(self._pending) >= self.batch:
+            self.flush()
+
+    def flush(self) -> None:
+        if not self._pending:
+            return
+        if self._file is None:
+            self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - kept open, closed in close()
+        self._file.write("".join(self._pending))
+        self._file.flush()
+        self._pending.clear()
+
+    def close(self) -> None:
+        self.flush()
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
+@dataclass
 class SimState:
     served_model: str
     profile: EngineProfile
@@ -45,6 +87,7 @@ class SimState:
     metrics: EngineMetrics
     faults: FaultBox
     seed: int
+    timing: TimingLog | None = None  # `--timing-log`: None costs nothing per request
 
 
 STATE_KEY = web.AppKey("enginesim_state", SimState)
@@ -71,6 +114,7 @@ def _abort_all(state: SimState, by_seq: dict[str, chat.Choice]) -> None:
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     state = request.app[STATE_KEY]
+    arrived = time.monotonic() if state.timing is not None else 0.0  # before the body is read
     faults = state.faults.take()
     if faults.fail_status is not None:
         return _error(chat.VllmError(faults.fail_status, _type_for(faults.fail_status), faults.fail_message))
@@ -86,8 +130,8 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     except chat.VllmError as exc:
         return _error(exc)
     if job.stream:
-        return await _stream(request, state, job, faults)
-    return await _complete(state, job)
+        return await _stream(request, state, job, faults, arrived)
+    return await _complete(state, job)  # no first content chunk, so nothing for the timing log
 
 
 def _type_for(status: int) -> str:
@@ -116,13 +160,17 @@ async def _complete(state: SimState, job: chat.ChatJob) -> web.Response:
 
 
 async def _stream(
-    request: web.Request, state: SimState, job: chat.ChatJob, faults: Faults
+    request: web.Request, state: SimState, job: chat.ChatJob, faults: Faults, arrived: float
 ) -> web.StreamResponse:
     resp = web.StreamResponse(status=200, headers=SSE_HEADERS)
     sink, by_seq = _submit(state, job)
     remaining = len(by_seq)
     sent_content = 0
     stalled = False
+    timing = state.timing
+    first_content: float | None = None
+    if timing is not None:
+        timing.open_streams += 1
     try:
         await resp.prepare(request)
         if faults.die_after_tokens == 0:
@@ -146,6 +194,9 @@ async def _stream(
                     stalled = True
                     await asyncio.sleep(faults.stall_s)
                 await resp.write(out)
+                if timing is not None and first_content is None:
+                    # The role chunk and the first content chunk go out in this one write.
+                    first_content = time.monotonic()
                 sent_content += 1
                 if faults.die_after_tokens is not None and sent_content >= faults.die_after_tokens:
                     _drop_connection(request)
@@ -162,6 +213,10 @@ async def _stream(
         pass  # the client went away; the finally block aborts the sequences
     finally:
         _abort_all(state, by_seq)
+        if timing is not None:
+            if first_content is not None:
+                timing.record(job.user, arrived, first_content)
+            timing.stream_ended()
     return resp
 
 

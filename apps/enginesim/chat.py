@@ -67,6 +67,7 @@ class ChatRequest(BaseModel):
     top_p: float | None = None
     stop: str | list[str] | None = None
     ignore_eos: bool = False
+    user: str | None = None  # OpenAI's end-user id; enginesim only echoes it into the timing log
 
 
 def _validation_error(exc: ValidationError) -> VllmError:
@@ -110,6 +111,7 @@ class ChatJob:
     stream: bool
     include_usage: bool
     choices: list[Choice] = field(default_factory=list)
+    user: str | None = None  # the body's `user` (benchmarks tag requests with it to join timings)
 
 
 def plan_chat(
@@ -191,6 +193,7 @@ def plan_chat(
         stream=bool(req.stream),
         # Measured on 0.32: `stream_options: {}` gives no usage chunk; only an explicit true does.
         include_usage=bool(req.stream_options and req.stream_options.include_usage),
+        user=req.user,
     )
     for index in range(n):
         rng = textgen.output_rng(server_seed, req.seed, f"{fingerprint}:{index}")

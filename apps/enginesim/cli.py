@@ -25,6 +25,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-num-seqs", type=int)
     parser.add_argument("--max-model-len", type=int)
     parser.add_argument("--num-blocks", type=int, help="override the KV-block budget of the profile")
+    parser.add_argument(
+        "--timing-log",
+        metavar="PATH",
+        help="append per streamed request {user, arrived, first_content} (monotonic s) as JSON lines",
+    )
     faults = parser.add_argument_group("fault injection (also at run time: POST /_sim/faults)")
     faults.add_argument("--loading-s", type=float, default=0.0, help="refuse connections for T s at start")
     faults.add_argument("--die-after-tokens", type=int, help="drop each stream's connection after K tokens")
@@ -73,6 +78,7 @@ def run(args: argparse.Namespace) -> int:
         stack=args.stack,
         loading_s=args.loading_s,
         faults=faults,
+        timing_log=args.timing_log,
     )
     setup_logging()
     try:

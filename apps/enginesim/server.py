@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from aiohttp import web
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from apps.enginesim.api import STATE_KEY, SimState, add_routes
+from apps.enginesim.api import STATE_KEY, SimState, TimingLog, add_routes
 from apps.enginesim.engine import Engine
 from apps.enginesim.faults import FaultBox, Faults
 from apps.enginesim.metrics import EngineMetrics
@@ -44,6 +44,9 @@ class EngineSimSettings(BaseSettings):
     stack: str = "prod"  # where the catalog profiles come from
     loading_s: float = 0.0
     faults: Faults = Faults()
+    # Append one JSON line per streamed request (its `user`, arrival and first-content monotonic
+    # times) to this file: benchmarks subtract the engine's own TTFT from the client's.
+    timing_log: str | None = None
 
 
 @dataclass
@@ -92,6 +95,7 @@ def create_app(settings: EngineSimSettings, deps: EngineSimDeps | None = None) -
         metrics=metrics,
         faults=FaultBox(settings.faults),
         seed=settings.seed,
+        timing=TimingLog(settings.timing_log) if settings.timing_log else None,
     )
     app = web.Application()
     app[STATE_KEY] = state
@@ -106,6 +110,8 @@ def create_app(settings: EngineSimSettings, deps: EngineSimDeps | None = None) -
         # The crash (if any) was logged when it happened; shutdown must not fail on it.
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await asyncio.wait_for(asyncio.shield(task), timeout=5)
+        if state.timing is not None:
+            state.timing.close()  # the lines of streams still open at shutdown
 
     app.cleanup_ctx.append(engine_ctx)
     return app

@@ -37,6 +37,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-ignore-eos", action="store_true", help="do not send ignore_eos: true")
     parser.add_argument("--timeout", type=float, default=300.0, help="per-request timeout, seconds")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--tag", help='send `user: "TAG-<index>"` in each request (joins with an engine\'s timing log)'
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON document instead of the table")
 
 
@@ -75,6 +78,7 @@ def run(args: argparse.Namespace) -> int:
         ignore_eos=not args.no_ignore_eos,
         request_timeout_s=args.timeout,
         seed=args.seed,
+        tag=args.tag,
     ).validate()
     on_progress = None
     if sys.stderr.isatty():

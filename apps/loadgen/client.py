@@ -4,6 +4,9 @@ aiohttp does the HTTP; events are cut with `apps.core.protocol.openai.SseSplitte
 by byte checks, never a full JSON parse, except the final usage chunk. A "token chunk" is any
 choices chunk other than the role chunk; TTFT is the time to the first one, ITL the gaps between
 them, and the output token count comes from the usage chunk when the stream carries one.
+
+`sent_at` and `first_content_at` are absolute `time.monotonic()` readings, comparable with those
+of other processes on the same machine (an engine's timing log, `apps/loadgen/transit.py`).
 """
 
 from __future__ import annotations
@@ -37,6 +40,17 @@ class RequestResult:
     usage_completion_tokens: int | None = None
     prompt_tokens: int | None = None
     error: str | None = None
+    user: str | None = None  # the body's `user` tag, when the run is tagged
+    sent_at: float | None = None  # monotonic time the request was handed to aiohttp (>= start)
+    first_content_at: float | None = None  # monotonic time the first token chunk arrived
+
+    @property
+    def client_ttft_s(self) -> float | None:
+        """TTFT from when the request was sent (not when it was due): what the engine's TTFT is
+        subtracted from to get the transit time."""
+        if self.sent_at is None or self.first_content_at is None:
+            return None
+        return self.first_content_at - self.sent_at
 
     @property
     def output_tokens(self) -> int:
@@ -61,10 +75,14 @@ async def stream_one(
     timeout_s: float = 300.0,
 ) -> RequestResult:
     """Send one streaming request; `start` is when it was due (open loop: its scheduled arrival)."""
-    result = RequestResult(Outcome.ERROR, "incomplete", start, start)
+    user = body.get("user")
+    result = RequestResult(
+        Outcome.ERROR, "incomplete", start, start, user=user if isinstance(user, str) else None
+    )
     last: float | None = None
     splitter = SseSplitter()
     try:
+        result.sent_at = time.monotonic()
         async with session.post(
             url, json=body, headers=headers, timeout=aiohttp.ClientTimeout(total=timeout_s, sock_connect=10)
         ) as resp:
@@ -94,6 +112,7 @@ async def stream_one(
                         result.token_chunks += 1
                         if last is None:
                             result.ttft_s = now - start
+                            result.first_content_at = now
                         else:
                             result.itls_s.append(now - last)
                         last = now

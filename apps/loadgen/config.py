@@ -26,6 +26,9 @@ class LoadConfig:
     include_usage: bool = True
     request_timeout_s: float = 300.0
     seed: int = 0
+    # Tag every request with `user: "<tag>-<index>"` so an engine-side timing log can be joined to
+    # the client's results request by request (benchmarks: the platform's transit time).
+    tag: str | None = None
 
     def validate(self) -> LoadConfig:
         if not self.base_url.startswith(("http://", "https://")):
@@ -49,6 +52,8 @@ class LoadConfig:
             )
         if self.abandon_after is not None and self.abandon_after < 1:
             raise SpecError("--abandon-after must be at least 1", param="abandon_after")
+        if self.tag is not None and not self.tag:
+            raise SpecError("--tag must not be empty", param="tag")
         return self
 
     @property

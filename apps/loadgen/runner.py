@@ -68,7 +68,14 @@ def _body(config: LoadConfig, index: int) -> dict[str, Any]:
         body["stream_options"] = {"include_usage": True}
     if config.ignore_eos:
         body["ignore_eos"] = True
+    if config.tag is not None:
+        body["user"] = request_user(config.tag, index)
     return body
+
+
+def request_user(tag: str, index: int) -> str:
+    """The `user` field of request `index` of a tagged run: unique within the run."""
+    return f"{tag}-{index}"
 
 
 class _Run:
