@@ -366,11 +366,12 @@ class Agent:
             return
         self._work.start(self._group, assign)
 
-    async def send_chunk(self, frame: proto.Chunk) -> None:
-        """`ChunkSink` for the relays: to the live connection, dropped when there is none."""
+    async def send_chunk(self, frame: proto.Chunk, *, first: bool = False) -> None:
+        """`ChunkSink` for the relays: to the live connection, dropped when there is none. A
+        request's first chunk is urgent (it leads its batch)."""
         conn = self._conn
         if conn is not None:
-            await conn.send(frame)
+            await conn.send(frame, urgent=first)
 
     async def send_done(self, frame: proto.Done) -> None:
         conn = self._conn

@@ -88,21 +88,29 @@ async def register(
     raise RegistrationFailed(close_reason(code), retry_after, close_code=code)
 
 
+def _not_urgent(item: tuple[bool, str]) -> bool:
+    return not item[0]
+
+
 class Connection:
     def __init__(self, ws: aiohttp.ClientWebSocketResponse, queue_size: int) -> None:
         self.ws = ws
-        self._queue: asyncio.Queue[str] = asyncio.Queue(maxsize=queue_size)
+        # (urgent, text): an urgent frame (a request's first chunk) leads the batch it is sent in.
+        self._queue: asyncio.Queue[tuple[bool, str]] = asyncio.Queue(maxsize=queue_size)
         self._closed = asyncio.Event()
 
     @property
     def closed(self) -> bool:
         return self._closed.is_set()
 
-    async def send(self, frame: proto._Frame) -> bool:
-        """Queue one frame; False if the connection is gone (the frame is dropped)."""
+    async def send(self, frame: proto._Frame, *, urgent: bool = False) -> bool:
+        """Queue one frame; False if the connection is gone (the frame is dropped). An `urgent`
+        frame goes out ahead of the non-urgent frames queued with it (never ahead of another
+        urgent one): a request's first chunk, so time to first token does not wait behind a whole
+        engine step's worth of other requests' chunks."""
         if self._closed.is_set():
             return False
-        text = proto.encode(frame)
+        text = (urgent, proto.encode(frame))
         try:
             self._queue.put_nowait(text)
             return True
@@ -134,9 +142,11 @@ class Connection:
             # each, so the orchestrator is woken and reads once per batch.
             while len(batch) < _BATCH_MAX and not self._queue.empty():
                 batch.append(self._queue.get_nowait())
+            if len(batch) > 1:
+                batch.sort(key=_not_urgent)  # stable: order within each class is kept
             corked = len(batch) > 1 and self._cork(True)
             try:
-                for text in batch:
+                for _, text in batch:
                     await self.ws.send_str(text)
             except (ConnectionError, aiohttp.ClientError) as exc:
                 raise ConnectionLost(self.ws.close_code, "send failed") from exc

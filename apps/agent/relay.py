@@ -56,8 +56,9 @@ _MAX_ERROR_BODY = 64 * 1024
 
 
 class ChunkSink(Protocol):
-    async def send_chunk(self, frame: Chunk) -> None:
-        """Queue a chunk frame for the orchestrator (may wait: the send queue is bounded)."""
+    async def send_chunk(self, frame: Chunk, *, first: bool = False) -> None:
+        """Queue a chunk frame for the orchestrator (may wait: the send queue is bounded);
+        `first`: the request's first chunk (sent ahead of other requests' queued chunks)."""
         ...
 
 
@@ -247,8 +248,10 @@ class Relay:
         return await self._failed(502, "engine closed the stream before it finished", "server_error", None)
 
     async def _forward(self, events: list[bytes]) -> None:
+        first = self.events_sent == 0
         self.events_sent += len(events)
-        await self._sink.send_chunk(Chunk(request_id=self.request_id, delta=b"".join(events).decode()))
+        frame = Chunk(request_id=self.request_id, delta=b"".join(events).decode())
+        await self._sink.send_chunk(frame, first=first)
 
     async def _prompt_tokens(self) -> int:
         if self.events_sent == 0:

@@ -180,7 +180,11 @@ class NodeSockets:
                 # Hot path (one per relayed chunk): a local relay gets it synchronously.
                 route = conn.routes.get(frame.request_id)
                 if type(route) is RequestStream:
-                    route.deliver(ChunkEv(frame.delta))
+                    if route.deliver(ChunkEv(frame.delta)):
+                        # The relay was parked (typically for its first chunk): let it write before
+                        # this reader goes on with the rest of the batch, which is often a whole
+                        # engine step of other requests' chunks.
+                        await asyncio.sleep(0)
                 else:
                     await plane.route_frame(conn, frame, msg.data)
             elif isinstance(frame, Heartbeat):

@@ -78,15 +78,16 @@ class RequestStream:
         self.sink: Callable[[str], bool] | None = None
         self._wait_s = 0.0
 
-    def deliver(self, event: StreamEvent) -> None:
+    def deliver(self, event: StreamEvent) -> bool:
+        """Queue or write through `event`; True when it woke the parked relay (it has work now)."""
         if self.finished:
-            return
+            return False
         if isinstance(event, ChunkEv):
             sink, waiter = self.sink, self._waiter
             if sink is not None and waiter is not None and not self._events and sink(event.delta):
                 # Written through: the relay stays parked; output moved its idle deadline on.
                 self._deadline = waiter.get_loop().time() + self._wait_s
-                return
+                return False
             if len(self._events) >= self._limit:
                 self.finished = True
                 event = LostEv(LostReason.RELAY_OVERFLOW)
@@ -96,6 +97,8 @@ class RequestStream:
         waiter = self._waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
+            return True
+        return False
 
     async def next(self, wait_s: float) -> StreamEvent | None:
         """The next event, or None when `wait_s` passed without one."""

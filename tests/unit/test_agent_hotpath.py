@@ -71,6 +71,24 @@ async def test_frames_queued_together_go_out_corked_and_in_order() -> None:
     assert sock.options == [(socket.IPPROTO_TCP, cork, 1), (socket.IPPROTO_TCP, cork, 0)]
 
 
+async def test_a_first_chunk_leads_its_batch_without_reordering_the_rest() -> None:
+    ws = FakeWs(RecordingSocket())
+    conn = _conn(ws)
+    for i in range(4):
+        assert await conn.send(proto.Chunk(request_id=f"r{i}", delta=f"data: {i}\n\n"))
+    assert await conn.send(proto.Chunk(request_id="new", delta="data: first\n\n"), urgent=True)
+    assert await conn.send(proto.Chunk(request_id="new", delta="data: second\n\n"))
+    assert await conn.send(proto.Chunk(request_id="new2", delta="data: first\n\n"), urgent=True)
+    await _drain(conn, ws, 7)
+    sent = [x for x in ws.log if isinstance(x, str)]
+    assert sent == [
+        proto.encode_chunk("new", "data: first\n\n"),
+        proto.encode_chunk("new2", "data: first\n\n"),
+        *(proto.encode_chunk(f"r{i}", f"data: {i}\n\n") for i in range(4)),
+        proto.encode_chunk("new", "data: second\n\n"),  # after its own first chunk, always
+    ]
+
+
 async def test_a_single_frame_is_not_corked_and_no_socket_is_fine() -> None:
     sock = RecordingSocket()
     ws = FakeWs(sock)

@@ -21,9 +21,11 @@ from tests.fakes.fake_orchestrator import running_agent
 class ListSink:
     def __init__(self) -> None:
         self.frames: list[proto.Chunk] = []
+        self.first_flags: list[bool] = []
 
-    async def send_chunk(self, frame: proto.Chunk) -> None:
+    async def send_chunk(self, frame: proto.Chunk, *, first: bool = False) -> None:
         self.frames.append(frame)
+        self.first_flags.append(first)
 
     def events(self) -> list[bytes]:
         return SseSplitter().feed("".join(f.delta for f in self.frames).encode())
@@ -72,6 +74,7 @@ async def test_stream_forwards_engine_bytes_and_reports_usage(engine: FakeEngine
     assert json.loads(frame.usage_event)["usage"]["completion_tokens"] == 5
     events = sink.events()
     assert len(events) == 6  # role chunk + 5 tokens; usage chunk and [DONE] stripped
+    assert sink.first_flags == [True] + [False] * (len(sink.frames) - 1)  # only the first is urgent
     assert all(b'"choices":[]' not in e and e != b"[DONE]" for e in events)
     assert b'"role":"assistant"' in events[0]
     sent = engine.requests[0]
