@@ -20,7 +20,7 @@ date. To refresh: run the section's tool, then `.venv/bin/python tools/assemble_
 |---|---|---|
 | [Engine simulator and loadgen](#engine) | `tools/bench_engine.py` | enginesim 8B profile at 1/32/64 streams vs the brief; loadgen overhead at 200 streams; a real vLLM on CPU at 1 and 8 streams |
 | [Gateway overhead](#gateway) | `tools/bench_gateway.py` | added TTFT and CPU per 1,000 relayed tokens of the gateway alone at 200 streams (`tools/bench_dispatch.py`: the upstream client alone) |
-| [Platform overhead](#platform) | `tools/bench_platform.py` | direct to enginesim vs gateway → orchestrator → agent → enginesim at 200 and 1,000 streams, burst and steady arrivals |
+| [Platform overhead](#platform) | `tools/bench_platform.py` | direct to enginesim vs gateway → orchestrator → agent → enginesim at 200 and 1,000 streams, burst and steady arrivals: added TTFT and per-request transit |
 | [Relay hot path](#hotpath) | `tools/bench_hotpath.py` | CPU per relayed token per process, before/after the hot-path work; `tools/bench_settle.py`: one ledger settle |
 """
 
