@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 import httpx
 import pytest
@@ -150,3 +152,56 @@ async def test_reusing_a_running_request_id_is_400_and_keeps_the_running_slot(
     assert rows == [("req-running", "reserved")]
     assert reserved > 0
     assert env.dispatcher.requests == []
+
+
+class GatedLedger:
+    """The real ledger, with `reserve` held at a gate (to cancel the request while it is in flight)."""
+
+    def __init__(self, real: Any) -> None:
+        self._real = real
+        self.entered = asyncio.Event()
+        self.gate = asyncio.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real, name)
+
+    async def reserve(self, **kwargs: Any) -> Any:
+        self.entered.set()
+        await self.gate.wait()
+        return await self._real.reserve(**kwargs)
+
+
+@pytest.mark.parametrize(
+    ("limits", "warm", "landed"),
+    [({}, False, True), ({"max_streams": 3}, True, True), ({"max_streams": 3}, False, False)],
+    ids=["overlapped-no-limits", "overlapped-after-an-answer", "in-order"],
+)
+async def test_a_request_cancelled_while_its_reservation_is_in_flight_leaks_nothing(
+    env: GatewayEnv, limits: dict[str, int], warm: bool, landed: bool
+) -> None:
+    """The client goes away while the checks run. Overlapped, the reservation is its own task and
+    commits after the cancellation: it is cancelled once it lands, and the slot is given back. In
+    order, the reservation is cancelled before it starts. Nothing is dispatched either way."""
+    _, key = await env.team_with_key("a", **limits)
+    kid = await key_id(env)
+    headers = {"Authorization": f"Bearer {key}", "x-request-id": "req-cancelled"}
+    if warm:  # a first answer on record: the next request of this limited key overlaps
+        async with client(env) as c:
+            warm_headers = headers | {"x-request-id": "req-warm-1"}
+            assert (await c.post("/v1/chat/completions", json=BODY, headers=warm_headers)).status_code == 200
+    gated = GatedLedger(env.deps.ledger)
+    env.deps.ledger = gated
+    async with client(env) as c:
+        request = asyncio.ensure_future(c.post("/v1/chat/completions", json=BODY, headers=headers))
+        async with asyncio.timeout(10):
+            await gated.entered.wait()
+        request.cancel()
+        gated.gate.set()  # an overlapped reservation commits after the client is gone
+        with pytest.raises(asyncio.CancelledError):
+            await request
+    rows, _, reserved = await ledger(env)
+    assert (("req-cancelled", "cancelled") in rows) is landed
+    assert ("req-cancelled", "reserved") not in rows
+    assert reserved == 0
+    assert await env.redis.scard(f"streams:{kid}") == 0
+    assert [r.request_id for r in env.dispatcher.requests] == (["req-warm-1"] if warm else [])
