@@ -190,7 +190,7 @@ async def test_a_request_cancelled_while_its_reservation_is_in_flight_leaks_noth
             warm_headers = headers | {"x-request-id": "req-warm-1"}
             assert (await c.post("/v1/chat/completions", json=BODY, headers=warm_headers)).status_code == 200
     gated = GatedLedger(env.deps.ledger)
-    env.deps.ledger = gated
+    env.deps.ledger = gated  # type: ignore[assignment]  # a wrapper with the same interface
     async with client(env) as c:
         request = asyncio.ensure_future(c.post("/v1/chat/completions", json=BODY, headers=headers))
         async with asyncio.timeout(10):
