@@ -61,7 +61,7 @@ class Run:
     arrivals: str = "burst"
     cpu_s: float = 0.0
     rss_per_stream_kib: float = 0.0
-    waits_ms: str = ""  # mean gateway / orchestrator queue wait during the run (where the time goes)
+    waits_ms: str = ""  # mean gateway dispatch time / orchestrator queue wait during the run
 
     @property
     def tokens(self) -> int:
@@ -167,7 +167,7 @@ def _scrape(url: str, family: str) -> tuple[float, float]:
 
 def _waits(platform: LocalPlatform) -> list[tuple[float, float]]:
     return [
-        _scrape(platform.gateway_url + "/metrics", "llmfleet_gateway_queue_wait_seconds"),
+        _scrape(platform.gateway_url + "/metrics", "llmfleet_gateway_dispatch_seconds"),
         _scrape(platform.orchestrator_url(0) + "/metrics", "llmfleet_orchestrator_queue_wait_seconds"),
     ]
 
@@ -364,7 +364,7 @@ def render(runs: list[Run], machine: dict[str, str], args: argparse.Namespace) -
         "",
         "| streams | arrivals | direct TTFT p50 / p99 ms | platform TTFT p50 / p99 ms | added p50 / p99 ms | "
         "transit p50 / p99 ms (direct \\| platform) | **added transit p50 / p99** ms | "
-        "mean queue wait gateway / orchestrator ms | CPU s / 1k tokens | RSS KiB / stream | platform requests |",
+        "mean gateway dispatch / orchestrator queue wait ms | CPU s / 1k tokens | RSS KiB / stream | platform requests |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
         *[_row(d, p) for d, p in pairs],
         "",

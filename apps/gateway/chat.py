@@ -89,6 +89,17 @@ _REFUSALS = {
 }
 
 
+QUEUE_WAIT_HEADER = "x-llmfleet-queue-wait"  # set by the orchestrator: seconds queued for a node
+
+
+def _seconds(value: str | None) -> float | None:
+    try:
+        seconds = float(value) if value is not None else None
+    except ValueError:
+        return None
+    return seconds if seconds is not None and 0.0 <= seconds < 86_400 else None
+
+
 def _duplicate_request_id() -> InvalidRequest:
     return InvalidRequest("Duplicate x-request-id.", param="x-request-id", code="duplicate_request_id")
 
@@ -266,7 +277,10 @@ class ChatHandler:
             ex.reserved = False
             self._m.reservations_open.dec()
             raise Unavailable("Timed out waiting for a node.", retry_after=5) from None
-        self._m.queue_wait.labels(chat.model).observe(time.monotonic() - admitted_at)
+        self._m.dispatch.labels(chat.model).observe(time.monotonic() - admitted_at)
+        queued = _seconds(upstream.headers.get(QUEUE_WAIT_HEADER))
+        if queued is not None:
+            self._m.queue_wait.labels(chat.model).observe(queued)
         if upstream.status != 200:
             return await self._upstream_error(upstream, ex)
         headers = {"x-request-id": ex.request_id, **ex.headers}

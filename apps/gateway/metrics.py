@@ -32,7 +32,14 @@ class GatewayMetrics:
         )
         self.queue_wait = Histogram(
             "llmfleet_gateway_queue_wait_seconds",
-            "Time from admission until the orchestrator answered (queue + first token)",
+            "Time a request waited in the orchestrator's queue for a node (as the orchestrator reports it)",
+            ["model"],
+            buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 2, 5, 10, 30),
+            registry=registry,
+        )
+        self.dispatch = Histogram(
+            "llmfleet_gateway_dispatch_seconds",
+            "Time from admission until the orchestrator answered: queue wait + the engine's first token",
             ["model"],
             buckets=(0.005, 0.01, 0.05, 0.1, 0.5, 1, 2, 5, 10, 30),
             registry=registry,

@@ -30,6 +30,7 @@ from apps.orchestrator.scheduling.view import NodeView, PickRequest
 from apps.orchestrator.streams import ChunkEv, DoneEv, ErrorEv, LostEv, RequestStream
 
 MAX_ATTEMPTS = 2
+QUEUE_WAIT_HEADER = "x-llmfleet-queue-wait"  # seconds this request waited for a node (gateway metric)
 CLEANUP_S = 5.0
 
 
@@ -80,6 +81,7 @@ class _Relay:
         self.chunks = 0
         self.outcome = "ok"
         self._t0 = plane.deps.monotonic()
+        self.queued_s = 0.0  # time in the model's queue waiting for a node (all attempts)
 
     async def run(self) -> web.StreamResponse:
         plane, dreq = self.plane, self.dreq
@@ -93,11 +95,14 @@ class _Relay:
                 if attempt > 1:
                     remaining = max(1.0, remaining)  # a retry always gets a short chance to queue
                 pick = PickRequest(dreq.model, dreq.request_id, frozenset(excluded), settings.kv_cache_max)
+                queued_at = plane.deps.monotonic()
                 try:
                     node = await plane.queues.acquire(pick, remaining, self._retry_hint())
                 except LlmfleetError as exc:
+                    self.queued_s += plane.deps.monotonic() - queued_at
                     self.outcome = exc.code or "unavailable"
                     return await self._fail_before_output(exc)
+                self.queued_s += plane.deps.monotonic() - queued_at
                 if self._gateway_gone():
                     await shielded(
                         plane.fleet.release_slot(node.node_id, dreq.request_id), CLEANUP_S, "release"
@@ -252,6 +257,7 @@ class _Relay:
                 "Cache-Control": "no-cache",
                 "x-request-id": self.dreq.request_id,
                 "x-llmfleet-node": node.node_id,
+                QUEUE_WAIT_HEADER: f"{self.queued_s:.6f}",
             },
         )
         if self.request.version >= (1, 1):
@@ -290,7 +296,9 @@ class _Relay:
 
     async def _fail_before_output(self, exc: LlmfleetError) -> web.StreamResponse:
         await self._cancel_reservation()
-        return error_response(exc, self.dreq.request_id)
+        response = error_response(exc, self.dreq.request_id)
+        response.headers[QUEUE_WAIT_HEADER] = f"{self.queued_s:.6f}"
+        return response
 
     async def _cancel_reservation(self) -> None:
         # Nothing ran: the reservation must not wait for the sweeper (idempotent: the

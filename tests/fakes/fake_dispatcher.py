@@ -25,7 +25,9 @@ class FakeUpstream:
         self._owner = owner
         self._req = request
         self.status = owner.status
-        self.headers: Mapping[str, str] = {"retry-after": "3"} if owner.status != 200 else {}
+        self.headers: Mapping[str, str] = {"x-llmfleet-queue-wait": "0.25"}
+        if owner.status != 200:
+            self.headers = {**self.headers, "retry-after": "3"}
         body = request.body
         self.tokens = owner.tokens if owner.tokens is not None else int(body.get("max_tokens") or 8)
         self.prompt_tokens = 11

@@ -269,6 +269,9 @@ async def test_readyz_livez_metrics(env: GatewayEnv) -> None:
         text = (await c.get("/metrics")).text
     assert 'llmfleet_gateway_requests_total{model="llama-3.1-8b-instruct",status="200"} 1.0' in text
     assert "llmfleet_gateway_asyncio_tasks" in text
+    # Queue wait as the orchestrator reported it (the fake: 0.25 s), not the time to its answer.
+    assert 'llmfleet_gateway_queue_wait_seconds_sum{model="llama-3.1-8b-instruct"} 0.25' in text
+    assert 'llmfleet_gateway_dispatch_seconds_count{model="llama-3.1-8b-instruct"} 1.0' in text
 
 
 async def test_node_admin_routes(env: GatewayEnv) -> None:

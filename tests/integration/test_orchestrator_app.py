@@ -147,6 +147,7 @@ async def test_queue_wait_limit_gives_503_with_retry_after_and_cancels_the_reser
     assert status == 503
     assert int(headers["Retry-After"]) >= 1
     assert json.loads(body)["error"]["code"] == "queue_timeout"
+    assert 0.3 <= float(headers["x-llmfleet-queue-wait"]) < 5  # it waited its whole queue limit
     assert env.ledger.status("r1") is ReservationStatus.CANCELLED
 
 
@@ -158,6 +159,7 @@ async def test_onprem_nodes_fill_first(env: Env) -> None:
     status, headers, _ = await env.dispatch(orch, "r1")
     assert status == 200
     assert headers["x-llmfleet-node"] == "prem-1"
+    assert 0 <= float(headers["x-llmfleet-queue-wait"]) < 1  # a node had room at once
 
 
 async def test_capacity_queue_serves_in_order_when_slots_free(env: Env) -> None:
