@@ -78,7 +78,7 @@ class RssSampler:
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def rss(self) -> int:
-        return sum(p.memory_info().rss for p in self.procs)
+        return sum(p.memory_info().rss for p in _tree(self.procs))
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -94,9 +94,18 @@ class RssSampler:
         self._thread.join(5)
 
 
+def _tree(procs: list[psutil.Process]) -> list[psutil.Process]:
+    """The processes and their live descendants (a gateway with `--workers N` serves from children)."""
+    out: list[psutil.Process] = []
+    for p in procs:
+        out.append(p)
+        out.extend(p.children(recursive=True))
+    return out
+
+
 def _cpu(procs: list[psutil.Process]) -> float:
     total = 0.0
-    for p in procs:
+    for p in _tree(procs):
         t = p.cpu_times()
         total += t.user + t.system + t.children_user + t.children_system
     return total
@@ -172,9 +181,12 @@ def _waits(platform: LocalPlatform) -> list[tuple[float, float]]:
     ]
 
 
-def bench_platform_config(data_dir: Path, database_url: str, redis_url: str, speed: float) -> PlatformConfig:
-    """One gateway, one orchestrator, one agent in front of an 8B enginesim with room for 1,024
-    sequences and 400,000 KV blocks, so that the engine is never the bottleneck."""
+def bench_platform_config(
+    data_dir: Path, database_url: str, redis_url: str, speed: float, gateway_workers: int = 1
+) -> PlatformConfig:
+    """One gateway (`gateway_workers` processes), one orchestrator, one agent in front of an 8B
+    enginesim with room for 1,024 sequences and 400,000 KV blocks, so that the engine is never the
+    bottleneck."""
     node = NodeSpec(
         "bench-8b",
         MODEL_8B,
@@ -191,6 +203,7 @@ def bench_platform_config(data_dir: Path, database_url: str, redis_url: str, spe
         redis_url=redis_url,
         speed=speed,
         ready_timeout_s=120,
+        gateway_env={"LLMFLEET_WORKERS": str(gateway_workers)},
     )
 
 
@@ -203,7 +216,7 @@ def _platform_run(
     arrivals: str,
 ) -> Run:
     assert platform.credentials is not None
-    idle_rss = sum(p.memory_info().rss for p in relay)
+    idle_rss = sum(p.memory_info().rss for p in _tree(relay))
     cpu0 = _cpu(relay)
     waits0 = _waits(platform)
     with RssSampler(relay) as sampler:
@@ -239,7 +252,9 @@ def bench(args: argparse.Namespace) -> tuple[list[Run], dict[str, str]]:
     runs: list[Run] = []
     try:
         with tempfile.TemporaryDirectory(prefix="llmfleet-bench-") as tmp:
-            config = bench_platform_config(Path(tmp), _with_db(admin_url, dbname), redis_url, args.speed)
+            config = bench_platform_config(
+                Path(tmp), _with_db(admin_url, dbname), redis_url, args.speed, args.gateway_workers
+            )
             node = config.nodes[0]
             with LocalPlatform(config) as platform:
                 assert platform.credentials is not None
@@ -383,6 +398,9 @@ def main() -> int:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--prompt-tokens", type=int, default=128)
     parser.add_argument("--speed", type=float, default=1.0)
+    parser.add_argument(
+        "--gateway-workers", type=int, default=1, help="gateway worker processes (LLMFLEET_WORKERS)"
+    )
     parser.add_argument("--arrivals", default="burst,steady", help="comma-separated: burst, steady")
     parser.add_argument("--out", type=Path, default=Path("docs/bench/platform.md"))
     args = parser.parse_args()
