@@ -117,6 +117,7 @@ class Exchange:
     reserved: bool = False
     headers: dict[str, str] = field(default_factory=dict)
     pending: tuple[asyncio.Future[None], ...] = ()  # admission and reservation running concurrently
+    ledger_refusal: LlmfleetError | None = None  # the ledger's refusal (402...), counted if it is the answer
 
 
 class ChatHandler:
@@ -176,6 +177,10 @@ class ChatHandler:
             else:
                 await self._admit(principal, ex)
                 await self._reserve(chat, principal, team_id, ex)
+        except LlmfleetError as exc:
+            if exc is ex.ledger_refusal:  # not when the admission refused too: one reason per request
+                self._m.rejections.labels(exc.code or "ledger").inc()
+            raise
         finally:
             if overlapped:
                 self._speculation.end(subject, limits)
@@ -218,7 +223,7 @@ class ChatHandler:
             self._m.pg_errors.inc()
             raise Unavailable("The ledger is unavailable.", retry_after=5) from None
         except LlmfleetError as exc:
-            self._m.rejections.labels(exc.code or "ledger").inc()
+            ex.ledger_refusal = exc
             raise
         ex.reserved = True
         self._m.reservations_open.inc()

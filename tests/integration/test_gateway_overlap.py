@@ -97,6 +97,7 @@ async def test_a_key_without_limits_overlaps_and_a_402_gives_the_slot_back(env: 
         text = (await c.get("/metrics")).text
     assert r.status_code == 402
     assert metric(text, 'llmfleet_gateway_checks_seconds_count{mode="overlapped"}') == 1
+    assert metric(text, 'llmfleet_gateway_rejections_total{reason="insufficient_balance"}') == 1
     kid = await key_id(env)
     assert await env.redis.scard(f"streams:{kid}") == 0  # the admitted slot was given back
 
@@ -113,6 +114,9 @@ async def test_when_both_refuse_the_admission_refusal_is_the_answer(env: Gateway
         text = (await c.get("/metrics")).text
     assert r.status_code == 429  # as in order: the cheaper check's refusal wins
     assert r.json()["error"]["code"] == "rpm"
+    # One reason per refused request: the first request's 402, the second's 429 (not also a 402).
+    assert metric(text, 'llmfleet_gateway_rejections_total{reason="insufficient_balance"}') == 1
+    assert metric(text, 'llmfleet_gateway_rejections_total{reason="rpm"}') == 1
     assert metric(text, 'llmfleet_gateway_checks_seconds_count{mode="overlapped"}') == 1
     rows, _, reserved = await ledger(env)
     assert rows == []
