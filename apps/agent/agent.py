@@ -69,6 +69,7 @@ class Agent:
         self._beats: HeartbeatSource | None = None
         self._group: asyncio.TaskGroup | None = None
         self._max_model_len = settings.max_model_len
+        self._protocol_version = proto.PROTOCOL_VERSION  # the next attempt's (1 after a 4001)
         self._gpus = settings.gpus
         self._heartbeat_interval_s = settings.heartbeat_interval_s
         self._timeouts = RelayTimeouts(
@@ -201,12 +202,12 @@ class Agent:
         cafile = str(self.settings.ca_bundle) if self.settings.ca_bundle else None
         return ssl.create_default_context(cafile=cafile)
 
-    def _register_frame(self) -> proto.Register:
+    def _register_frame(self, version: int = proto.PROTOCOL_VERSION) -> proto.Register:
         assert self._max_model_len is not None
         return proto.Register(
             node_id=self.settings.node_id,
             token=self.settings.node_token.get_secret_value(),
-            version=proto.PROTOCOL_VERSION,
+            version=version,
             gpus=self._gpus or 0,
             models=[
                 proto.ModelInfo(
@@ -228,6 +229,7 @@ class Agent:
                     return
                 self._set_state(AgentState.CONNECTING)
                 retry_after: float | None = None
+                version, self._protocol_version = self._protocol_version, proto.PROTOCOL_VERSION
                 try:
                     async with ws_session.ws_connect(
                         self.settings.orchestrator_url,
@@ -236,13 +238,21 @@ class Agent:
                         timeout=aiohttp.ClientWSTimeout(ws_close=_CLEANUP_S),
                         max_msg_size=16 * 1024 * 1024,
                     ) as ws:
-                        ack = await register(ws, self._register_frame(), self.settings.register_timeout_s)
+                        ack = await register(
+                            ws, self._register_frame(version), self.settings.register_timeout_s
+                        )
+                        if self._stopping.is_set():
+                            return  # drained (SIGTERM) while this registration was in flight
                         self.metrics.connects.labels("registered").inc()
                         self.backoff.reset()
-                        await self._serve(ws, ack)
+                        await self._serve(ws, ack, batching=version >= proto.BATCHING_VERSION)
                 except RegistrationFailed as exc:
                     self.metrics.connects.labels("refused").inc()
                     retry_after = exc.retry_after_s
+                    if exc.close_code == proto.CLOSE_UNSUPPORTED_VERSION and version > 1:
+                        # An orchestrator older than this agent: speak version 1 to it (no batched
+                        # messages) on the next attempt; the newest version is tried again after.
+                        self._protocol_version = 1
                     log.warning(
                         "registration failed",
                         extra={
@@ -278,8 +288,10 @@ class Agent:
         self._set_state(AgentState.CONNECTING)
         self._abort_all("connection to the orchestrator lost")
 
-    async def _serve(self, ws: aiohttp.ClientWebSocketResponse, ack: proto.RegisterAck) -> None:
-        conn = Connection(ws, self.settings.send_queue_size)
+    async def _serve(
+        self, ws: aiohttp.ClientWebSocketResponse, ack: proto.RegisterAck, *, batching: bool
+    ) -> None:
+        conn = Connection(ws, self.settings.send_queue_size, batching=batching)
         self._conn = conn
         self.orchestrator_id = ack.orchestrator_id
         self._heartbeat_interval_s = ack.heartbeat_interval_s or self.settings.heartbeat_interval_s

@@ -21,6 +21,7 @@ from apps.core.protocol import node as proto
 log = logging.getLogger("llmfleet.agent.connection")
 
 _BATCH_MAX = 512
+_MESSAGE_MAX = 1 << 20  # characters per batched message (the orchestrator accepts 8 MiB)
 _TCP_CORK: int | None = getattr(socket, "TCP_CORK", None)
 
 
@@ -92,9 +93,30 @@ def _not_urgent(item: tuple[bool, str]) -> bool:
     return not item[0]
 
 
+def _messages(batch: list[tuple[bool, str]]) -> list[str]:
+    """A batch as version-2 messages: its frames one per line, in order, at most `_MESSAGE_MAX`
+    characters per message (a larger single frame goes alone)."""
+    messages: list[str] = []
+    group: list[str] = []
+    size = 0
+    for _, text in batch:
+        if group and size + len(text) > _MESSAGE_MAX:
+            messages.append(proto.join_frames(group))
+            group, size = [], 0
+        group.append(text)
+        size += len(text) + 1
+    if group:
+        messages.append(proto.join_frames(group))
+    return messages
+
+
 class Connection:
-    def __init__(self, ws: aiohttp.ClientWebSocketResponse, queue_size: int) -> None:
+    def __init__(
+        self, ws: aiohttp.ClientWebSocketResponse, queue_size: int, *, batching: bool = False
+    ) -> None:
         self.ws = ws
+        # Protocol version 2: a batch goes out as one message, its frames one per line.
+        self.batching = batching
         # (urgent, text): an urgent frame (a request's first chunk) leads the batch it is sent in.
         self._queue: asyncio.Queue[tuple[bool, str]] = asyncio.Queue(maxsize=queue_size)
         self._closed = asyncio.Event()
@@ -138,15 +160,17 @@ class Connection:
         while True:
             batch = [await self._queue.get()]
             # Every frame queued meanwhile (one engine step queues one chunk per running
-            # request) goes out corked: one TCP segment for the batch instead of one
-            # each, so the orchestrator is woken and reads once per batch.
+            # request) goes out together: as one message (version 2), or corked (version 1):
+            # one TCP segment for the batch instead of one each, so the orchestrator is woken
+            # and reads once per batch.
             while len(batch) < _BATCH_MAX and not self._queue.empty():
                 batch.append(self._queue.get_nowait())
             if len(batch) > 1:
                 batch.sort(key=_not_urgent)  # stable: order within each class is kept
-            corked = len(batch) > 1 and self._cork(True)
+            messages = _messages(batch) if self.batching else [text for _, text in batch]
+            corked = len(messages) > 1 and self._cork(True)
             try:
-                for _, text in batch:
+                for text in messages:
                     await self.ws.send_str(text)
             except (ConnectionError, aiohttp.ClientError) as exc:
                 raise ConnectionLost(self.ws.close_code, "send failed") from exc

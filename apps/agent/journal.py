@@ -2,9 +2,11 @@
 
 Format: an append-only file of JSON lines, each `{"op": "done", "frame": {...}}` or
 `{"op": "ack", "request_id": "..."}`. A `done` line is fsynced before the frame is sent,
-so a crash right after cannot lose usage (losing an `ack` line would only cause one more
-replay: the ledger settle is idempotent on `request_id`). Writes are group-committed:
-one fsync covers every line queued while the previous write was in progress.
+so a crash right after cannot lose usage. An `ack` line is not written on its own: it rides
+along with the next `done` write (or the compaction, or `close`), so acknowledging never waits
+for the disk; losing it in a crash only causes one more replay, and the ledger settle is
+idempotent on `request_id`. Writes are group-committed: one fsync covers every line queued
+while the previous write was in progress.
 
 On open the file is replayed into the set of pending dones (a torn last line from a
 crash is ignored). When the file holds more than `compact_lines` lines it is rewritten
@@ -35,7 +37,8 @@ class Journal:
         self._lines = 0
         self._lock = asyncio.Lock()
         self._file: int | None = None
-        self._buffer: list[str] = []
+        self._buffer: list[str] = []  # done lines waiting for the next write
+        self._acks: list[str] = []  # ack lines waiting for the next write (never fsynced alone)
         self._seq = 0  # lines handed to _append so far
         self._flushed = 0  # lines written and fsynced so far
 
@@ -49,6 +52,9 @@ class Journal:
     async def close(self) -> None:
         async with self._lock:
             if self._file is not None:
+                if self._acks:
+                    lines, self._acks = self._acks, []
+                    await asyncio.to_thread(self._append_sync, lines)
                 fd, self._file = self._file, None
                 await asyncio.to_thread(os.close, fd)
 
@@ -69,10 +75,13 @@ class Journal:
         """Forget a done; returns False for an unknown id (a duplicate ack)."""
         if self._pending.pop(request_id, None) is None:
             return False
-        await self._append(json.dumps({"op": "ack", "request_id": request_id}, separators=(",", ":")))
-        if self._lines > self._compact_lines and self._lines > 2 * len(self._pending):
+        self._acks.append(json.dumps({"op": "ack", "request_id": request_id}, separators=(",", ":")))
+        lines = self._lines + len(self._acks)
+        if lines > self._compact_lines and lines > 2 * len(self._pending):
             async with self._lock:
+                covered = len(self._acks)  # acks arriving during the rewrite still get written
                 await asyncio.to_thread(self._compact_sync, list(self._pending.values()))
+                del self._acks[:covered]  # the rewritten file holds only what was still pending
         return True
 
     async def _append(self, line: str) -> None:
@@ -84,7 +93,7 @@ class Journal:
         async with self._lock:
             if self._flushed >= mine:
                 return  # written by the batch of an earlier caller
-            lines, self._buffer = self._buffer, []
+            lines, self._buffer, self._acks = self._acks + self._buffer, [], []
             upto = self._seq
             await asyncio.to_thread(self._append_sync, lines)
             self._flushed = upto

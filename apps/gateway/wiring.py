@@ -56,7 +56,7 @@ async def build_deps(settings: GatewaySettings) -> GatewayDeps:
     # Autocommit: every statement the gateway's stores run outside an explicit `transaction()` is a
     # single statement (the reservation is one CTE), so the implicit transaction only cost a second
     # round trip (COMMIT) per request and held the team's row lock across it; multi-statement
-    # writes (credits, settle) use `conn.transaction()` and stay atomic.
+    # writes (credits) use `conn.transaction()` and stay atomic.
     pool = AsyncConnectionPool(
         settings.database_url,
         min_size=settings.pg_pool_min,

@@ -53,6 +53,7 @@ def create_app(settings: OrchestratorSettings, deps: OrchestratorDeps) -> web.Ap
         plane.metrics,
         queue_size=settings.settle_queue,
         record_ttl_s=settings.done_record_ttl_s,
+        on_slot_freed=plane.queues.notify,
     )
     sweeper = Sweeper(
         deps.redis,
@@ -196,8 +197,14 @@ async def build_deps(settings: OrchestratorSettings) -> tuple[OrchestratorDeps, 
     if not settings.internal_token.get_secret_value():
         raise LlmfleetError("LLMFLEET_INTERNAL_TOKEN is not set (the bearer the gateway uses)")
     spec = load_spec(settings.stack)
+    # Autocommit, as the gateway's: the ledger's settle and cancel are single statements (one round
+    # trip each instead of BEGIN, statement, COMMIT); multi-statement writes use `transaction()`.
     pool: AsyncConnectionPool = AsyncConnectionPool(
-        settings.database_url, min_size=1, max_size=settings.pg_pool_max, open=False
+        settings.database_url,
+        min_size=1,
+        max_size=settings.pg_pool_max,
+        kwargs={"autocommit": True},
+        open=False,
     )
     await pool.open()
     # A blocking pool: under a burst, callers wait briefly for a connection instead of

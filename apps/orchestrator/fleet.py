@@ -217,9 +217,13 @@ class Fleet:
         return result
 
     async def release_slot(self, node_id: str, request_id: str) -> None:
-        removed = int(await self._redis.zrem(keys.node_inflight(node_id), request_id))
+        if int(await self._redis.zrem(keys.node_inflight(node_id), request_id)):
+            self.slot_freed(node_id)
+
+    def slot_freed(self, node_id: str) -> None:
+        """A slot of this node was freed in Redis (here or by the settler's script)."""
         current = self._nodes.get(node_id)
-        if removed and current is not None:
+        if current is not None:
             self._nodes[node_id] = current.with_in_flight(-1)
 
     async def assignment_node(self, request_id: str) -> str | None:

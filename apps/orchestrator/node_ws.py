@@ -37,6 +37,7 @@ from apps.core.protocol.node import (
     RegisterRefused,
     decode_node_frame,
     encode,
+    split_frames,
 )
 from apps.orchestrator.aio import shielded, until_first_ends
 from apps.orchestrator.connection import NodeConnection
@@ -164,58 +165,66 @@ class NodeSockets:
         event("node_registered", node_id=frame.node_id, location=conn.location, models=list(conn.models))
 
     async def _reader(self, ws: web.WebSocketResponse, conn: NodeConnection) -> None:
-        plane = self.plane
         async for msg in ws:
             if msg.type != WSMsgType.TEXT:
                 if msg.type == WSMsgType.ERROR:
                     conn.close(1011, "websocket error")
                     return
                 continue
-            try:
-                frame = decode_node_frame(msg.data)
-            except ValidationError:
-                conn.close(CLOSE_PROTOCOL_ERROR, "invalid frame")
-                return
-            if type(frame) is Chunk:
-                # Hot path (one per relayed chunk): a local relay gets it synchronously.
-                route = conn.routes.get(frame.request_id)
-                if type(route) is RequestStream:
-                    if route.deliver(ChunkEv(frame.delta)):
-                        # The relay was parked (typically for its first chunk): let it write before
-                        # this reader goes on with the rest of the batch, which is often a whole
-                        # engine step of other requests' chunks.
-                        await asyncio.sleep(0)
-                else:
-                    await plane.route_frame(conn, frame, msg.data)
-            elif isinstance(frame, Heartbeat):
-                await self._heartbeat(conn, frame)
-            elif isinstance(frame, Done | Error):
-                route = await plane.route_frame(conn, frame, msg.data)
-                if isinstance(frame, Done):
-                    await self.settler.submit(
-                        SettleJob(
-                            conn.node_id, frame.request_id, frame.prompt_tokens, frame.completion_tokens, conn
-                        )
-                    )
-                elif isinstance(frame, Error) and frame.chunks_sent > 0:
-                    await self.settler.submit(
-                        SettleJob(
-                            conn.node_id, frame.request_id, frame.prompt_tokens, frame.completion_tokens, None
-                        )
-                    )
-                await plane.fleet.release_slot(conn.node_id, frame.request_id)
-                if isinstance(route, RequestStream):
-                    route.slot_released = True
-                plane.queues.notify()
-            elif isinstance(frame, Drained):
-                conn.drained = True
-                await plane.deps.node_store.record_event(conn.node_id, "drained", plane.id, frame.reason)
-                event("node_drained", node_id=conn.node_id)
+            # One frame, or (protocol version 2) a batch of frames, one per line, in order.
+            for text in split_frames(msg.data):
+                if not await self._frame(conn, text) or conn.closing.is_set():
+                    return
+
+    async def _frame(self, conn: NodeConnection, text: str) -> bool:
+        """Handle one frame from the node; False when the connection must end."""
+        plane = self.plane
+        try:
+            frame = decode_node_frame(text)
+        except ValidationError:
+            conn.close(CLOSE_PROTOCOL_ERROR, "invalid frame")
+            return False
+        if type(frame) is Chunk:
+            # Hot path (one per relayed chunk): a local relay gets it synchronously.
+            route = conn.routes.get(frame.request_id)
+            if type(route) is RequestStream:
+                if route.deliver(ChunkEv(frame.delta)):
+                    # The relay was parked (typically for its first chunk): let it write before
+                    # this reader goes on with the rest of the batch, which is often a whole
+                    # engine step of other requests' chunks.
+                    await asyncio.sleep(0)
             else:
-                conn.close(CLOSE_PROTOCOL_ERROR, "unexpected register frame")
-                return
-            if conn.closing.is_set():
-                return
+                await plane.route_frame(conn, frame, text)
+        elif isinstance(frame, Heartbeat):
+            await self._heartbeat(conn, frame)
+        elif isinstance(frame, Done | Error):
+            route = await plane.route_frame(conn, frame, text)
+            if isinstance(frame, Done) or frame.chunks_sent > 0:
+                # The settle job frees the node slot in the same Redis call as its done record,
+                # off this reader's path (it is not awaited here for every finished request).
+                ack_to = conn if isinstance(frame, Done) else None
+                await self.settler.submit(
+                    SettleJob(
+                        conn.node_id,
+                        frame.request_id,
+                        frame.prompt_tokens,
+                        frame.completion_tokens,
+                        ack_to,
+                    )
+                )
+            else:
+                await plane.fleet.release_slot(conn.node_id, frame.request_id)
+                plane.queues.notify()
+            if isinstance(route, RequestStream):
+                route.slot_released = True
+        elif isinstance(frame, Drained):
+            conn.drained = True
+            await plane.deps.node_store.record_event(conn.node_id, "drained", plane.id, frame.reason)
+            event("node_drained", node_id=conn.node_id)
+        else:
+            conn.close(CLOSE_PROTOCOL_ERROR, "unexpected register frame")
+            return False
+        return True
 
     async def _heartbeat(self, conn: NodeConnection, frame: Heartbeat) -> None:
         plane = self.plane

@@ -1,9 +1,10 @@
 """Settlement on the replica holding the node's socket, and the sweeper.
 
 `done` (and an `error` after output started) becomes a `SettleJob` handled by a small
-pool of workers, so a slow PostgreSQL never blocks a node's reader. A job first writes
-the usage to `done:{request_id}` in Redis (the record the sweeper settles from if this
-replica dies before the settle commits), then settles through `settle_usage`, and only
+pool of workers, so neither a slow PostgreSQL nor Redis blocks a node's reader. A job first
+frees the request's node slot and writes the usage to `done:{request_id}` in Redis (one
+script: the record the sweeper settles from if this replica dies before the settle commits),
+then settles through `settle_usage`, and only
 after the commit sends `done_ack`, so the agent forgets the request only once it is
 billed. A `done` from a node that no longer holds the assignment (`req:{id}` names the
 node the request was retried on) is acknowledged without settling: the retry bills it.
@@ -20,6 +21,7 @@ import asyncio
 import contextlib
 import json
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
@@ -34,13 +36,15 @@ from apps.orchestrator.logs import event
 from apps.orchestrator.metrics import Metrics
 from apps.orchestrator.plane import SettleFn
 
-# One round trip instead of two (HGET, then SET): skip when the assignment moved to
-# another node (`req:{id}`.node names it), else write the done record the sweeper reads.
+# One round trip instead of three (ZREM, HGET, then SET): free the node's slot, then skip when
+# the assignment moved to another node (`req:{id}`.node names it), else write the done record
+# the sweeper reads. Returns {recorded, slot freed}.
 _RECORD_DONE_LUA = """
+local freed = redis.call('ZREM', KEYS[3], ARGV[4])
 local current = redis.call('HGET', KEYS[1], 'node')
-if current and current ~= ARGV[1] then return 0 end
+if current and current ~= ARGV[1] then return {0, freed} end
 redis.call('SET', KEYS[2], ARGV[2], 'EX', ARGV[3])
-return 1
+return {1, freed}
 """
 
 
@@ -63,8 +67,10 @@ class Settler:
         *,
         queue_size: int,
         record_ttl_s: int,
+        on_slot_freed: Callable[[], None] = lambda: None,
     ) -> None:
         self._redis = redis
+        self._on_slot_freed = on_slot_freed
         self._fleet = fleet
         self._settle = settle
         self._metrics = metrics
@@ -94,6 +100,9 @@ class Settler:
                 # The done record stays in Redis and the agent replays the unacked done.
                 self._metrics.settles.labels(outcome="error").inc()
                 event("settle_failed", logging.WARNING, request_id=job.request_id, error=type(exc).__name__)
+                with contextlib.suppress(Exception):  # the slot, if the script never ran (else a no-op)
+                    await self._fleet.release_slot(job.node_id, job.request_id)
+                self._on_slot_freed()
             finally:
                 self._busy -= 1
                 if self._queue.empty() and self._busy == 0:
@@ -105,10 +114,17 @@ class Settler:
             "prompt_tokens": job.prompt_tokens,
             "completion_tokens": job.completion_tokens,
         }
-        recorded = await self._record_done(
-            keys=[keys.request_key(job.request_id), keys.done_key(job.request_id)],
-            args=[job.node_id, json.dumps(record), self._ttl],
+        recorded, freed = await self._record_done(
+            keys=[
+                keys.request_key(job.request_id),
+                keys.done_key(job.request_id),
+                keys.node_inflight(job.node_id),
+            ],
+            args=[job.node_id, json.dumps(record), self._ttl, job.request_id],
         )
+        if int(freed):
+            self._fleet.slot_freed(job.node_id)
+        self._on_slot_freed()
         if not int(recorded):
             self._metrics.settles.labels(outcome="superseded").inc()
             self._ack(job)

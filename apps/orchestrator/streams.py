@@ -72,7 +72,7 @@ class RequestStream:
         self._timer: asyncio.TimerHandle | None = None
         self.finished = False  # a terminal event was delivered
         self.owner = ""  # for a node owned by another replica: that replica's id
-        self.slot_released = False  # the node socket's reader freed the node slot on done/error
+        self.slot_released = False  # done/error: the node socket's reader (or its settle job) frees the slot
         # The relay's direct writer (`relay.py`): offered each chunk while the relay waits in `next()`
         # with nothing queued; a chunk it takes (True) is already on the gateway's socket.
         self.sink: Callable[[str], bool] | None = None

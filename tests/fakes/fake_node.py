@@ -205,6 +205,11 @@ class FakeNode:
         assert self._ws is not None
         await self._ws.send_str(proto.encode(frame))
 
+    async def send_batch(self, frames: list[proto._Frame]) -> None:
+        """Several frames in one message (protocol version 2)."""
+        assert self._ws is not None
+        await self._ws.send_str(proto.join_frames([proto.encode(f) for f in frames]))
+
     async def heartbeat(self, **kw: Any) -> None:
         await self.send(proto.Heartbeat(**{"queue_depth": 0, "kv_cache_usage": 0.0, **kw}))
 

@@ -1,9 +1,10 @@
 """A scripted orchestrator (aiohttp WebSocket server) for the agent's unit tests.
 
-`script` decides how each successive `register` is answered: "ack", a
-`RegisterRefused` frame, or `("close", code)`. Every frame a node sends is kept in
-`frames` as `(connection number, frame)`; `wait_for(predicate)` waits for one without
-sleeping. `auto_ack_done` answers every `done` with `done_ack`.
+`script` decides how each successive `register` is answered: "ack", "hold" (ack once
+`release_ack` is set), a `RegisterRefused` frame, or `("close", code)`. Every frame a node sends is kept in
+`frames` as `(connection number, frame)`, and the number of frames each message carried
+(protocol version 2 batches several) in `message_sizes`; `wait_for(predicate)` waits for one
+without sleeping. `auto_ack_done` answers every `done` with `done_ack`.
 """
 
 from __future__ import annotations
@@ -40,6 +41,8 @@ class FakeOrchestrator:
     ssl_context: ssl.SSLContext | None = None
     frames: list[tuple[int, proto.NodeFrame]] = field(default_factory=list)
     registrations: list[proto.Register] = field(default_factory=list)
+    message_sizes: list[tuple[int, int]] = field(default_factory=list)  # (connection, frames in it)
+    release_ack: asyncio.Event = field(default_factory=asyncio.Event)  # for the "hold" action
     connections: int = 0
     port: int = 0
     _ws: web.WebSocketResponse | None = None
@@ -125,6 +128,8 @@ class FakeOrchestrator:
         if isinstance(action, tuple):
             await ws.close(code=action[1])
             return ws
+        if action == "hold":
+            await self.release_ack.wait()
         self._ws = ws
         await ws.send_str(
             proto.encode(
@@ -138,10 +143,13 @@ class FakeOrchestrator:
         async for msg in ws:
             if msg.type != WSMsgType.TEXT:
                 continue
-            frame = proto.decode_node_frame(msg.data)
-            await self._record(conn, frame)
-            if isinstance(frame, proto.Done) and self.auto_ack_done and not ws.closed:
-                await ws.send_str(proto.encode(proto.DoneAck(request_id=frame.request_id)))
+            texts = proto.split_frames(msg.data)
+            self.message_sizes.append((conn, len(texts)))
+            for text in texts:
+                frame = proto.decode_node_frame(text)
+                await self._record(conn, frame)
+                if isinstance(frame, proto.Done) and self.auto_ack_done and not ws.closed:
+                    await ws.send_str(proto.encode(proto.DoneAck(request_id=frame.request_id)))
         if self._ws is ws:
             self._ws = None
         return ws

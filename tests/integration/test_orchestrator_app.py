@@ -121,6 +121,34 @@ async def test_dispatch_streams_chunks_usage_and_done_then_settles_and_acks(env:
     assert env.ledger.status("r1") is ReservationStatus.SETTLED
 
 
+async def test_a_batched_message_is_relayed_in_order_then_settled_and_the_slot_freed(env: Env) -> None:
+    orch = await env.orchestrator()
+    node = await env.node(orch, "n1")
+    env.ledger.add("r1")
+    task = asyncio.create_task(env.dispatch(orch, "r1"))
+    assign = await asyncio.wait_for(node.assigns.get(), 5)
+    assert await env.redis.zcard(keys.node_inflight("n1")) == 1
+    await node.send_batch(
+        [
+            proto.Chunk(request_id=assign.request_id, delta=vllm_chunk("r1", "m", "one")),
+            proto.Heartbeat(queue_depth=0, kv_cache_usage=0.0),
+            proto.Chunk(request_id=assign.request_id, delta=vllm_chunk("r1", "m", "two")),
+            proto.Done(
+                request_id=assign.request_id, prompt_tokens=5, completion_tokens=2, finish_reason="stop"
+            ),
+        ]
+    )
+    status, _, body = await task
+    evs = events(body)
+    assert status == 200
+    assert b"one" in evs[0]
+    assert b"two" in evs[1]
+    assert evs[-1] == b"[DONE]"
+    await node.wait_for(lambda: "r1" in node.acks)
+    assert env.ledger.settle_calls == [("r1", 5, 2)]
+    assert await env.redis.zcard(keys.node_inflight("n1")) == 0  # freed by the settle job's script
+
+
 async def test_usage_chunk_is_stripped_when_the_client_did_not_ask(env: Env) -> None:
     orch = await env.orchestrator()
     await env.node(orch, "n1", auto=Auto(tokens=2))

@@ -114,3 +114,22 @@ async def test_refusal_close_codes_back_off_and_retry(tmp_path: Path, code: int)
     async with running_agent(tmp_path, orch=orch, deps=deps) as run:
         assert [round(s, 3) for s in clock.sleeps] == [1.0, 2.0]
         assert run.agent.ready()
+
+
+async def test_an_older_orchestrator_gets_version_1_and_the_newest_is_tried_again_later(
+    tmp_path: Path,
+) -> None:
+    clock = RecordingClock()
+    orch = FakeOrchestrator(script=[("close", proto.CLOSE_UNSUPPORTED_VERSION), "ack", "ack"])
+    deps = AgentDeps(clock=clock, rng=FixedRandom(0.5), gpu_probe=NoGpuProbe())
+    async with running_agent(tmp_path, orch=orch, deps=deps) as run:
+        assert [r.version for r in orch.registrations] == [proto.PROTOCOL_VERSION, 1]
+        for rid in ("v1a", "v1b"):
+            await orch.send(run.assign(rid, {"tokens": 4}))
+        for rid in ("v1a", "v1b"):
+            await run.result(rid)
+        # Version 1 has no batched messages: every message of that connection held one frame.
+        assert {n for conn, n in orch.message_sizes if conn == 2} == {1}
+        await orch.cut()
+        await orch.wait_connections(3)
+        assert orch.registrations[2].version == proto.PROTOCOL_VERSION

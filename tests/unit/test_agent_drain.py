@@ -105,3 +105,14 @@ async def test_sigterm_drains_and_exits_zero(tmp_path: Path) -> None:
         await engine.stop()
     # the handler is gone again: a later SIGTERM would not reach a dead agent
     assert signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, signal.default_int_handler, None)
+
+
+async def test_a_drain_while_registering_ends_the_agent_instead_of_serving(tmp_path: Path) -> None:
+    orch = FakeOrchestrator(script=["hold"])
+    async with running_agent(tmp_path, orch=orch, wait_registered=False) as run:
+        await orch.wait_connections(1)  # the register frame is in; its ack is held back
+        run.agent.drain(0.0, reason="sigterm")
+        await asyncio.wait_for(run.agent._stopping.wait(), 10)
+        orch.release_ack.set()
+        assert await asyncio.wait_for(run.task, 10) == 0  # before the fix: served on, never exited
+        assert not run.agent.registered.is_set()

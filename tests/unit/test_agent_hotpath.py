@@ -103,3 +103,44 @@ async def test_a_single_frame_is_not_corked_and_no_socket_is_fine() -> None:
         assert await conn2.send(proto.Chunk(request_id="r", delta=str(i)))
     await _drain(conn2, bare, 3)
     assert bare.log == [proto.encode_chunk("r", str(i)) for i in range(3)]
+
+
+async def test_version_2_sends_a_batch_as_one_message_urgent_first_and_uncorked() -> None:
+    sock = RecordingSocket()
+    ws = FakeWs(sock)
+    conn = Connection(cast(aiohttp.ClientWebSocketResponse, ws), queue_size=64, batching=True)
+    for i in range(3):
+        assert await conn.send(proto.Chunk(request_id=f"r{i}", delta=f"data: {i}\n\n"))
+    assert await conn.send(proto.Chunk(request_id="new", delta="data: first\n\n"), urgent=True)
+    assert await conn.send(proto.Done(request_id="r0", prompt_tokens=1, completion_tokens=1))
+    await _drain(conn, ws, 1)
+    assert len(ws.log) == 1  # one message for the whole batch
+    frames = [proto.decode_node_frame(text) for text in proto.split_frames(ws.log[0])]
+    assert [(f.type, f.request_id) for f in frames] == [  # type: ignore[union-attr]
+        ("chunk", "new"),
+        ("chunk", "r0"),
+        ("chunk", "r1"),
+        ("chunk", "r2"),
+        ("done", "r0"),
+    ]
+    assert frames[1] == proto.Chunk(request_id="r0", delta="data: 0\n\n")  # newlines survive the join
+    assert sock.options == []  # one write: no cork needed
+
+
+async def test_version_2_splits_a_batch_larger_than_the_message_bound(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import apps.agent.connection as connection
+
+    monkeypatch.setattr(connection, "_MESSAGE_MAX", 200)  # two of these frames per message
+    ws = FakeWs(RecordingSocket())
+    conn = Connection(cast(aiohttp.ClientWebSocketResponse, ws), queue_size=64, batching=True)
+    deltas = [f"data: {'x' * 30}{i}\n\n" for i in range(6)]
+    for i, delta in enumerate(deltas):
+        assert await conn.send(proto.Chunk(request_id=f"r{i}", delta=delta))
+    await _drain(conn, ws, 2)
+    sent = [x for x in ws.log if isinstance(x, str)]
+    assert [len(proto.split_frames(m)) for m in sent] == [2, 2, 2]
+    assert all(len(m) <= 200 for m in sent)
+    frames = [proto.decode_node_frame(t) for m in sent for t in proto.split_frames(m)]
+    assert frames == [proto.Chunk(request_id=f"r{i}", delta=d) for i, d in enumerate(deltas)]

@@ -132,3 +132,24 @@ async def test_concurrent_dones_are_group_committed_and_all_durable(tmp_path: Pa
     await again.open()
     assert [d.request_id for d in again.pending()] == [f"g{i}" for i in range(1, 50, 2)]
     await again.close()
+
+
+async def test_an_ack_waits_for_the_next_write_and_a_lost_ack_costs_one_replay(tmp_path: Path) -> None:
+    path = tmp_path / "j.jsonl"
+    j = Journal(path)
+    await j.open()
+    await j.record_done(_done("a"))
+    written = path.read_bytes()
+    assert await j.ack("a") is True
+    assert path.read_bytes() == written  # acknowledging never waits for the disk
+    # A crash now loses the ack: the journal replays "a" once more (the settle is idempotent).
+    crashed = Journal(path)
+    await crashed.open()
+    assert [d.request_id for d in crashed.pending()] == ["a"]
+    await crashed.close()
+    await j.record_done(_done("b"))  # the ack rides along with the next done
+    again = Journal(path)
+    await again.open()
+    assert [d.request_id for d in again.pending()] == ["b"]
+    await again.close()
+    await j.close()

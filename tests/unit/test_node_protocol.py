@@ -115,3 +115,26 @@ def test_encode_chunk_reproduces_the_golden_fixture() -> None:
     frame = proto.decode_node_frame(golden)
     assert isinstance(frame, proto.Chunk)
     assert proto.encode_chunk(frame.request_id, frame.delta) == golden
+
+
+def test_version_2_batch_golden_message_splits_into_frames_byte_for_byte() -> None:
+    raw = (FIXTURES / "batch_v2.txt").read_text()
+    texts = proto.split_frames(raw)
+    assert [proto.decode_node_frame(t).type for t in texts] == ["chunk", "heartbeat", "done"]
+    assert [proto.encode(proto.decode_node_frame(t)) for t in texts] == texts
+    assert proto.join_frames(texts) == raw
+    assert proto.split_frames(texts[0]) == [texts[0]]  # a version-1 message: one frame
+
+
+@pytest.mark.parametrize("path", sorted(FIXTURES.glob("*.json")), ids=lambda p: p.stem)
+def test_an_encoded_frame_never_holds_a_raw_newline(path: Path) -> None:
+    """What makes one frame per line safe: compact JSON escapes the SSE deltas' newlines."""
+    frame = proto.decode_node_frame(path.read_text()) if _type_of(path) in NODE_TYPES else None
+    if frame is not None:
+        assert "\n" not in proto.encode(frame)
+    assert "\n" not in proto.encode_chunk("r", "data: {}\n\n\r\u2028")
+
+
+def test_the_orchestrator_accepts_both_versions() -> None:
+    assert {1, 2} == proto.SUPPORTED_VERSIONS
+    assert proto.PROTOCOL_VERSION == proto.BATCHING_VERSION == 2

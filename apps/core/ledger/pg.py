@@ -152,10 +152,11 @@ class PgLedger:
     async def settle(self, request_id: str, prompt_tokens: int, completion_tokens: int) -> SettleResult:
         prompt_tokens, completion_tokens = max(prompt_tokens, 0), max(completion_tokens, 0)
         params = {"rid": request_id, "p": prompt_tokens, "c": completion_tokens}
-        async with self._pool.connection() as conn, conn.transaction():
-            # One statement (BEGIN and COMMIT around it): lock the reserved row, then the team's row,
-            # debit, finalise. A concurrent settle of the same request waits for the row lock and then
-            # finds it no longer `reserved` (PostgreSQL re-checks the condition on the new version).
+        async with self._pool.connection() as conn:
+            # One statement, so one transaction by itself (one round trip on an autocommit connection):
+            # lock the reserved row, then the team's row, debit, finalise. A concurrent settle of the
+            # same request waits for the row lock and then finds it no longer `reserved` (PostgreSQL
+            # re-checks the condition on the new version).
             cur = await conn.execute(_SETTLE, params)
             row = await cur.fetchone()
         if row is None:

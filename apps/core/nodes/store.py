@@ -185,7 +185,7 @@ class NodeStore:
     async def revoke(self, node_id: str) -> bool:
         """Revoke a node's or a pool's token; the node (every member of the pool) is cut off
         within one heartbeat interval. Pool members have no token of their own: False."""
-        async with self._pool.connection() as conn:
+        async with self._pool.connection() as conn, conn.transaction():
             cur = await conn.execute(
                 "UPDATE node_tokens SET revoked_at = now() WHERE node_id = %s AND revoked_at IS NULL "
                 "RETURNING kind",
@@ -258,7 +258,7 @@ class NodeStore:
         orchestrator_id: str,
         agent_version: str = "",
     ) -> None:
-        async with self._pool.connection() as conn:
+        async with self._pool.connection() as conn, conn.transaction():
             await conn.execute(
                 "INSERT INTO nodes (id, location, gpus, models, last_seen, orchestrator_id, state, "
                 "agent_version, registered_at, drained_at) "
@@ -279,7 +279,7 @@ class NodeStore:
         state = {"draining": "draining", "drained": "drained", "disconnected": "disconnected"}.get(event)
         if state is None:
             raise ValueError(f"unknown node event {event!r}")
-        async with self._pool.connection() as conn:
+        async with self._pool.connection() as conn, conn.transaction():
             # A disconnect must not overwrite `drained`, and only the owning replica's
             # events touch the row (a superseded socket closing late changes nothing).
             await conn.execute(

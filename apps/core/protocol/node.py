@@ -8,6 +8,14 @@ refused with WebSocket close code `CLOSE_UNSUPPORTED_VERSION` (4001).
 server -> node: register_ack, register_refused, assign, cancel, load_model, drain, done_ack
 node -> server: register, heartbeat (every 5 s), chunk, done, error, drained
 
+Version 2 adds one thing to version 1: a node may put several of its frames in one text
+message, one per line (`join_frames`/`split_frames`; compact JSON never holds a raw newline).
+A node sends a whole batch (one engine step queues one chunk per running request) as one
+message: one WebSocket frame, one mask and one socket write instead of one each, and one
+message for the orchestrator to receive. An orchestrator that knows only version 1 refuses a
+version-2 `register` with 4001; the agent then registers with version 1 and sends one frame
+per message.
+
 `chunk.delta` carries the engine's SSE bytes as text, one or more whole
 `data: {...}\\n\\n` events, never re-encoded (D5). `done` carries the engine's usage
 (or, after a cancel, the tokens produced so far) and is repeated until `done_ack`
@@ -22,8 +30,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
-PROTOCOL_VERSION = 1
-SUPPORTED_VERSIONS = frozenset({1})
+PROTOCOL_VERSION = 2
+SUPPORTED_VERSIONS = frozenset({1, 2})
+BATCHING_VERSION = 2  # from this version on a node's message may carry several frames
 
 # WebSocket close codes (4000-4999 are for applications).
 CLOSE_NORMAL = 1000
@@ -164,6 +173,16 @@ def encode(frame: _Frame) -> str:
 def decode_node_frame(text: str | bytes) -> NodeFrame:
     """Parse a frame sent by a node; raises `pydantic.ValidationError` on anything else."""
     return _node_adapter.validate_json(text)
+
+
+def join_frames(texts: list[str]) -> str:
+    """Several encoded node frames as one message (version 2), one per line."""
+    return "\n".join(texts)
+
+
+def split_frames(text: str) -> list[str]:
+    """The frames of one node message: one, or (version 2) several, one per line."""
+    return text.split("\n") if "\n" in text else [text]
 
 
 def decode_server_frame(text: str | bytes) -> ServerFrame:
