@@ -321,12 +321,13 @@ class Agent:
         async for msg in conn.ws:
             if msg.type != aiohttp.WSMsgType.TEXT:
                 continue
-            try:
-                frame = proto.decode_server_frame(msg.data)
-            except ValidationError:
-                log.warning("ignoring an unreadable frame from the orchestrator")
-                continue
-            await self._handle(conn, frame)
+            for text in proto.split_frames(msg.data):  # one frame, or (version 2) a batch
+                try:
+                    frame = proto.decode_server_frame(text)
+                except ValidationError:
+                    log.warning("ignoring an unreadable frame from the orchestrator")
+                    continue
+                await self._handle(conn, frame)
         raise ConnectionLost(conn.ws.close_code, "closed by the orchestrator")
 
     async def _handle(self, conn: Connection, frame: proto.ServerFrame) -> None:

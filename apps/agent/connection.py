@@ -21,7 +21,7 @@ from apps.core.protocol import node as proto
 log = logging.getLogger("llmfleet.agent.connection")
 
 _BATCH_MAX = 512
-_MESSAGE_MAX = 1 << 20  # characters per batched message (the orchestrator accepts 8 MiB)
+_MESSAGE_MAX = proto.MESSAGE_MAX_CHARS  # per batched message (the orchestrator accepts 8 MiB)
 _TCP_CORK: int | None = getattr(socket, "TCP_CORK", None)
 
 
@@ -93,23 +93,6 @@ def _not_urgent(item: tuple[bool, str]) -> bool:
     return not item[0]
 
 
-def _messages(batch: list[tuple[bool, str]]) -> list[str]:
-    """A batch as version-2 messages: its frames one per line, in order, at most `_MESSAGE_MAX`
-    characters per message (a larger single frame goes alone)."""
-    messages: list[str] = []
-    group: list[str] = []
-    size = 0
-    for _, text in batch:
-        if group and size + len(text) > _MESSAGE_MAX:
-            messages.append(proto.join_frames(group))
-            group, size = [], 0
-        group.append(text)
-        size += len(text) + 1
-    if group:
-        messages.append(proto.join_frames(group))
-    return messages
-
-
 class Connection:
     def __init__(
         self, ws: aiohttp.ClientWebSocketResponse, queue_size: int, *, batching: bool = False
@@ -167,7 +150,8 @@ class Connection:
                 batch.append(self._queue.get_nowait())
             if len(batch) > 1:
                 batch.sort(key=_not_urgent)  # stable: order within each class is kept
-            messages = _messages(batch) if self.batching else [text for _, text in batch]
+            texts = [text for _, text in batch]
+            messages = proto.batch_messages(texts, _MESSAGE_MAX) if self.batching else texts
             corked = len(messages) > 1 and self._cork(True)
             try:
                 for text in messages:

@@ -36,8 +36,10 @@ class NodeConnection:
         models: dict[str, int],
         send_limit: int,
         monotonic: Callable[[], float] = time.monotonic,
+        batching: bool = False,
     ) -> None:
         self.node_id = node_id
+        self.batching = batching  # protocol version 2: frames queued together leave as one message
         self.conn_id = uuid.uuid4().hex
         self.location = location
         self.gpus = gpus

@@ -18,6 +18,7 @@ from aiohttp import WSMsgType, web
 from pydantic import ValidationError
 
 from apps.core.protocol.node import (
+    BATCHING_VERSION,
     CLOSE_AUTH_FAILED,
     CLOSE_NORMAL,
     CLOSE_PROTOCOL_ERROR,
@@ -35,6 +36,7 @@ from apps.core.protocol.node import (
     Register,
     RegisterAck,
     RegisterRefused,
+    batch_messages,
     decode_node_frame,
     encode,
     split_frames,
@@ -123,6 +125,7 @@ class NodeSockets:
             models=models,
             send_limit=settings.send_queue_frames,
             monotonic=plane.deps.monotonic,
+            batching=frame.version >= BATCHING_VERSION,
         )
         return conn, frame
 
@@ -251,8 +254,12 @@ class NodeSockets:
                 if getter not in done:
                     getter.cancel()
                     return
+                texts = [getter.result()]
+                while conn.batching and not conn.send_q.empty():
+                    texts.append(conn.send_q.get_nowait())
                 try:
-                    await ws.send_str(getter.result())
+                    for text in batch_messages(texts) if len(texts) > 1 else texts:
+                        await ws.send_str(text)
                 except ConnectionError:
                     conn.close(1011, "connection lost")  # the reader sees the close too
                     return

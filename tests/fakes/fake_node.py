@@ -68,6 +68,7 @@ class FakeNode:
     acks: list[str] = field(default_factory=list)
     drains: int = 0
     loads: list[str] = field(default_factory=list)
+    message_sizes: list[int] = field(default_factory=list)  # frames per message received
     close_code: int | None = None
     closed: asyncio.Event = field(default_factory=asyncio.Event)
     _session: aiohttp.ClientSession | None = None
@@ -125,29 +126,34 @@ class FakeNode:
             async for msg in self._ws:
                 if msg.type != aiohttp.WSMsgType.TEXT:
                     break
-                frame = proto.decode_server_frame(msg.data)
-                async with self._cond:
-                    self.frames.append(frame)
-                    if isinstance(frame, proto.Assign):
-                        self.assigns.put_nowait(frame)
-                        if self.auto is not None:
-                            task = asyncio.create_task(self._serve(frame, self.auto))
-                            self._tasks.add(task)
-                            task.add_done_callback(self._tasks.discard)
-                    elif isinstance(frame, proto.Cancel):
-                        self.cancels.append(frame.request_id)
-                    elif isinstance(frame, proto.DoneAck):
-                        self.acks.append(frame.request_id)
-                    elif isinstance(frame, proto.Drain):
-                        self.drains += 1
-                    elif isinstance(frame, proto.LoadModel):
-                        self.loads.append(frame.name)
-                    self._cond.notify_all()
+                texts = proto.split_frames(msg.data)
+                self.message_sizes.append(len(texts))
+                for text in texts:
+                    await self._on_frame(proto.decode_server_frame(text))
         finally:
             self.close_code = self._ws.close_code
             self.closed.set()
             async with self._cond:
                 self._cond.notify_all()
+
+    async def _on_frame(self, frame: proto.ServerFrame) -> None:
+        async with self._cond:
+            self.frames.append(frame)
+            if isinstance(frame, proto.Assign):
+                self.assigns.put_nowait(frame)
+                if self.auto is not None:
+                    task = asyncio.create_task(self._serve(frame, self.auto))
+                    self._tasks.add(task)
+                    task.add_done_callback(self._tasks.discard)
+            elif isinstance(frame, proto.Cancel):
+                self.cancels.append(frame.request_id)
+            elif isinstance(frame, proto.DoneAck):
+                self.acks.append(frame.request_id)
+            elif isinstance(frame, proto.Drain):
+                self.drains += 1
+            elif isinstance(frame, proto.LoadModel):
+                self.loads.append(frame.name)
+            self._cond.notify_all()
 
     def _cancelled(self, request_id: str) -> bool:
         return request_id in self.cancels

@@ -77,6 +77,11 @@ class FakeOrchestrator:
         assert self._ws is not None, "no node connected"
         await self._ws.send_str(proto.encode(frame))
 
+    async def send_batch(self, frames: list[proto._Frame]) -> None:
+        """Several frames in one message (protocol version 2)."""
+        assert self._ws is not None
+        await self._ws.send_str(proto.join_frames([proto.encode(f) for f in frames]))
+
     async def cut(self) -> None:
         """Drop the current connection without a close handshake (a cut cable)."""
         ws = self._ws

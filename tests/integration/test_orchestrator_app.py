@@ -149,6 +149,21 @@ async def test_a_batched_message_is_relayed_in_order_then_settled_and_the_slot_f
     assert await env.redis.zcard(keys.node_inflight("n1")) == 0  # freed by the settle job's script
 
 
+@pytest.mark.parametrize(("version", "sizes"), [(2, [3]), (1, [1, 1, 1])])
+async def test_frames_queued_together_reach_a_version_2_node_as_one_message(
+    env: Env, version: int, sizes: list[int]
+) -> None:
+    orch = await env.orchestrator()
+    node = await env.node(orch, "n1", version=version)
+    before = len(node.message_sizes)
+    conn = orch.plane.local["n1"]
+    for i in range(3):  # queued in one go, before the writer runs
+        assert conn.send(proto.Cancel(request_id=f"x{i}"))
+    await node.wait_for(lambda: len(node.cancels) == 3)
+    assert node.cancels == ["x0", "x1", "x2"]
+    assert node.message_sizes[before:] == sizes
+
+
 async def test_usage_chunk_is_stripped_when_the_client_did_not_ask(env: Env) -> None:
     orch = await env.orchestrator()
     await env.node(orch, "n1", auto=Auto(tokens=2))

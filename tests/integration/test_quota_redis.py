@@ -33,6 +33,8 @@ async def test_max_streams_exact_under_concurrency(rds: aioredis.Redis) -> None:
     await q.release("k", admitted[0])
     await q.release("k", admitted[0])  # idempotent
     assert await q.active_streams("k") == 4
+    assert await rds.zscore("streams:k:lease", admitted[0]) is None  # its lease went with it
+    assert await rds.zcard("streams:k:lease") == 4
     assert (await q.admit("k", "again", Limits(max_streams=5), NOW)).admitted
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+from pathlib import Path
 from typing import Any, cast
 
 import aiohttp
@@ -12,6 +13,7 @@ import pytest
 
 from apps.agent.connection import Connection
 from apps.core.protocol import node as proto
+from tests.fakes.fake_orchestrator import running_agent
 
 GUARD_S = 10.0
 
@@ -144,3 +146,12 @@ async def test_version_2_splits_a_batch_larger_than_the_message_bound(
     assert all(len(m) <= 200 for m in sent)
     frames = [proto.decode_node_frame(t) for m in sent for t in proto.split_frames(m)]
     assert frames == [proto.Chunk(request_id=f"r{i}", delta=d) for i, d in enumerate(deltas)]
+
+
+async def test_the_agent_runs_every_frame_of_a_batched_message_from_the_orchestrator(tmp_path: Path) -> None:
+    async with running_agent(tmp_path) as run:
+        await run.orch.send_batch([run.assign("b1", {"tokens": 2}), run.assign("b2", {"tokens": 3})])
+        first, second = await run.result("b1"), await run.result("b2")
+        assert isinstance(first, proto.Done)
+        assert isinstance(second, proto.Done)
+        assert (first.completion_tokens, second.completion_tokens) == (2, 3)

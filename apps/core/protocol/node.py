@@ -8,13 +8,14 @@ refused with WebSocket close code `CLOSE_UNSUPPORTED_VERSION` (4001).
 server -> node: register_ack, register_refused, assign, cancel, load_model, drain, done_ack
 node -> server: register, heartbeat (every 5 s), chunk, done, error, drained
 
-Version 2 adds one thing to version 1: a node may put several of its frames in one text
-message, one per line (`join_frames`/`split_frames`; compact JSON never holds a raw newline).
-A node sends a whole batch (one engine step queues one chunk per running request) as one
-message: one WebSocket frame, one mask and one socket write instead of one each, and one
-message for the orchestrator to receive. An orchestrator that knows only version 1 refuses a
-version-2 `register` with 4001; the agent then registers with version 1 and sends one frame
-per message.
+Version 2 adds one thing to version 1: on a version-2 connection either side may put several
+frames in one text message, one per line (`batch_messages`/`split_frames`; compact JSON never
+holds a raw newline). A node sends a whole batch (one engine step queues one chunk per running
+request) as one message: one WebSocket frame, one mask and one socket write instead of one
+each, and one message for the orchestrator to receive; the orchestrator does the same with the
+assignments and `done_ack`s queued for a node. An orchestrator that knows only version 1
+refuses a version-2 `register` with 4001; the agent then registers with version 1, and that
+connection carries one frame per message both ways.
 
 `chunk.delta` carries the engine's SSE bytes as text, one or more whole
 `data: {...}\\n\\n` events, never re-encoded (D5). `done` carries the engine's usage
@@ -175,13 +176,32 @@ def decode_node_frame(text: str | bytes) -> NodeFrame:
     return _node_adapter.validate_json(text)
 
 
+MESSAGE_MAX_CHARS = 1 << 20  # a batched message's bound (a larger single frame goes alone)
+
+
 def join_frames(texts: list[str]) -> str:
-    """Several encoded node frames as one message (version 2), one per line."""
+    """Several encoded frames as one message (version 2), one per line."""
     return "\n".join(texts)
 
 
+def batch_messages(texts: list[str], max_chars: int = MESSAGE_MAX_CHARS) -> list[str]:
+    """Frames queued together as version-2 messages, in order, at most `max_chars` each."""
+    messages: list[str] = []
+    group: list[str] = []
+    size = 0
+    for text in texts:
+        if group and size + len(text) > max_chars:
+            messages.append(join_frames(group))
+            group, size = [], 0
+        group.append(text)
+        size += len(text) + 1
+    if group:
+        messages.append(join_frames(group))
+    return messages
+
+
 def split_frames(text: str) -> list[str]:
-    """The frames of one node message: one, or (version 2) several, one per line."""
+    """The frames of one message: one, or (version 2) several, one per line."""
     return text.split("\n") if "\n" in text else [text]
 
 

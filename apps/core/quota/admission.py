@@ -29,6 +29,12 @@ from apps.core.metering import tpd_key
 
 WINDOW_MS = 60_000
 
+RELEASE_LUA = """
+redis.call('SREM', KEYS[1], ARGV[1])
+redis.call('ZREM', KEYS[2], ARGV[1])
+return 1
+"""
+
 ADMIT_LUA = """
 local streams, lease, rpm_key, tpd = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local rid = ARGV[1]
@@ -134,6 +140,7 @@ class QuotaStore:
         self._redis = redis
         self._lease_ms = int(lease_s * 1000)
         self._script = redis.register_script(ADMIT_LUA)
+        self._release = redis.register_script(RELEASE_LUA)
 
     async def admit(self, subject: str, request_id: str, limits: Limits, now: datetime) -> Admission:
         now_ms = int(now.timestamp() * 1000)
@@ -167,10 +174,9 @@ class QuotaStore:
         )
 
     async def release(self, subject: str, request_id: str) -> None:
-        async with self._redis.pipeline(transaction=True) as pipe:
-            pipe.srem(f"streams:{subject}", request_id)
-            pipe.zrem(f"streams:{subject}:lease", request_id)
-            await pipe.execute()
+        # One script (atomic like MULTI/EXEC, but one command and one reply): measured, a
+        # redis-py transaction pipeline cost the gateway about twice the admission's CPU.
+        await self._release(keys=[f"streams:{subject}", f"streams:{subject}:lease"], args=[request_id])
 
     async def active_streams(self, subject: str) -> int:
         return int(await self._redis.scard(f"streams:{subject}"))
