@@ -124,7 +124,10 @@ class Agent:
             connector = aiohttp.TCPConnector(limit=0, limit_per_host=0)
             async with aiohttp.ClientSession(connector=connector) as session:
                 self._engine = EngineClient(
-                    session, self.settings.engine_url, self.settings.engine_probe_timeout_s
+                    session,
+                    self.settings.engine_url,
+                    self.settings.engine_probe_timeout_s,
+                    connect_timeout_s=self._timeouts.connect_s,
                 )
                 if self._gpu is None:
                     self._gpu = choose_gpu_probe(session, self.settings.dcgm_url, self.settings.nvidia_smi)
@@ -137,6 +140,7 @@ class Agent:
                         tg.create_task(self._drain_watcher(), name="agent-drain")
                     # Every request finished (the drain waited for them or aborted them).
                     self._abort_all("agent stopping")
+                await self._engine.aclose()
         finally:
             self._set_state(AgentState.STOPPED)
             await asyncio.shield(self._cleanup(runner))

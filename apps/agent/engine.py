@@ -1,9 +1,13 @@
 """HTTP client of the local engine (vLLM or enginesim on localhost, ARCHITECTURE D7).
 
-Owns the engine's non-streaming endpoints the agent needs: `/health` (readiness before
-registering), `/v1/models` (`max_model_len`), `/metrics` (heartbeat load), and
-`POST /tokenize` (exact prompt tokens after an abort, the one exception to D5, see
-`relay.py`). Streaming requests are opened by `relay.py` through `stream()`.
+Owns the engine's non-streaming endpoints the agent needs (over aiohttp): `/health`
+(readiness before registering), `/v1/models` (`max_model_len`), `/metrics` (heartbeat
+load), and `POST /tokenize` (exact prompt tokens after an abort, the one exception to D5,
+see `relay.py`). The streaming `POST /v1/chat/completions` of every assignment goes over
+`apps.core.upstream_http` (`open_chat`): the per-chunk path of one stream per running
+request, where that client costs the fewest microseconds (one write per request, body pieces
+handed over as they arrive, read flow control); closing a response early drops its
+connection, which is how vLLM learns to abort the request.
 """
 
 from __future__ import annotations
@@ -16,9 +20,15 @@ from typing import Any
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
+from apps.core.upstream_http import HostPool, HttpResponse
+
 log = logging.getLogger("llmfleet.agent.engine")
 
 CHAT_PATH = "/v1/chat/completions"
+# Under uvicorn's keep-alive timeout (5 s; vLLM serves with uvicorn), so an idle pooled
+# connection is dropped by us first (a stale one costs a retry; nothing ran on it).
+ENGINE_IDLE_TIMEOUT_S = 4.0
+STREAM_LIMIT = 100_000  # concurrent streams: the engine's max_num_seqs is the real bound
 
 
 @dataclass(frozen=True)
@@ -73,10 +83,35 @@ def tokenize_body(chat_body: dict[str, Any]) -> dict[str, Any]:
 
 
 class EngineClient:
-    def __init__(self, session: aiohttp.ClientSession, base_url: str, probe_timeout_s: float) -> None:
+    def __init__(
+        self,
+        session: aiohttp.ClientSession,
+        base_url: str,
+        probe_timeout_s: float,
+        *,
+        connect_timeout_s: float = 5.0,
+    ) -> None:
         self._session = session
         self._base = base_url.rstrip("/")
         self._probe_timeout = aiohttp.ClientTimeout(total=probe_timeout_s)
+        self._streams = HostPool(
+            self._base,
+            limit=STREAM_LIMIT,
+            connect_timeout_s=connect_timeout_s,
+            idle_timeout_s=ENGINE_IDLE_TIMEOUT_S,
+        )
+        self._chat_head = self._streams.head(
+            "POST", self._streams.base_path + CHAT_PATH, {"Content-Type": "application/json"}
+        )
+
+    async def open_chat(self, body: dict[str, Any]) -> HttpResponse:
+        """Send a streaming chat request; returns once the status and headers arrived. Raises
+        `apps.core.upstream_http.Unreachable` when the request surely did not run (refused,
+        connect timeout), `ConnectionError` when the engine dropped it."""
+        return await self._streams.send(self._chat_head, json.dumps(body, separators=(",", ":")).encode())
+
+    async def aclose(self) -> None:
+        await self._streams.aclose()
 
     @property
     def session(self) -> aiohttp.ClientSession:

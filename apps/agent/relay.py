@@ -34,10 +34,8 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-import aiohttp
-
 from apps.agent import errors
-from apps.agent.engine import CHAT_PATH, EngineClient
+from apps.agent.engine import EngineClient
 from apps.core.protocol.node import Assign, Chunk, Done, Error
 from apps.core.protocol.openai import (
     DONE_PAYLOAD,
@@ -47,12 +45,25 @@ from apps.core.protocol.openai import (
     parse_usage,
     sse_event,
 )
+from apps.core.upstream_http import HttpResponse, Unreachable
 
 log = logging.getLogger("llmfleet.agent.relay")
 
 _ROLE_MARK = b'"delta":{"role"'
 _FINISH_MARK = b'"finish_reason":"'
 _MAX_ERROR_BODY = 64 * 1024
+
+
+async def _read_bounded(resp: HttpResponse, limit: int) -> bytes:
+    """At most about `limit` bytes of a (short) error body; the rest is not read."""
+    parts: list[bytes] = []
+    size = 0
+    async for data in resp:
+        parts.append(data)
+        size += len(data)
+        if size >= limit:
+            break
+    return b"".join(parts)[:limit]
 
 
 class ChunkSink(Protocol):
@@ -151,11 +162,11 @@ class Relay:
             return await self._failed(
                 504, f"engine timed out waiting for {self._deadline_phase}", "server_error", None
             )
-        except aiohttp.ClientConnectorError:
+        except Unreachable:
             return await self._failed(503, "engine unreachable", "service_unavailable", None)
-        except (aiohttp.ClientError, ValueError) as exc:
-            # ClientPayloadError / ServerDisconnectedError: the engine died mid-response;
-            # ValueError: an SSE event over the size bound.
+        except (ConnectionError, ValueError) as exc:
+            # ConnectionError: the engine died mid-response (or dropped the connection before
+            # answering); ValueError: an SSE event over the size bound, or a malformed response.
             log.warning(
                 "engine stream broke", extra={"request_id": self.request_id, "error": type(exc).__name__}
             )
@@ -165,35 +176,28 @@ class Relay:
 
     async def _stream(self, scope: asyncio.Timeout) -> Done | Error:
         loop = asyncio.get_running_loop()
-        timeout = aiohttp.ClientTimeout(total=None, sock_connect=self._timeouts.connect_s)
-        async with self._engine.session.post(
-            self._engine.url(CHAT_PATH), json=self._body, timeout=timeout
-        ) as resp:
-            try:
-                if resp.status != 200:
-                    raw = await resp.content.read(_MAX_ERROR_BODY)
-                    err = errors.from_http(resp.status, raw)
-                    return await self._failed(err.status, err.message, err.error_type, err.param)
-                self._deadline_phase = "the first token"
-                return await self._read_events(resp, scope, loop)
-            finally:
-                # Never hand a half-read stream back to the pool: closing the socket is
-                # what makes vLLM abort the request.
-                if not resp.content.is_eof():
-                    resp.close()
+        resp = await self._engine.open_chat(self._body)
+        try:
+            if resp.status != 200:
+                raw = await _read_bounded(resp, _MAX_ERROR_BODY)
+                err = errors.from_http(resp.status, raw)
+                return await self._failed(err.status, err.message, err.error_type, err.param)
+            self._deadline_phase = "the first token"
+            return await self._read_events(resp, scope, loop)
+        finally:
+            # A stream read to its end goes back to the pool (this is then a no-op); a half-read
+            # one is dropped: closing the socket is what makes vLLM abort the request.
+            await resp.aclose()
 
     async def _read_events(
-        self, resp: aiohttp.ClientResponse, scope: asyncio.Timeout, loop: asyncio.AbstractEventLoop
+        self, resp: HttpResponse, scope: asyncio.Timeout, loop: asyncio.AbstractEventLoop
     ) -> Done | Error:
         splitter = SseSplitter()
         usage_raw: bytes | None = None
         saw_done = False
         idle_s = self._timeouts.idle_s
         slack = min(1.0, idle_s / 20)
-        while True:
-            data = await resp.content.readany()
-            if not data:
-                break
+        async for data in resp:
             if self._abort_reason is None:
                 self._deadline_phase = "the next token"
                 # Move the deadline only when it left [now + idle_s, now + idle_s + slack]

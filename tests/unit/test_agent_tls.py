@@ -8,6 +8,7 @@ import ipaddress
 import ssl
 from pathlib import Path
 
+import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
@@ -114,3 +115,45 @@ async def test_wss_with_another_ca_is_refused_and_retried(tmp_path: Path) -> Non
         assert (
             registry.get_sample_value("llmfleet_agent_connect_attempts_total", {"result": "failed"}) or 0
         ) >= 2
+
+
+async def test_the_raw_upstream_client_speaks_https_and_checks_the_certificate(tmp_path: Path) -> None:
+    """An https engine URL: the agent's stream client (`apps.core.upstream_http`) verifies the
+    server against the CA it is given, and refuses an unverified one before sending anything."""
+    from aiohttp import web
+
+    from apps.core.upstream_http import HostPool, Unreachable
+
+    ca_key, ca, ca_path = _ca(tmp_path, "llmfleet-test-ca")
+    seen: list[bytes] = []
+
+    async def chat(request: web.Request) -> web.Response:
+        seen.append(await request.read())
+        return web.Response(text="data: ok\n\n")
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", chat)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=_server_context(tmp_path, ca_key, ca))
+    await site.start()
+    port = runner.addresses[0][1]
+    trusted = HostPool(
+        f"https://127.0.0.1:{port}", ssl_context=ssl.create_default_context(cafile=str(ca_path))
+    )
+    _, _, other = _ca(tmp_path, "someone-else")
+    untrusted = HostPool(
+        f"https://127.0.0.1:{port}", ssl_context=ssl.create_default_context(cafile=str(other))
+    )
+    try:
+        async with asyncio.timeout(10):
+            resp = await trusted.request("POST", "/v1/chat/completions", {}, b'{"x":1}')
+            assert resp.status == 200
+            assert await resp.read_body() == b"data: ok\n\n"
+            with pytest.raises(Unreachable):
+                await untrusted.request("POST", "/v1/chat/completions", {}, b'{"x":2}')
+        assert seen == [b'{"x":1}']  # nothing went to the unverified server
+    finally:
+        await trusted.aclose()
+        await untrusted.aclose()
+        await runner.cleanup()

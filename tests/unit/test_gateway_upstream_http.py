@@ -1,4 +1,4 @@
-"""The raw-protocol upstream client (`apps.gateway.upstream_http`) and the dispatcher on top of it,
+"""The raw-protocol upstream client (`apps.core.upstream_http`) and the dispatcher on top of it,
 against small raw asyncio HTTP servers on loopback that script each exchange byte for byte."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from collections.abc import Awaitable, Callable
 import pytest
 
 from apps.core.protocol.dispatch import DISPATCH_PATH, DispatchRequest
+from apps.core.upstream_http import HIGH_WATER, HostPool, Unreachable
 from apps.gateway.dispatcher import HttpDispatcher
 from apps.gateway.ports import DispatchUnavailable
-from apps.gateway.upstream_http import HIGH_WATER, HostPool, Unreachable
 from tests.fakes.raw_http_server import (
     HEAD_CHUNKED,
     PIECES,
@@ -316,10 +316,11 @@ async def test_dispatcher_skips_a_refusing_replica_and_none_reachable_is_unavail
         await nobody.aclose()
 
 
-@pytest.mark.parametrize("url", ["https://orchestrator:8443", "orchestrator:8080", "ws://x"])
-def test_only_http_urls_are_accepted(url: str) -> None:
-    with pytest.raises(ValueError, match="http://"):
+@pytest.mark.parametrize("url", ["orchestrator:8080", "ws://x", "ftp://orchestrator"])
+def test_only_http_and_https_urls_are_accepted(url: str) -> None:
+    with pytest.raises(ValueError, match=r"http\(s\)://"):
         HttpDispatcher([url], "internal")
+    assert HostPool("https://orchestrator:8443").port == 8443  # TLS: tests/unit/test_agent_tls.py
 
 
 def test_header_injection_is_refused() -> None:

@@ -1,6 +1,7 @@
-"""A minimal HTTP/1.1 client over `asyncio.Protocol` and httptools, for the gateway's upstream call.
+"""A minimal HTTP/1.1 client over `asyncio.Protocol` and httptools, for the platform's two
+streaming calls: the gateway's dispatch to an orchestrator and the agent's call to its engine.
 
-Only what the dispatch call needs, on the fewest microseconds per request and per chunk: one
+Only what those calls need, on the fewest microseconds per request and per chunk: one
 `transport.write` per request, a keep-alive pool per origin (LIFO idle list), the response head
 parsed before `request()` returns, the body handed to one consumer as the pieces arrive (chunked
 framing decoded by httptools; no re-splitting, no copies) with read flow control.
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ssl
 from collections import deque
 from collections.abc import Callable, Mapping
 from typing import cast
@@ -309,12 +311,17 @@ class HostPool:
         slots: asyncio.Semaphore | None = None,
         connect_timeout_s: float = CONNECT_TIMEOUT_S,
         idle_timeout_s: float = IDLE_TIMEOUT_S,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         parts = urlsplit(url)
-        if parts.scheme != "http" or not parts.hostname:
-            raise ValueError(f"only http://host[:port] upstream URLs are supported, got {url!r}")
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"only http(s)://host[:port] upstream URLs are supported, got {url!r}")
         self.host = parts.hostname
-        self.port = parts.port or 80
+        self.port = parts.port or (443 if parts.scheme == "https" else 80)
+        # https: the given context, else the system's default (certificate and host name checked).
+        self._ssl: ssl.SSLContext | None = (
+            (ssl_context or ssl.create_default_context()) if parts.scheme == "https" else None
+        )
         self.base_path = parts.path.rstrip("/")
         self._host_header = parts.netloc.rsplit("@", 1)[-1]
         self._limit = limit
@@ -388,7 +395,7 @@ class HostPool:
         try:
             async with asyncio.timeout(self._connect_timeout_s):
                 _, conn = await loop.create_connection(
-                    lambda: HttpConnection(self, loop), self.host, self.port
+                    lambda: HttpConnection(self, loop), self.host, self.port, ssl=self._ssl
                 )
         except (OSError, TimeoutError) as exc:
             raise Unreachable(f"{self._host_header}: {exc!r}") from exc
