@@ -197,7 +197,7 @@ class Relay:
         saw_done = False
         idle_s = self._timeouts.idle_s
         slack = min(1.0, idle_s / 20)
-        async for data in resp:
+        while data := await resp.readany():
             if self._abort_reason is None:
                 self._deadline_phase = "the next token"
                 # Move the deadline only when it left [now + idle_s, now + idle_s + slack]

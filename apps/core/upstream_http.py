@@ -284,6 +284,27 @@ class HttpResponse:
             raise ConnectionError(*self._error.args)
         raise StopAsyncIteration
 
+    async def readany(self) -> bytes:
+        """Everything buffered now as one piece (waits for the first); b"" at the end of the body.
+        A consumer that falls behind thus catches up in one step per wake-up, not one per piece
+        (the agent turns each of these into one `chunk` frame)."""
+        try:
+            first = await self.__anext__()
+        except StopAsyncIteration:
+            return b""
+        conn = self._conn
+        if conn is None or not conn.buf:
+            return first
+        parts = [first]
+        buf = conn.buf
+        while buf:
+            data = buf.popleft()
+            conn.buffered -= len(data)
+            parts.append(data)
+        if conn.paused:
+            conn.resume()
+        return b"".join(parts)
+
     async def read_body(self) -> bytes:
         return b"".join([data async for data in self])
 

@@ -84,6 +84,28 @@ async def test_stream_forwards_engine_bytes_and_reports_usage(engine: FakeEngine
     assert engine.tokenize_requests == []  # D5: usage from the engine, no counting when it reports
 
 
+async def test_events_that_piled_up_while_the_relay_was_busy_go_out_as_one_frame(engine: FakeEngine) -> None:
+    """A relay that falls behind catches up in one step (one frame for everything buffered), as
+    with aiohttp's `readany`; one frame per event made a loaded agent fall further behind
+    (seen in the chaos suite: heartbeats starved, healthy nodes declared dead)."""
+    from tests.fakes.raw_http_server import poll_until
+
+    class SlowSink(ListSink):
+        async def send_chunk(self, frame: proto.Chunk, *, first: bool = False) -> None:
+            await super().send_chunk(frame, first=first)
+            if len(self.frames) == 1:  # busy until the engine has written every token
+                await poll_until(lambda: sum(engine.generated.values()) == 20)
+
+    sink = SlowSink()
+    async with aiohttp.ClientSession() as session:
+        relay = Relay(_assign({"tokens": 20}), EngineClient(session, engine.url, 2.0), sink, RelayTimeouts())
+        frame = await relay.run()
+    assert isinstance(frame, proto.Done)
+    assert frame.completion_tokens == 20
+    assert len(sink.events()) == 21  # role + 20 tokens, in order, nothing lost
+    assert len(sink.frames) <= 2  # everything that piled up went as one frame (not one per event)
+
+
 async def test_forwarded_bytes_are_the_engine_events_verbatim(engine: FakeEngine) -> None:
     _, sink, _ = await _relay(engine, _assign({"tokens": 3}))
     text = "".join(f.delta for f in sink.frames)

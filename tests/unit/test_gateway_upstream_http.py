@@ -58,6 +58,35 @@ async def test_chunked_body_arrives_piecewise_and_byte_identical() -> None:
     assert server.requests[0].body == b'{"a":1}'
 
 
+async def test_readany_returns_every_piece_buffered_so_far_as_one() -> None:
+    """The agent's read: pieces that piled up while it was busy come back in one step (one
+    `chunk` frame), not one per piece, so a consumer that falls behind catches up."""
+    sent = asyncio.Event()
+    release = asyncio.Event()
+
+    async def burst(req: Request, conn: Conn) -> bool:
+        conn.writer.write(HEAD_CHUNKED + chunk(PIECES[0]))
+        await release.wait()
+        conn.writer.write(b"".join(chunk(p) for p in PIECES[1:]) + b"0\r\n\r\n")  # two pieces, one write
+        await conn.writer.drain()
+        sent.set()
+        return True
+
+    async with raw_server(burst) as server:
+        pool = HostPool(server.url)
+        try:
+            response = await get(pool, b"{}")
+            assert await response.readany() == PIECES[0]
+            release.set()
+            await sent.wait()
+            await poll_until(lambda: len(response._conn.buf) == 2 if response._conn else False)  # type: ignore[attr-defined]
+            assert await response.readany() == b"".join(PIECES[1:])
+            assert await response.readany() == b""  # the end of the body
+            assert await response.readany() == b""
+        finally:
+            await pool.aclose()
+
+
 async def test_content_length_body_and_keep_alive_reuse() -> None:
     body = b'{"error":{"message":"no node"}}'
 
