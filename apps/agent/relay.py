@@ -229,6 +229,11 @@ class Relay:
             if out:
                 await self._forward(out)
             if saw_done:
+                # The end of the body (the last chunk of the chunked encoding) follows `[DONE]` at
+                # once: read it, so the connection goes back to the pool instead of being closed
+                # (a new connection per request costs the engine and the agent).
+                while await resp.readany():
+                    pass
                 break
         if usage_raw is not None:
             usage = parse_usage(usage_raw)

@@ -106,6 +106,22 @@ async def test_events_that_piled_up_while_the_relay_was_busy_go_out_as_one_frame
     assert len(sink.frames) <= 2  # everything that piled up went as one frame (not one per event)
 
 
+async def test_a_finished_stream_leaves_its_connection_to_the_next_request(engine: FakeEngine) -> None:
+    async with aiohttp.ClientSession() as session:
+        client = EngineClient(session, engine.url, 2.0)
+        try:
+            used = []
+            for _ in range(3):
+                relay = Relay(_assign({"tokens": 3}), client, ListSink(), RelayTimeouts())
+                assert isinstance(await relay.run(), proto.Done)
+                idle = client._streams._idle
+                assert len(idle) == 1  # back in the pool, not closed
+                used.append(idle[0])
+            assert used[0] is used[1] is used[2]  # one keep-alive connection served all three
+        finally:
+            await client.aclose()
+
+
 async def test_forwarded_bytes_are_the_engine_events_verbatim(engine: FakeEngine) -> None:
     _, sink, _ = await _relay(engine, _assign({"tokens": 3}))
     text = "".join(f.delta for f in sink.frames)
