@@ -61,7 +61,11 @@ class Queues:
         elif model in self._queues:
             self._queues[model].notify()
 
-    async def acquire(self, req: PickRequest, timeout_s: float, retry_after_s: float) -> NodeView:
+    async def acquire(
+        self, req: PickRequest, timeout_s: float, retry_after_s: float | Callable[[], float]
+    ) -> NodeView:
+        """A node for `req` (FIFO per model), or a refusal carrying `retry_after_s` (a callable is
+        only evaluated for a refusal: the hint looks at the fleet, which most requests never need)."""
         start = self._clock()
         q = self._queues.setdefault(req.model, _ModelQueue())
         if not q.waiters:
@@ -72,7 +76,9 @@ class Queues:
         if len(q.waiters) >= self._max_len:
             self._observe(req.model, 0.0, "queue_full")
             raise RateLimited(
-                f"the queue for model {req.model!r} is full", code="queue_full", retry_after=retry_after_s
+                f"the queue for model {req.model!r} is full",
+                code="queue_full",
+                retry_after=_value(retry_after_s),
             )
         me = object()
         q.waiters.append(me)
@@ -89,7 +95,7 @@ class Queues:
                     raise Unavailable(
                         f"no node with free capacity for model {req.model!r} within {timeout_s:g} s",
                         code="queue_timeout",
-                        retry_after=retry_after_s,
+                        retry_after=_value(retry_after_s),
                     )
                 changed = q.changed
                 with contextlib.suppress(TimeoutError):
@@ -102,3 +108,7 @@ class Queues:
     def _observe(self, model: str, waited: float, outcome: str) -> None:
         if self._on_wait is not None:
             self._on_wait(model, waited, outcome)
+
+
+def _value(hint: float | Callable[[], float]) -> float:
+    return hint() if callable(hint) else hint

@@ -97,7 +97,7 @@ class _Relay:
                 pick = PickRequest(dreq.model, dreq.request_id, frozenset(excluded), settings.kv_cache_max)
                 queued_at = plane.deps.monotonic()
                 try:
-                    node = await plane.queues.acquire(pick, remaining, self._retry_hint())
+                    node = await plane.queues.acquire(pick, remaining, self._retry_hint)
                 except LlmfleetError as exc:
                     self.queued_s += plane.deps.monotonic() - queued_at
                     self.outcome = exc.code or "unavailable"

@@ -188,10 +188,24 @@ async def test_queue_wait_limit_gives_503_with_retry_after_and_cancels_the_reser
     env.ledger.add("r1")
     status, headers, body = await env.dispatch(orch, "r1", deadlines={"queue_wait_s": 0.3})
     assert status == 503
-    assert int(headers["Retry-After"]) >= 1
+    assert headers["Retry-After"] == "30"  # no node serves the model: a scale-from-zero takes minutes
     assert json.loads(body)["error"]["code"] == "queue_timeout"
     assert 0.3 <= float(headers["x-llmfleet-queue-wait"]) < 5  # it waited its whole queue limit
     assert env.ledger.status("r1") is ReservationStatus.CANCELLED
+
+
+async def test_a_full_node_gives_the_short_retry_hint(env: Env) -> None:
+    orch = await env.orchestrator()
+    node = await env.node(orch, "n1")  # serves "m" with 4 sequences, and answers nothing
+    running = [asyncio.create_task(env.dispatch(orch, f"f{i}")) for i in range(4)]
+    for _ in running:
+        await asyncio.wait_for(node.assigns.get(), 5)
+    status, headers, _ = await env.dispatch(orch, "r5", deadlines={"queue_wait_s": 0.3})
+    assert status == 503
+    assert headers["Retry-After"] == "5"  # a node serves it, it is only busy
+    for task in running:
+        task.cancel()
+    await asyncio.gather(*running, return_exceptions=True)
 
 
 async def test_onprem_nodes_fill_first(env: Env) -> None:
