@@ -1,6 +1,7 @@
 """The platform's own cost, side by side in one run (issue 5's benchmark).
 
-  .venv/bin/python tools/bench_platform.py [--streams 200,1000] [--max-tokens 64] [--out docs/bench/platform.md]
+  .venv/bin/python tools/bench_platform.py [--streams 200,1000] [--arrivals steady,burst] [--repeat 3]
+      [--max-tokens 64] [--out docs/bench/platform.md]
 
 One enginesim engine (8B profile, room for 1,024 sequences so the engine is never the
 bottleneck) behind the whole platform (gateway -> orchestrator -> agent, real PostgreSQL
@@ -45,12 +46,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from apps.cli.platform import MODEL_8B, LocalPlatform, NodeSpec, PlatformConfig
 from apps.loadgen.config import LoadConfig
+from apps.loadgen.report import percentile
 from apps.loadgen.runner import run_load
-from apps.loadgen.transit import added, join_transit, read_timing_log
+from apps.loadgen.transit import TransitStats, added, join_transit, read_timing_log
 
 DEFAULT_PG = "postgresql://postgres@127.0.0.1:5432/postgres"
 DEFAULT_REDIS = "redis://127.0.0.1:6379/12"
 TIMING_LOG = "engine-timing.jsonl"  # in the platform's data dir: the engine's --timing-log
+TTFT_SAMPLES = "_ttft_s"  # report keys of a run's raw samples (for the pooled rows of --repeat)
+TRANSIT_SAMPLES = "_transit_s"
 
 
 @dataclass
@@ -59,6 +63,7 @@ class Run:
     streams: int
     report: dict[str, Any]
     arrivals: str = "burst"
+    label: str = ""  # "" for a single run; with --repeat: "1", "2", ... and "pooled"
     cpu_s: float = 0.0
     rss_per_stream_kib: float = 0.0
     waits_ms: str = ""  # mean gateway dispatch time / orchestrator queue wait during the run
@@ -140,12 +145,15 @@ def _load(
     result = asyncio.run(run_load(config))
     report: dict[str, Any] = result.to_json()
     report["output_tokens"] = result.output_tokens  # relayed tokens (usage counts), not a rate
+    report[TTFT_SAMPLES] = [r.ttft_s for r in result.results if r.ttft_s is not None]
     if timing is not None:
-        report["transit_ms"] = _transit(timing[0], result.results)
+        stats = _transit(timing[0], result.results)
+        report["transit_ms"] = stats.to_json()
+        report[TRANSIT_SAMPLES] = list(stats.transits_s)
     return report
 
 
-def _transit(log: Path, results: list[Any], wait_s: float = 5.0) -> dict[str, Any]:
+def _transit(log: Path, results: list[Any], wait_s: float = 5.0) -> TransitStats:
     """Join a run's results with the engine's timing log. The engine writes its lines once its
     last stream has ended, which can be a moment after the client read `[DONE]`: re-read the log
     until every OK request is joined (or `wait_s` is up, and the report shows how many were)."""
@@ -153,7 +161,7 @@ def _transit(log: Path, results: list[Any], wait_s: float = 5.0) -> dict[str, An
     while True:
         stats = join_transit(results, read_timing_log(log))
         if stats.joined == stats.ok or time.monotonic() >= deadline:
-            return stats.to_json()
+            return stats
         time.sleep(0.05)
 
 
@@ -214,6 +222,7 @@ def _platform_run(
     args: argparse.Namespace,
     ramp_s: float,
     arrivals: str,
+    label: str = "",
 ) -> Run:
     assert platform.credentials is not None
     idle_rss = sum(p.memory_info().rss for p in _tree(relay))
@@ -229,7 +238,7 @@ def _platform_run(
             ramp_s,
             (platform.data_dir / TIMING_LOG, _tag("platform", streams, arrivals)),
         )
-    run = Run("platform", streams, via, arrivals, cpu_s=_cpu(relay) - cpu0)
+    run = Run("platform", streams, via, arrivals, label, cpu_s=_cpu(relay) - cpu0)
     run.rss_per_stream_kib = max(0, sampler.peak - idle_rss) / 1024 / streams
     means = [
         (s1 - s0) / (c1 - c0) * 1000 if c1 > c0 else float("nan")
@@ -237,6 +246,47 @@ def _platform_run(
     ]
     run.waits_ms = " / ".join(f"{m:.0f}" for m in means)
     return run
+
+
+def _pool_report(reports: list[dict[str, Any]]) -> dict[str, Any]:
+    """One report over several runs' samples: percentiles of all their TTFTs and transits."""
+    ttfts = [t for r in reports for t in r[TTFT_SAMPLES]]
+    transits = [t for r in reports for t in r.get(TRANSIT_SAMPLES, [])]
+
+    def ms(values: list[float], q: float) -> float | None:
+        v = percentile(values, q)
+        return None if v is None else v * 1000
+
+    return {
+        "ttft_ms": {"p50": ms(ttfts, 50), "p99": ms(ttfts, 99)},
+        "transit_ms": {
+            "ok": sum(r["transit_ms"]["ok"] for r in reports),
+            "joined": sum(r["transit_ms"]["joined"] for r in reports),
+            "p50": ms(transits, 50),
+            "p99": ms(transits, 99),
+        },
+        "output_tokens": sum(r["output_tokens"] for r in reports),
+        "requests": {k: sum(r["requests"][k] for r in reports) for k in ("ok", "error")},
+        "errors_by_status": {},
+        TTFT_SAMPLES: ttfts,
+        TRANSIT_SAMPLES: transits,
+    }
+
+
+def pooled(pairs: list[tuple[Run, Run]]) -> tuple[Run, Run]:
+    """The direct and platform runs of `--repeat`, each pooled into one: every sample of the
+    alternating runs counts once, so run-to-run drift of the engine's timing averages out."""
+    direct = [d for d, _ in pairs]
+    via = [p for _, p in pairs]
+    first = via[0]
+    merged = Run("platform", first.streams, _pool_report([p.report for p in via]), first.arrivals, "pooled")
+    merged.cpu_s = sum(p.cpu_s for p in via)
+    merged.rss_per_stream_kib = max(p.rss_per_stream_kib for p in via)
+    merged.report["errors_by_status"] = {k: v for p in via for k, v in p.report["errors_by_status"].items()}
+    merged.waits_ms = "n/a"
+    return Run(
+        "direct", first.streams, _pool_report([d.report for d in direct]), first.arrivals, "pooled"
+    ), merged
 
 
 def _with_db(url: str, name: str) -> str:
@@ -278,20 +328,30 @@ def bench(args: argparse.Namespace) -> tuple[list[Run], dict[str, str]]:
                     ramp_s = float(burst_direct["e2e_ms"]["p50"] or 0.0) / 1000
                     for arrivals in args.arrivals:
                         ramp = ramp_s if arrivals == "steady" else 0.0
-                        direct = burst_direct
-                        if ramp:
-                            direct = _load(
-                                engine.url + "/v1",
-                                "",
-                                streams,
-                                args.max_tokens,
-                                args.prompt_tokens,
-                                ramp,
-                                (log, _tag("direct", streams, arrivals)),
+                        pairs: list[tuple[Run, Run]] = []
+                        for i in range(args.repeat):
+                            direct = burst_direct
+                            if ramp or i:
+                                direct = _load(
+                                    engine.url + "/v1",
+                                    "",
+                                    streams,
+                                    args.max_tokens,
+                                    args.prompt_tokens,
+                                    ramp,
+                                    (log, _tag("direct", streams, arrivals)),
+                                )
+                            label = str(i + 1) if args.repeat > 1 else ""
+                            pair = (
+                                Run("direct", streams, direct, arrivals, label),
+                                _platform_run(platform, relay, streams, args, ramp, arrivals, label),
                             )
-                        runs.append(Run("direct", streams, direct, arrivals))
-                        runs.append(_platform_run(platform, relay, streams, args, ramp, arrivals))
-                        print(_row(runs[-2], runs[-1]), flush=True)
+                            pairs.append(pair)
+                            runs.extend(pair)
+                            print(_row(*pair), flush=True)
+                        if args.repeat > 1:
+                            runs.extend(pooled(pairs))
+                            print(_row(runs[-2], runs[-1]), flush=True)
     finally:
         with psycopg.connect(admin_url, autocommit=True) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{dbname}" WITH (FORCE)')
@@ -327,8 +387,9 @@ def _row(direct: Run, via: Run) -> str:
     cpu_per_k = via.cpu_s / (via.tokens / 1000) if via.tokens else float("nan")
     errs = via.report["requests"]["error"]
     by_status = f" {via.report['errors_by_status']}" if via.report["errors_by_status"] else ""
+    run = f"| {via.label} " if via.label else ""
     return (
-        f"| {via.streams} | {via.arrivals} | {_ms(d['p50'])} / {_ms(d['p99'])} | {_ms(p['p50'])} / {_ms(p['p99'])} | "
+        f"{run}| {via.streams} | {via.arrivals} | {_ms(d['p50'])} / {_ms(d['p99'])} | {_ms(p['p50'])} / {_ms(p['p99'])} | "
         f"**{_ms(add50)} / {_ms(add99)}** | {transit} | {add_transit} | {via.waits_ms} | {cpu_per_k:.3f} | "
         f"{via.rss_per_stream_kib:.0f} | "
         f"{via.report['requests']['ok']} ok, {errs} errors{by_status}; {joined} |"
@@ -359,6 +420,15 @@ def render(runs: list[Run], machine: dict[str, str], args: argparse.Namespace) -
         "- One gateway, one orchestrator, one agent (one process each), real PostgreSQL 15 and Redis 7 "
         "on loopback; every platform request is authenticated, admitted (Redis), reserved and settled "
         "(PostgreSQL).",
+        *(
+            [
+                f"- {args.repeat} direct/platform pairs per row group, alternating (direct, platform, direct, "
+                "...); the *pooled* row takes its percentiles over every sample of the group's runs, so "
+                "drift of the engine's timing between runs averages out."
+            ]
+            if args.repeat > 1
+            else []
+        ),
         "- Added TTFT = platform TTFT - direct TTFT at the same percentile. Both are ~all engine time "
         "(its simulated batching), so this difference of two large numbers moves by a few ms run to run.",
         "- Transit (per request) = client TTFT (first content chunk received - request sent, in loadgen) "
@@ -377,10 +447,11 @@ def render(runs: list[Run], machine: dict[str, str], args: argparse.Namespace) -
         "",
         "## Results",
         "",
-        "| streams | arrivals | direct TTFT p50 / p99 ms | platform TTFT p50 / p99 ms | added p50 / p99 ms | "
+        ("| run " if args.repeat > 1 else "")
+        + "| streams | arrivals | direct TTFT p50 / p99 ms | platform TTFT p50 / p99 ms | added p50 / p99 ms | "
         "transit p50 / p99 ms (direct \\| platform) | **added transit p50 / p99** ms | "
         "mean gateway dispatch / orchestrator queue wait ms | CPU s / 1k tokens | RSS KiB / stream | platform requests |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        ("|---" if args.repeat > 1 else "") + "|---|---|---|---|---|---|---|---|---|---|---|",
         *[_row(d, p) for d, p in pairs],
         "",
         "Targets (issue 5): added TTFT p50 ≤ 5 ms and p99 ≤ 20 ms at 200 streams; 1,000 streams held "
@@ -402,12 +473,21 @@ def main() -> int:
         "--gateway-workers", type=int, default=1, help="gateway worker processes (LLMFLEET_WORKERS)"
     )
     parser.add_argument("--arrivals", default="burst,steady", help="comma-separated: burst, steady")
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="direct/platform pairs per concurrency and arrivals, alternating; with more than one, "
+        "a pooled row (percentiles over every pair's samples) follows them",
+    )
     parser.add_argument("--out", type=Path, default=Path("docs/bench/platform.md"))
     args = parser.parse_args()
     args.streams = [int(s) for s in args.streams.split(",")]
     args.arrivals = [a.strip() for a in args.arrivals.split(",") if a.strip()]
     if not args.arrivals or set(args.arrivals) - {"burst", "steady"}:
         parser.error("--arrivals takes burst and/or steady")
+    if args.repeat < 1:
+        parser.error("--repeat must be at least 1")
     runs, machine = bench(args)
     text = render(runs, machine, args)
     args.out.parent.mkdir(parents=True, exist_ok=True)

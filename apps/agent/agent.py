@@ -390,6 +390,12 @@ class Agent:
         if conn is not None:
             await conn.send(frame, urgent=first)
 
+    def send_first_now(self, frame: proto.Chunk) -> bool:
+        """`ChunkSink`: a request's first chunk straight onto the socket (from the engine socket's
+        callback), or False when the live connection cannot take it synchronously now."""
+        conn = self._conn
+        return conn is not None and conn.send_now(frame)
+
     async def send_done(self, frame: proto.Done) -> None:
         conn = self._conn
         if conn is not None:

@@ -12,6 +12,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+from collections.abc import Callable
+from typing import Any
 
 import aiohttp
 from pydantic import ValidationError
@@ -93,6 +95,30 @@ def _not_urgent(item: tuple[bool, str]) -> bool:
     return not item[0]
 
 
+def _frame_writer(ws: aiohttp.ClientWebSocketResponse) -> Callable[[str], bool] | None:
+    """Writes one text message to the socket synchronously, or declines (False) when the socket is
+    closing or its writer is paused (the caller queues the frame instead). Built on aiohttp's
+    `WebSocketWriter`, which frames and writes an uncompressed message without awaiting anything;
+    None when the attributes it relies on are missing or the connection compresses (then every
+    frame goes through the writer task)."""
+    writer: Any = getattr(ws, "_writer", None)
+    write_frame = getattr(writer, "_write_websocket_frame", None)
+    protocol: Any = getattr(writer, "protocol", None)
+    transport = getattr(writer, "transport", None)
+    if write_frame is None or transport is None or not hasattr(protocol, "_paused"):
+        return None
+    if getattr(writer, "compress", 1) or getattr(writer, "_closing", True):
+        return None
+
+    def write(text: str) -> bool:
+        if ws.closed or writer._closing or transport.is_closing() or protocol._paused:
+            return False
+        write_frame(text.encode(), aiohttp.WSMsgType.TEXT, 0)
+        return True
+
+    return write
+
+
 class Connection:
     def __init__(
         self, ws: aiohttp.ClientWebSocketResponse, queue_size: int, *, batching: bool = False
@@ -103,6 +129,7 @@ class Connection:
         # (urgent, text): an urgent frame (a request's first chunk) leads the batch it is sent in.
         self._queue: asyncio.Queue[tuple[bool, str]] = asyncio.Queue(maxsize=queue_size)
         self._closed = asyncio.Event()
+        self._write_now = _frame_writer(ws)
 
     @property
     def closed(self) -> bool:
@@ -110,9 +137,10 @@ class Connection:
 
     async def send(self, frame: proto._Frame, *, urgent: bool = False) -> bool:
         """Queue one frame; False if the connection is gone (the frame is dropped). An `urgent`
-        frame goes out ahead of the non-urgent frames queued with it (never ahead of another
-        urgent one): a request's first chunk, so time to first token does not wait behind a whole
-        engine step's worth of other requests' chunks."""
+        frame (a request's chunks up to its first token) goes out ahead of the non-urgent frames
+        queued with it (never ahead of another urgent one), so time to first token does not wait
+        behind a whole engine step's worth of other requests' chunks. (`send_now` writes one at
+        once instead, when the socket takes it.)"""
         if self._closed.is_set():
             return False
         text = (urgent, proto.encode(frame))
@@ -130,6 +158,15 @@ class Connection:
             put.cancel()
             gone.cancel()
         return put.done() and not put.cancelled() and put.exception() is None
+
+    def send_now(self, frame: proto._Frame) -> bool:
+        """Write `frame` as its own message at once, from the caller (synchronous): not after the
+        writer task's turn, which comes only once the event loop has handled the whole engine
+        step (every other request's chunk). False, with nothing sent, when the connection is
+        closed, compresses, or its socket is not taking more now."""
+        return (
+            not self._closed.is_set() and self._write_now is not None and self._write_now(proto.encode(frame))
+        )
 
     async def flush(self, timeout_s: float) -> None:
         """Wait (bounded) until the writer has sent everything queued so far."""

@@ -72,6 +72,11 @@ class ChunkSink(Protocol):
         `first`: the request's first chunk (sent ahead of other requests' queued chunks)."""
         ...
 
+    def send_first_now(self, frame: Chunk) -> bool:
+        """Write a request's first chunk to the orchestrator at once, synchronously; False (and
+        nothing done) when that is not possible now (no connection, socket busy)."""
+        ...
+
 
 class Outcome(enum.Enum):
     COMPLETED = "completed"  # done with the engine's usage
@@ -121,6 +126,7 @@ class Relay:
         self._deadline_phase = "response headers"
         # What has happened so far, for partial usage.
         self.events_sent = 0  # SSE events forwarded (role chunk included)
+        self._queued_early = False  # a frame up to the first token went through the send queue
         self.tokens = 0  # content chunks = completion tokens
         self.finish_reason: str | None = None
         self.outcome: Outcome | None = None
@@ -185,6 +191,7 @@ class Relay:
             self._deadline_phase = "the first token"
             return await self._read_events(resp, scope, loop)
         finally:
+            resp.set_sink(None)
             # A stream read to its end goes back to the pool (this is then a no-op); a half-read
             # one is dropped: closing the socket is what makes vLLM abort the request.
             await resp.aclose()
@@ -195,19 +202,12 @@ class Relay:
         splitter = SseSplitter()
         usage_raw: bytes | None = None
         saw_done = False
-        idle_s = self._timeouts.idle_s
-        slack = min(1.0, idle_s / 20)
+        # Until the first token is out, a piece that arrives while this loop waits is forwarded from
+        # the engine socket's callback (`_first_piece`) when it can be.
+        resp.set_sink(lambda data: self._first_piece(data, splitter, scope, loop))
         while data := await resp.readany():
-            if self._abort_reason is None:
-                self._deadline_phase = "the next token"
-                # Move the deadline only when it left [now + idle_s, now + idle_s + slack]
-                # (closer: time passed; further: still the first-byte deadline): one
-                # reschedule (a cancelled timer plus a new one on the loop's heap) per
-                # `slack` seconds instead of one per token.
-                now = loop.time()
-                when = scope.when()
-                if when is None or not now + idle_s <= when <= now + idle_s + slack:
-                    scope.reschedule(now + idle_s + slack)
+            self._note_output(scope, loop)
+            urgent = self.tokens == 0
             out: list[bytes] = []
             for payload in splitter.feed(data):
                 if payload == DONE_PAYLOAD:
@@ -216,7 +216,7 @@ class Relay:
                     usage_raw = payload
                 elif is_error_event(payload):
                     if out:
-                        await self._forward(out)
+                        await self._forward(out, urgent)
                     err = errors.from_stream_event(payload)
                     return await self._failed(err.status, err.message, err.error_type, err.param)
                 else:
@@ -227,7 +227,9 @@ class Relay:
                     if reason is not None:
                         self.finish_reason = reason
             if out:
-                await self._forward(out)
+                await self._forward(out, urgent)
+            if self.tokens or self._queued_early:
+                resp.set_sink(None)
             if saw_done:
                 # The end of the body (the last chunk of the chunked encoding) follows `[DONE]` at
                 # once: read it, so the connection goes back to the pool instead of being closed
@@ -256,11 +258,62 @@ class Relay:
             )
         return await self._failed(502, "engine closed the stream before it finished", "server_error", None)
 
-    async def _forward(self, events: list[bytes]) -> None:
-        first = self.events_sent == 0
+    def _note_output(self, scope: asyncio.Timeout, loop: asyncio.AbstractEventLoop) -> None:
+        if self._abort_reason is not None:
+            return
+        self._deadline_phase = "the next token"
+        # Move the deadline only when it left [now + idle_s, now + idle_s + slack] (closer: time
+        # passed; further: still the first-byte deadline): one reschedule (a cancelled timer plus
+        # a new one on the loop's heap) per `slack` seconds instead of one per token.
+        idle_s = self._timeouts.idle_s
+        slack = min(1.0, idle_s / 20)
+        now = loop.time()
+        when = scope.when()
+        if when is None or not now + idle_s <= when <= now + idle_s + slack:
+            scope.reschedule(now + idle_s + slack)
+
+    def _first_piece(
+        self, data: bytes, splitter: SseSplitter, scope: asyncio.Timeout, loop: asyncio.AbstractEventLoop
+    ) -> bool:
+        """The engine socket's sink until the first token is out (called from its `data_received`
+        while the loop above waits): whole content events (the role chunk, the first token) go to
+        the orchestrator at once, from this callback, not after the event loop has woken and run
+        every other stream's relay of the same engine step. Anything else (a partial event, usage,
+        `[DONE]`, an error, a socket that cannot take it now, an earlier frame of this request
+        still queued) is declined, untouched, and the loop reads it as usual. True: forwarded."""
+        if self.tokens or self._queued_early or self._abort_reason is not None:
+            return False
+        if splitter.pending or not data.endswith(b"\n\n"):
+            return False
+        payloads = SseSplitter().feed(
+            data
+        )  # = `splitter`'s answer: it holds nothing, the piece ends an event
+        if not payloads or any(p == DONE_PAYLOAD or is_usage_event(p) or is_error_event(p) for p in payloads):
+            return False
+        events = [sse_event(p) for p in payloads]
+        frame = Chunk(request_id=self.request_id, delta=b"".join(events).decode())
+        if not self._sink.send_first_now(frame):
+            return False
+        self.events_sent += len(events)
+        for payload in payloads:
+            if _ROLE_MARK not in payload:
+                self.tokens += 1
+            reason = _finish_reason(payload)
+            if reason is not None:
+                self.finish_reason = reason
+        self._note_output(scope, loop)
+        return True
+
+    async def _forward(self, events: list[bytes], urgent: bool) -> None:
+        """`urgent`: the frame carries no token or the first one (it leads the queued frames, or
+        is written at once). Later frames never overtake it: once an urgent frame of this request
+        waits in the queue, the next ones queue behind it."""
         self.events_sent += len(events)
         frame = Chunk(request_id=self.request_id, delta=b"".join(events).decode())
-        await self._sink.send_chunk(frame, first=first)
+        if urgent and not self._queued_early and self._sink.send_first_now(frame):
+            return
+        self._queued_early = self._queued_early or urgent
+        await self._sink.send_chunk(frame, first=urgent)
 
     async def _prompt_tokens(self) -> int:
         if self.events_sent == 0:

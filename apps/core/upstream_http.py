@@ -292,18 +292,21 @@ class HttpResponse:
             first = await self.__anext__()
         except StopAsyncIteration:
             return b""
+        rest = self.take_buffered()
+        return first + rest if rest else first
+
+    def take_buffered(self) -> bytes:
+        """Every body piece received so far, joined, without waiting (b"" when none): the relay
+        writes the first chunk, which came with the head, straight from the task the head woke."""
         conn = self._conn
         if conn is None or not conn.buf:
-            return first
-        parts = [first]
+            return b""
         buf = conn.buf
-        while buf:
-            data = buf.popleft()
-            conn.buffered -= len(data)
-            parts.append(data)
+        data = buf.popleft() if len(buf) == 1 else b"".join([buf.popleft() for _ in range(len(buf))])
+        conn.buffered = 0
         if conn.paused:
             conn.resume()
-        return b"".join(parts)
+        return data
 
     async def read_body(self) -> bytes:
         return b"".join([data async for data in self])

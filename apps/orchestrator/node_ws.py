@@ -246,25 +246,22 @@ class NodeSockets:
         plane.queues.notify()
 
     async def _writer(self, ws: web.WebSocketResponse, conn: NodeConnection) -> None:
-        closing = asyncio.ensure_future(conn.closing.wait())
-        try:
-            while True:
-                getter = asyncio.ensure_future(conn.send_q.get())
-                done, _ = await asyncio.wait({getter, closing}, return_when=asyncio.FIRST_COMPLETED)
-                if getter not in done:
-                    getter.cancel()
-                    return
-                texts = [getter.result()]
-                while conn.batching and not conn.send_q.empty():
-                    texts.append(conn.send_q.get_nowait())
-                try:
-                    for text in batch_messages(texts) if len(texts) > 1 else texts:
-                        await ws.send_str(text)
-                except ConnectionError:
-                    conn.close(1011, "connection lost")  # the reader sees the close too
-                    return
-        finally:
-            closing.cancel()
+        # Parked on the queue itself: a frame queued for an idle connection (an `assign`) goes out
+        # on the next event-loop turn. The watchdog ends when the connection closes, and the
+        # TaskGroup then cancels this task.
+        queue = conn.send_q
+        while not conn.closing.is_set():
+            texts = [await queue.get()]
+            while conn.batching and not queue.empty():
+                texts.append(queue.get_nowait())
+            if conn.closing.is_set():
+                return
+            try:
+                for text in batch_messages(texts) if len(texts) > 1 else texts:
+                    await ws.send_str(text)
+            except ConnectionError:
+                conn.close(1011, "connection lost")  # the reader sees the close too
+                return
 
     async def _watchdog(self, conn: NodeConnection) -> None:
         """Two missed heartbeats: the node is dead to routing and its requests are failed."""

@@ -133,8 +133,9 @@ async def test_chunks_go_out_directly_and_byte_for_byte(
             return _paths(env)
 
         paths = await counted()
-        assert paths.get("direct", 0) >= upstream.events // 2, paths  # paced events bypass ASGI
-        assert paths.get("asgi", 0) >= 1  # the first read, which arrives with the headers
+        # Paced events bypass ASGI; so does the first read, which arrives with the headers (written
+        # by the task the head woke: `RelayResponse._write_buffered`).
+        assert paths.get("direct", 0) >= upstream.events // 2, paths
 
 
 async def test_a_client_that_stops_reading_gets_everything_in_order_through_send(

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, cast
 
 import aiohttp
+import aiohttp.web
 import pytest
 
 from apps.agent.connection import Connection
@@ -155,3 +156,82 @@ async def test_the_agent_runs_every_frame_of_a_batched_message_from_the_orchestr
         assert isinstance(first, proto.Done)
         assert isinstance(second, proto.Done)
         assert (first.completion_tokens, second.completion_tokens) == (2, 3)
+
+
+class _WsServer:
+    """A real aiohttp WebSocket server that records each message it receives."""
+
+    def __init__(self) -> None:
+        self.messages: list[str] = []
+        self.received = asyncio.Event()
+
+    async def handler(self, request: aiohttp.web.Request) -> aiohttp.web.WebSocketResponse:
+        ws = aiohttp.web.WebSocketResponse()
+        await ws.prepare(request)
+        async for msg in ws:
+            self.messages.append(msg.data)
+            self.received.set()
+        return ws
+
+    async def wait_for(self, count: int) -> None:
+        async with asyncio.timeout(GUARD_S):
+            while len(self.messages) < count:
+                self.received.clear()
+                await self.received.wait()
+
+
+@pytest.fixture
+async def ws_server() -> Any:
+    server = _WsServer()
+    app = aiohttp.web.Application()
+    app.router.add_get("/ws", server.handler)
+    runner = aiohttp.web.AppRunner(app)
+    await runner.setup()
+    site = aiohttp.web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    try:
+        yield server, f"http://127.0.0.1:{port}/ws"
+    finally:
+        await runner.cleanup()
+
+
+async def test_a_first_chunk_is_written_at_once_without_waiting_for_the_writer_task(ws_server: Any) -> None:
+    server, url = ws_server
+    async with aiohttp.ClientSession() as session, session.ws_connect(url) as ws:
+        conn = Connection(ws, queue_size=64, batching=True)
+        for i in range(3):
+            assert await conn.send(proto.Chunk(request_id=f"r{i}", delta=f"data: {i}\n\n"))
+        assert conn.send_now(proto.Chunk(request_id="new", delta="data: first\n\n"))
+        # The writer task is not running: only the immediate write can have sent this.
+        await server.wait_for(1)
+        assert server.messages == [proto.encode_chunk("new", "data: first\n\n")]
+        writer = asyncio.ensure_future(conn.writer())
+        try:
+            await server.wait_for(2)
+            await conn.flush(GUARD_S)
+        finally:
+            writer.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await writer
+    frames = [proto.decode_node_frame(t) for t in proto.split_frames(server.messages[1])]
+    assert [f.request_id for f in frames] == ["r0", "r1", "r2"]  # type: ignore[union-attr]
+
+
+async def test_a_compressing_connection_queues_first_chunks_like_the_rest(ws_server: Any) -> None:
+    server, url = ws_server
+    async with aiohttp.ClientSession() as session, session.ws_connect(url, compress=15) as ws:
+        conn = Connection(ws, queue_size=64, batching=True)
+        assert await conn.send(proto.Chunk(request_id="r0", delta="data: 0\n\n"))
+        first = proto.Chunk(request_id="new", delta="data: first\n\n")
+        assert not conn.send_now(first)  # declined, nothing written: the caller queues it
+        assert await conn.send(first, urgent=True)
+        writer = asyncio.ensure_future(conn.writer())
+        try:
+            await server.wait_for(1)
+        finally:
+            writer.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await writer
+    frames = [proto.decode_node_frame(t) for t in proto.split_frames(server.messages[0])]
+    assert [f.request_id for f in frames] == ["new", "r0"]  # type: ignore[union-attr]

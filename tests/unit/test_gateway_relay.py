@@ -129,6 +129,29 @@ async def test_client_disconnect_cancels_relay_and_cleans_up() -> None:
     assert client.body() == CHUNK  # nothing is written after the client left
 
 
+class HeadWithChunkUpstream(ScriptedUpstream):
+    """The dispatcher's upstream when the first chunk arrived in the same read as the head."""
+
+    def __init__(self, buffered: bytes) -> None:
+        super().__init__([], hang_after=True)
+        self.buffered = buffered
+
+    def take_buffered(self) -> bytes:
+        data, self.buffered = self.buffered, b""
+        return data
+
+
+async def test_first_chunk_that_came_with_the_head_is_written_before_the_relay_loop_runs() -> None:
+    # The upstream's `chunks()` never yields: only the inline write can deliver the first chunk.
+    client = FakeClient(disconnect_after_bytes=len(CHUNK))
+    upstream = HeadWithChunkUpstream(CHUNK)
+    outcome, calls = await run_relay(upstream, client, first_token_s=3.0)
+    assert client.body() == CHUNK
+    assert outcome.first_byte_at is not None
+    assert outcome.ended == "disconnect"  # the client left after the chunk, not a first-token timeout
+    assert calls == ["disconnect"]
+
+
 async def test_cleanup_runs_even_when_the_response_task_is_cancelled() -> None:
     client = FakeClient()
     upstream = ScriptedUpstream([CHUNK], hang_after=True)

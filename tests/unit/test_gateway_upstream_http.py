@@ -87,6 +87,31 @@ async def test_readany_returns_every_piece_buffered_so_far_as_one() -> None:
             await pool.aclose()
 
 
+async def test_take_buffered_returns_what_came_with_the_head_without_waiting() -> None:
+    """The gateway's relay writes the first chunk from the task the head woke: what arrived in the
+    same read as the head is there at once, taken in one piece, and the stream goes on after it."""
+    release = asyncio.Event()
+
+    async def head_with_chunk(req: Request, conn: Conn) -> bool:
+        conn.writer.write(HEAD_CHUNKED + chunk(PIECES[0]) + chunk(PIECES[1]))  # one write: one read
+        await release.wait()
+        conn.writer.write(chunk(PIECES[2]) + b"0\r\n\r\n")
+        return True
+
+    async with raw_server(head_with_chunk) as server:
+        pool = HostPool(server.url)
+        try:
+            response = await get(pool, b"{}")
+            await poll_until(lambda: len(response._conn.buf) == 2 if response._conn else False)  # type: ignore[attr-defined]
+            assert response.take_buffered() == PIECES[0] + PIECES[1]
+            assert response.take_buffered() == b""  # nothing more yet, and no wait
+            release.set()
+            assert b"".join([d async for d in response.chunks()]) == PIECES[2]
+            assert response.take_buffered() == b""  # finished: the connection went back to the pool
+        finally:
+            await pool.aclose()
+
+
 async def test_content_length_body_and_keep_alive_reuse() -> None:
     body = b'{"error":{"message":"no node"}}'
 

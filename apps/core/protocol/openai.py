@@ -37,6 +37,11 @@ class SseSplitter:
         self._buf = b""
         self._max = max_event_bytes
 
+    @property
+    def pending(self) -> bool:
+        """Bytes of an unfinished event are held (the next piece continues it)."""
+        return bool(self._buf)
+
     def feed(self, data: bytes) -> list[bytes]:
         self._buf += data
         if b"\r" in self._buf:
