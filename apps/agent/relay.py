@@ -285,9 +285,9 @@ class Relay:
             return False
         if splitter.pending or not data.endswith(b"\n\n"):
             return False
-        payloads = SseSplitter().feed(
-            data
-        )  # = `splitter`'s answer: it holds nothing, the piece ends an event
+        # `splitter` holds nothing and the piece ends an event: a fresh splitter gives its answer
+        # without touching its state (which matters when the piece is declined below).
+        payloads = SseSplitter().feed(data)
         if not payloads or any(p == DONE_PAYLOAD or is_usage_event(p) or is_error_event(p) for p in payloads):
             return False
         events = [sse_event(p) for p in payloads]
