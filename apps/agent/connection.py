@@ -10,6 +10,7 @@ connection are useless, dones are in the journal and replayed on the next one).
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import socket
 from collections.abc import Callable
@@ -106,6 +107,11 @@ def _frame_writer(ws: aiohttp.ClientWebSocketResponse) -> Callable[[str], bool] 
     protocol: Any = getattr(writer, "protocol", None)
     transport = getattr(writer, "transport", None)
     if write_frame is None or transport is None or not hasattr(protocol, "_paused"):
+        return None
+    try:
+        if list(inspect.signature(write_frame).parameters) != ["message", "opcode", "rsv"]:
+            return None  # another aiohttp than the one this was written against (3.14)
+    except (TypeError, ValueError):
         return None
     if getattr(writer, "compress", 1) or getattr(writer, "_closing", True):
         return None

@@ -235,3 +235,29 @@ async def test_a_compressing_connection_queues_first_chunks_like_the_rest(ws_ser
                 await writer
     frames = [proto.decode_node_frame(t) for t in proto.split_frames(server.messages[0])]
     assert [f.request_id for f in frames] == ["new", "r0"]  # type: ignore[union-attr]
+
+
+def test_an_aiohttp_frame_writer_of_another_shape_is_not_used() -> None:
+    from apps.agent.connection import _frame_writer
+
+    class Protocol:
+        _paused = False
+
+    class Transport:
+        def is_closing(self) -> bool:
+            return False
+
+    class Writer:
+        compress = 0
+        _closing = False
+        protocol = Protocol()
+        transport = Transport()
+
+        def _write_websocket_frame(self, message: bytes, opcode: int) -> None:  # no `rsv`
+            raise AssertionError("must not be called")
+
+    class Ws:
+        closed = False
+        _writer = Writer()
+
+    assert _frame_writer(cast(aiohttp.ClientWebSocketResponse, Ws())) is None
