@@ -1,4 +1,4 @@
-"""`tools/bench_platform.py --repeat`: the pooled row takes its percentiles over every run's samples."""
+"""`tools/bench_platform.py --repeat` (`tools/platform_report.py`): the pooled row takes its percentiles over every run's samples."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
 
-import bench_platform as bp
+import platform_report as bp
 
 
 def _report(ttfts: list[float], transits: list[float], tokens: int, errors: int = 0) -> dict[str, Any]:
