@@ -292,17 +292,22 @@ class HttpResponse:
             first = await self.__anext__()
         except StopAsyncIteration:
             return b""
-        rest = self.take_buffered()
-        return first + rest if rest else first
+        return self._take(first)
 
     def take_buffered(self) -> bytes:
         """Every body piece received so far, joined, without waiting (b"" when none): the relay
         writes the first chunk, which came with the head, straight from the task the head woke."""
+        return self._take(b"")
+
+    def _take(self, first: bytes) -> bytes:
+        """`first` followed by everything buffered, in one join (no copy when nothing is buffered)."""
         conn = self._conn
         if conn is None or not conn.buf:
-            return b""
+            return first
         buf = conn.buf
-        data = buf.popleft() if len(buf) == 1 else b"".join([buf.popleft() for _ in range(len(buf))])
+        parts = [first] if first else []
+        parts.extend(buf.popleft() for _ in range(len(buf)))
+        data = parts[0] if len(parts) == 1 else b"".join(parts)
         conn.buffered = 0
         if conn.paused:
             conn.resume()

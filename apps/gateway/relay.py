@@ -115,12 +115,9 @@ class RelayResponse:
         that, at 200 streams, can hold a whole engine step's wave of other streams' chunks)."""
         take = getattr(self._upstream, "take_buffered", None)
         data = take() if take is not None else b""
-        if not data:
+        if not data or self._through(data):
             return
         self._note(data)
-        if self._direct is not None and self._direct.write(data):
-            self.outcome.direct_chunks += 1
-            return
         self.outcome.asgi_chunks += 1
         await send({"type": "http.response.body", "body": data, "more_body": True})
 
