@@ -5,19 +5,31 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 VLLM_VENV ?= $(CURDIR)/.vllm-venv
+# Every install takes its versions from constraints.txt (`make lock` regenerates it with this uv).
+UV_VERSION := 0.13.8
 
-.PHONY: install dev test lint typecheck imports unit realvllm chaos bench render-golden clean
+.PHONY: install lock lock-check dev test lint typecheck imports unit realvllm chaos bench render-golden clean
 
 $(BIN)/python:
 	@command -v $(PY) >/dev/null || { echo "need Python 3.11 ($(PY)) on PATH"; exit 2; }
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q -U pip wheel setuptools
 
-$(STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/pip install -q -e '.[dev,infra]'
+$(STAMP): pyproject.toml constraints.txt | $(BIN)/python
+	@$(PY) tools/lock.py check
+	$(BIN)/pip install -q -c constraints.txt -e '.[dev,infra]'
 	touch $(STAMP)
 
 install: $(STAMP)
+
+# Re-resolve pyproject.toml into constraints.txt, keeping every pin that still fits (run after adding a dependency).
+lock: | $(BIN)/python
+	$(BIN)/pip install -q uv==$(UV_VERSION)
+	$(BIN)/python tools/lock.py write $(BIN)/uv
+
+# CI: pyproject.toml changed without `make lock` -> fail with the command to run.
+lock-check:
+	@$(PY) tools/lock.py check
 
 dev: $(STAMP)
 	$(BIN)/llmfleet dev $(ARGS)
@@ -44,7 +56,7 @@ chaos: $(STAMP)
 	$(BIN)/pytest -m "chaos or slow" -q
 
 # The README's test command: everything CI runs.
-test: lint typecheck imports unit realvllm chaos
+test: lock-check lint typecheck imports unit realvllm chaos
 
 render-golden: $(STAMP)
 	$(BIN)/llmfleet infra render --stack dev > tests/fixtures/infra/dev.golden.json

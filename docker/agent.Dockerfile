@@ -1,11 +1,10 @@
 # llmfleet agent image: slim, non-root, one console entry point (`llmfleet agent`).
-# The agent image also runs `llmfleet model-sync` (the vLLM pod's init container).
 FROM python:3.11-slim AS build
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md constraints.txt ./
 COPY apps ./apps
 COPY stacks ./stacks
-RUN pip install --no-cache-dir --prefix=/install .
+RUN pip install --no-cache-dir --prefix=/install -c constraints.txt .
 
 FROM python:3.11-slim
 RUN groupadd --system --gid 10001 llmfleet \

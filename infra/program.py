@@ -99,6 +99,7 @@ def define(config: InfraConfig, spec: StackSpec | None = None) -> None:
             plan=plan,
             vllm_image=config.vllm_image,
             agent_image=images.refs["agent"],
+            model_sync_image=images.refs["modelsync"],
             model_bucket=bucket.bucket.bucket,
             model_bucket_arn=bucket.bucket.arn,
             oidc_provider_arn=cluster.oidc_provider_arn,

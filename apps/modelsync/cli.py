@@ -14,12 +14,14 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-import boto3
-from botocore.exceptions import BotoCoreError, ClientError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from apps.modelsync.s3 import Boto3ObjectStore
 from apps.modelsync.sync import ModelSyncError, sync_model
+
+MISSING_EXTRA = (
+    "boto3 is not installed: model-sync needs the modelsync extra (pip install 'llmfleet[modelsync]')"
+)
 
 
 class ModelSyncSettings(BaseSettings):
@@ -54,6 +56,11 @@ def run(args: argparse.Namespace) -> int:
     if not bucket:
         raise ModelSyncError("no bucket: pass --bucket or set LLMFLEET_MODEL_BUCKET", param="bucket")
     dest: Path = args.dest or settings.model_cache_dir
+    try:  # the `modelsync` extra: only the model-sync image carries boto3
+        import boto3
+        from botocore.exceptions import BotoCoreError, ClientError
+    except ImportError:
+        raise ModelSyncError(MISSING_EXTRA) from None
     client = boto3.client(
         "s3", endpoint_url=args.endpoint_url or settings.s3_endpoint_url, region_name=settings.aws_region
     )

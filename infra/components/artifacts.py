@@ -11,8 +11,8 @@ import pulumi_aws as aws
 import pulumi_docker_build as docker_build
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-# model-sync ships in the agent image (same package, same console script).
-IMAGES = ("gateway", "orchestrator", "agent")
+# modelsync: the vLLM pods' init container (`llmfleet model-sync`), the only image with boto3.
+IMAGES = ("gateway", "orchestrator", "agent", "modelsync")
 
 
 @dataclass(frozen=True)

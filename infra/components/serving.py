@@ -23,6 +23,7 @@ class ServingArgs:
     plan: FleetPlan
     vllm_image: str
     agent_image: pulumi.Input[str]
+    model_sync_image: pulumi.Input[str]
     model_bucket: pulumi.Input[str]
     model_bucket_arn: pulumi.Input[str]
     oidc_provider_arn: pulumi.Input[str]
@@ -127,6 +128,6 @@ def _bind(obj: Manifest, args: ServingArgs) -> Manifest:
         else:
             container["image"] = args.agent_image
     init = pod["initContainers"][0]
-    init["image"] = args.agent_image
+    init["image"] = args.model_sync_image
     init["args"] = [args.model_bucket if a == "@MODEL_BUCKET@" else a for a in init["args"]]
     return obj

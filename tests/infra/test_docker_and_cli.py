@@ -11,7 +11,8 @@ import pytest
 from apps.cli.main import COMMANDS, main
 
 ROOT = Path(__file__).resolve().parents[2]
-APPS = ("gateway", "orchestrator", "agent")
+APPS = ("gateway", "orchestrator", "agent", "modelsync")
+COMMAND_OF = {"modelsync": "model-sync"}
 
 
 def _entry(text: str) -> list[str]:
@@ -25,7 +26,7 @@ def test_dockerfile_entry_point_is_a_real_console_command(app: str) -> None:
     text = (ROOT / "docker" / f"{app}.Dockerfile").read_text(encoding="utf-8")
     argv = _entry(text)
     assert argv[0] == "llmfleet"
-    assert argv[1] == app
+    assert argv[1] == COMMAND_OF.get(app, app)
     assert argv[1] in COMMANDS
     pyproject = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
     assert 'llmfleet = "apps.cli.main:main"' in pyproject
@@ -36,10 +37,20 @@ def test_dockerfile_entry_point_is_a_real_console_command(app: str) -> None:
     assert not user[-1].startswith(("0", "root"))
 
 
-def test_model_sync_ships_in_the_agent_image() -> None:
-    assert "model-sync" in COMMANDS
+def test_model_sync_has_its_own_image_and_the_init_containers_use_it() -> None:
+    from tests.infra.conftest import kube_objects
+
     assert COMMANDS["model-sync"][0] == "apps.modelsync.cli"
-    assert "COPY apps ./apps" in (ROOT / "docker" / "agent.Dockerfile").read_text(encoding="utf-8")
+    assert "COPY apps ./apps" in (ROOT / "docker" / "modelsync.Dockerfile").read_text(encoding="utf-8")
+    inits = [
+        c for d in kube_objects("prod") if d["kind"] == "Deployment"
+        for c in d["spec"]["template"]["spec"].get("initContainers", [])
+    ]  # fmt: skip
+    assert inits
+    assert {c["name"] for c in inits} == {"model-sync"}
+    assert all("modelsync" in c["image"] and "agent" not in c["image"] for c in inits), {
+        c["image"] for c in inits
+    }
 
 
 def test_infra_render_cli_prints_sorted_json(capsys: pytest.CaptureFixture[str]) -> None:
