@@ -18,8 +18,8 @@ from apps.gateway.chat import ChatHandler
 from apps.gateway.deps import GatewayDeps
 from apps.gateway.metrics import GatewayMetrics
 from apps.gateway.settings import GatewaySettings
-from apps.gateway.splice import GatewayApp
 from apps.gateway.usage import usage_route
+from apps.netio.uvicorn_writer import GatewayApp
 
 
 def create_app(settings: GatewaySettings, deps: GatewayDeps) -> GatewayApp:

@@ -47,6 +47,7 @@ from apps.gateway.relay import RelayOutcome, RelayResponse, shielded
 from apps.gateway.settings import GatewaySettings
 from apps.gateway.speculation import Speculation
 from apps.gateway.validate import ChatRequest, check_ssrf, parse_body, upstream_body, validate_chat
+from apps.netio import fastpath
 
 log = logging.getLogger("llmfleet.gateway")
 REQUEST_ID_RE = re.compile(r"^[A-Za-z0-9._:-]{8,128}$")
@@ -400,6 +401,7 @@ class ChatHandler:
             self._m.relayed_chunks.labels("direct").inc(outcome.direct_chunks)
         if outcome.asgi_chunks:
             self._m.relayed_chunks.labels("asgi").inc(outcome.asgi_chunks)
+        self._m.netio.served(fastpath.UVICORN_CHUNK, fast=outcome.direct_chunks, fallback=outcome.asgi_chunks)
         self._log(ex, ended=outcome.ended, completion_tokens=outcome.completion_tokens)
 
     async def _finish(self, ex: Exchange, *, cancel_reservation: bool) -> None:

@@ -1,5 +1,5 @@
 """The real `Dispatcher`: `POST /internal/v1/dispatch` on an orchestrator replica over pooled
-keep-alive connections (`apps.core.upstream_http`; contract: `apps.core.protocol.dispatch`).
+keep-alive connections (`apps.netio.http_client`; contract: `apps.core.protocol.dispatch`).
 
 Several replicas: requests rotate over them; a replica that refuses the connection is
 skipped and the next one tried, so a rolling restart costs no request. Once a replica
@@ -13,8 +13,8 @@ import itertools
 from collections.abc import Sequence
 
 from apps.core.protocol.dispatch import DISPATCH_PATH, DispatchRequest
-from apps.core.upstream_http import HostPool, HttpResponse, Unreachable
 from apps.gateway.ports import DispatchUnavailable
+from apps.netio.http_client import HostPool, HttpResponse, Unreachable
 
 # The `Upstream` of this dispatcher: `aclose()` before the body is complete drops the TCP
 # connection, so the orchestrator sees the disconnect and cancels the request on the node.

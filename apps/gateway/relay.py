@@ -21,7 +21,7 @@ from typing import Any
 
 from apps.core.protocol.openai import SSE_DONE, SseSplitter, error_body, is_usage_event, parse_usage, sse_json
 from apps.gateway.ports import Upstream
-from apps.gateway.splice import DirectWriter, direct_writer
+from apps.netio.uvicorn_writer import DirectWriter, direct_writer
 
 # The usage event (the orchestrator writes it with `[DONE]`) must lie within the stream's last
 # reads; a window of reads, not bytes, keeps the per-chunk cost at one deque append. Missing it
@@ -55,7 +55,7 @@ class RelayOutcome:
         self.first_byte_at: float | None = None
         self.completion_tokens: int | None = None
         self.prompt_tokens: int | None = None
-        self.direct_chunks = 0  # written by the upstream's sink (splice.py)
+        self.direct_chunks = 0  # written by the upstream's sink (apps.netio.uvicorn_writer)
         self.asgi_chunks = 0  # written through ASGI `send`
         self.ended: str = "running"  # done | upstream_error | timeout | disconnect
 
@@ -148,7 +148,7 @@ class RelayResponse:
         # The per-chunk path is the gateway's hottest loop (10,000 chunks/s at 200 streams). While
         # this coroutine waits for upstream and the client keeps up, the upstream connection hands
         # each chunk to `_through`, which writes it to the client socket from `data_received` (no
-        # task wake-up, no ASGI `send`; see `splice.py`); whatever it declines is buffered and
+        # task wake-up, no ASGI `send`; see `apps.netio.uvicorn_writer`); whatever it declines is buffered and
         # comes out of this loop through `send`, in order. `[DONE]` and the usage event are only
         # looked for once the stream ended, in references to the last few reads.
         outcome = self.outcome

@@ -23,6 +23,8 @@ from apps.core.errors import InvalidRequest, LlmfleetError, NotFound, Unavailabl
 from apps.core.nodes import keys
 from apps.core.protocol.dispatch import DispatchRequest
 from apps.core.protocol.openai import SSE_DONE, error_body, sse_event, sse_json
+from apps.netio import fastpath
+from apps.netio.aiohttp_server import ChunkWriter, chunk_writer
 from apps.orchestrator.aio import shielded
 from apps.orchestrator.logs import event
 from apps.orchestrator.plane import ControlPlane
@@ -82,6 +84,8 @@ class _Relay:
         self.outcome = "ok"
         self._t0 = plane.deps.monotonic()
         self.queued_s = 0.0  # time in the model's queue waiting for a node (all attempts)
+        self._direct: ChunkWriter | None = None
+        self._writes = 0  # pieces written through `response.write`
 
     async def run(self) -> web.StreamResponse:
         plane, dreq = self.plane, self.dreq
@@ -140,6 +144,8 @@ class _Relay:
                 await self._cancel_reservation()
             raise
         finally:
+            direct = self._direct.written if self._direct is not None else 0
+            plane.metrics.netio.served(fastpath.AIOHTTP_CHUNK, fast=direct, fallback=self._writes)
             plane.metrics.dispatches.labels(model=dreq.model, outcome=self.outcome).inc()
             event(
                 "dispatch",
@@ -183,7 +189,8 @@ class _Relay:
             response = await self._open_response(node)
             if isinstance(first, ChunkEv):
                 await self._write_chunks(first, stream)  # also puts aiohttp's buffered headers out
-                if response.chunked:
+                self._direct = chunk_writer(self.request, response)
+                if self._direct is not None:
                     stream.sink = self._through
                 await self._stream(node, stream)
             else:
@@ -276,22 +283,21 @@ class _Relay:
             await self._write(first.delta.encode())
 
     def _through(self, delta: str) -> bool:
-        """The stream's sink, called from the node socket's reader: one chunk framed as aiohttp's
-        chunked writer frames it, straight onto the gateway's transport, unless the gateway is slow
-        (writing paused) or gone; then the chunk is queued and goes out through `_write`, in order."""
-        transport = self.request.transport
-        if transport is None or transport.is_closing() or self.request.protocol.writing_paused:
-            return False
+        """The stream's sink, called from the node socket's reader: one chunk straight onto the
+        gateway's transport (`apps.netio.aiohttp_server`), unless the gateway is slow or gone; then
+        the chunk is queued and goes out through `_write`, in order."""
+        direct = self._direct
         data = delta.encode()
-        if data:  # an empty chunk frame would end the response body
-            self.chunks += data.count(b"\n\n")
-            transport.write(b"%x\r\n%b\r\n" % (len(data), data))
+        if direct is None or not direct.write(data):
+            return False
+        self.chunks += data.count(b"\n\n")
         return True
 
     async def _write(self, data: bytes, *, count: bool = True) -> None:
         assert self.response is not None
         if count:
             self.chunks += data.count(b"\n\n") if not data.startswith(b"data: [DONE]") else 0
+        self._writes += 1
         await self.response.write(data)
 
     async def _fail_before_output(self, exc: LlmfleetError) -> web.StreamResponse:

@@ -1,4 +1,4 @@
-"""The raw-protocol upstream client (`apps.core.upstream_http`) and the dispatcher on top of it,
+"""The raw-protocol upstream client (`apps.netio.http_client`) and the dispatcher on top of it,
 against small raw asyncio HTTP servers on loopback that script each exchange byte for byte."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from collections.abc import Awaitable, Callable
 import pytest
 
 from apps.core.protocol.dispatch import DISPATCH_PATH, DispatchRequest
-from apps.core.upstream_http import HIGH_WATER, HostPool, Unreachable
 from apps.gateway.dispatcher import HttpDispatcher
 from apps.gateway.ports import DispatchUnavailable
+from apps.netio.http_client import HIGH_WATER, HostPool, Unreachable
 from tests.fakes.raw_http_server import (
     HEAD_CHUNKED,
     PIECES,
