@@ -20,27 +20,29 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-import psycopg
-import redis.exceptions
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.types import Receive
 
 from apps.core.errors import (
+    DuplicateRequestId,
+    ForwardedError,
     InvalidRequest,
     LlmfleetError,
     PayloadTooLarge,
     PermissionDenied,
     RateLimited,
+    StoreUnavailable,
     Unavailable,
     UpstreamFailed,
 )
 from apps.core.identity.principal import Principal
-from apps.core.protocol.dispatch import Deadlines, DispatchRequest
+from apps.core.protocol.dispatch import QUEUE_WAIT_HEADER, Deadlines, DispatchRequest
 from apps.core.protocol.openai import SseSplitter, assemble_completion
 from apps.core.quota.admission import Admission, Verdict
 from apps.gateway.auth import authenticate, require_team
 from apps.gateway.deps import GatewayDeps
+from apps.gateway.errors import error_response
 from apps.gateway.metrics import GatewayMetrics
 from apps.gateway.ports import DispatchUnavailable, Upstream
 from apps.gateway.relay import RelayOutcome, RelayResponse, shielded
@@ -90,19 +92,12 @@ _REFUSALS = {
 }
 
 
-QUEUE_WAIT_HEADER = "x-llmfleet-queue-wait"  # set by the orchestrator: seconds queued for a node
-
-
 def _seconds(value: str | None) -> float | None:
     try:
         seconds = float(value) if value is not None else None
     except ValueError:
         return None
     return seconds if seconds is not None and 0.0 <= seconds < 86_400 else None
-
-
-def _duplicate_request_id() -> InvalidRequest:
-    return InvalidRequest("Duplicate x-request-id.", param="x-request-id", code="duplicate_request_id")
 
 
 @dataclass
@@ -137,10 +132,7 @@ class ChatHandler:
             ex.status = exc.status
             self._m.requests.labels(ex.model, str(exc.status)).inc()
             self._log(ex, error=exc.code)
-            headers = {"x-request-id": ex.request_id, **ex.headers}
-            if exc.retry_after is not None:
-                headers["retry-after"] = str(max(1, round(exc.retry_after)))
-            return JSONResponse(exc.envelope(), status_code=exc.status, headers=headers)
+            return error_response(exc, {"x-request-id": ex.request_id, **ex.headers})
         except BaseException:
             await shielded(lambda: self._finish(ex, cancel_reservation=True), self._s.cleanup_timeout_s)
             raise
@@ -218,9 +210,9 @@ class ChatHandler:
                 estimated_prompt_tokens=chat.estimated_prompt_tokens,
                 max_tokens=chat.max_tokens,
             )
-        except psycopg.errors.UniqueViolation:
-            raise _duplicate_request_id() from None
-        except psycopg.Error:
+        except DuplicateRequestId:
+            raise
+        except StoreUnavailable:
             self._m.pg_errors.inc()
             raise Unavailable("The ledger is unavailable.", retry_after=5) from None
         except LlmfleetError as exc:
@@ -234,7 +226,7 @@ class ChatHandler:
             adm = await self._d.quota.admit(
                 principal.subject, ex.request_id, principal.limits, self._d.clock()
             )
-        except (redis.exceptions.RedisError, OSError):
+        except StoreUnavailable:
             self._m.redis_errors.inc()
             if self._s.redis_fail_open:
                 return
@@ -244,7 +236,7 @@ class ChatHandler:
             ) from None
         self._speculation.record(principal.subject, adm)
         if adm.verdict is Verdict.DUPLICATE:
-            raise _duplicate_request_id()
+            raise DuplicateRequestId()
         ex.headers.update(ratelimit_headers(adm))
         if not adm.admitted:
             reason, message = _REFUSALS[adm.verdict]
@@ -322,9 +314,9 @@ class ChatHandler:
         if exc_cls is not None:
             raise exc_cls(message, retry_after=float(retry_after) if retry_after else 5.0)
         if upstream.status in (400, 404, 413, 422):
-            err = InvalidRequest(message)
-            err.status = upstream.status
-            raise err
+            raise ForwardedError(
+                message, status=upstream.status, error_type=InvalidRequest.type, code=InvalidRequest.code
+            )
         raise UpstreamFailed(message)
 
     async def _collect(
@@ -413,7 +405,7 @@ class ChatHandler:
             ex.slot_held = False
             try:
                 await self._d.quota.release(ex.principal.subject, ex.request_id)
-            except (redis.exceptions.RedisError, OSError):
+            except StoreUnavailable:
                 # The slot's lease expires on its own; count it and move on.
                 self._m.redis_errors.inc()
         if ex.reserved and cancel_reservation:
@@ -421,7 +413,7 @@ class ChatHandler:
             self._m.reservations_open.dec()
             try:
                 await self._d.ledger.cancel(ex.request_id)
-            except psycopg.Error:
+            except StoreUnavailable:
                 self._m.pg_errors.inc()
 
     def _log(self, ex: Exchange, **extra: Any) -> None:

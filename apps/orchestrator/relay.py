@@ -13,15 +13,23 @@ from __future__ import annotations
 
 import asyncio
 import enum
-import hmac
 import json
 
 from aiohttp import web
 from pydantic import ValidationError
 
-from apps.core.errors import InvalidRequest, LlmfleetError, NotFound, Unavailable, UpstreamFailed
+from apps.core.errors import (
+    ForwardedError,
+    InvalidRequest,
+    LlmfleetError,
+    NotFound,
+    Unavailable,
+    UpstreamFailed,
+    http_error,
+    internal_token_rejected,
+)
 from apps.core.nodes import keys
-from apps.core.protocol.dispatch import DispatchRequest
+from apps.core.protocol.dispatch import QUEUE_WAIT_HEADER, DispatchRequest, InternalToken
 from apps.core.protocol.openai import SSE_DONE, error_body, sse_event, sse_json
 from apps.netio import fastpath
 from apps.netio.aiohttp_server import ChunkWriter, chunk_writer
@@ -32,7 +40,6 @@ from apps.orchestrator.scheduling.view import NodeView, PickRequest
 from apps.orchestrator.streams import ChunkEv, DoneEv, ErrorEv, LostEv, RequestStream
 
 MAX_ATTEMPTS = 2
-QUEUE_WAIT_HEADER = "x-llmfleet-queue-wait"  # seconds this request waited for a node (gateway metric)
 CLEANUP_S = 5.0
 
 
@@ -44,21 +51,19 @@ class Retry(enum.StrEnum):
 
 
 def error_response(exc: LlmfleetError, request_id: str = "") -> web.Response:
-    headers = {"x-request-id": request_id} if request_id else {}
-    if exc.retry_after is not None:
-        headers["Retry-After"] = str(max(1, round(exc.retry_after)))
-    return web.json_response(exc.envelope(), status=exc.status, headers=headers)
+    """The orchestrator's JSON error answer: `apps.core.errors.http_error` in an aiohttp response."""
+    status, headers, body = http_error(exc, {"x-request-id": request_id} if request_id else None)
+    return web.json_response(body, status=status, headers=headers)
 
 
 class DispatchHandler:
     def __init__(self, plane: ControlPlane) -> None:
         self.plane = plane
-        self._token = plane.settings.internal_token.get_secret_value().encode()
+        self._token = InternalToken(plane.settings.internal_token.get_secret_value())
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
-        supplied = request.headers.get("Authorization", "").removeprefix("Bearer ").encode()
-        if not self._token or not hmac.compare_digest(supplied, self._token):
-            return web.json_response(error_body("invalid internal token", "authentication_error"), status=401)
+        if not self._token.accepts(request.headers.get("Authorization")):
+            return error_response(internal_token_rejected())
         try:
             dreq = DispatchRequest.model_validate_json(await request.read())
         except ValidationError as exc:
@@ -182,9 +187,9 @@ class _Relay:
                 if frame.chunks_sent == 0 and frame.status >= 500:
                     return Retry.NODE_ERROR
                 self.outcome = f"engine_{frame.status}"
-                exc = LlmfleetError(frame.message, param=frame.param)
-                exc.status, exc.type = frame.status, frame.error_type
-                exc.code = None
+                exc = ForwardedError(
+                    frame.message, status=frame.status, error_type=frame.error_type, param=frame.param
+                )
                 return await self._fail_before_output(exc)
             response = await self._open_response(node)
             if isinstance(first, ChunkEv):
