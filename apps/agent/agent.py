@@ -39,6 +39,7 @@ from apps.agent.relay import RelayTimeouts
 from apps.agent.settings import AgentSettings
 from apps.agent.telemetry import GpuProbe, choose_gpu_probe
 from apps.agent.work import Work
+from apps.core.aio import first_of
 from apps.core.protocol import node as proto
 from apps.netio import fastpath
 
@@ -168,13 +169,7 @@ class Agent:
 
     async def _pause(self, seconds: float) -> None:
         """Sleep on the injected clock, but wake up at once when the agent stops."""
-        sleeper = asyncio.ensure_future(self.deps.clock.sleep(seconds))
-        stopper = asyncio.ensure_future(self._stopping.wait())
-        try:
-            await asyncio.wait({sleeper, stopper}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            sleeper.cancel()
-            stopper.cancel()
+        await first_of(self.deps.clock.sleep(seconds), self._stopping.wait())
 
     async def _wait_for_engine(self) -> bool:
         """Register only once the engine answers /health: a node whose model is still

@@ -16,6 +16,7 @@ import socket
 import aiohttp
 from pydantic import ValidationError
 
+from apps.core.aio import first_of, won
 from apps.core.protocol import node as proto
 from apps.netio.aiohttp_ws import frame_writer
 
@@ -125,14 +126,8 @@ class Connection:
         except asyncio.QueueFull:
             pass
         # Slow path, only under backpressure: wait for room or for the end of the connection.
-        put = asyncio.ensure_future(self._queue.put(text))
-        gone = asyncio.ensure_future(self._closed.wait())
-        try:
-            await asyncio.wait({put, gone}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            put.cancel()
-            gone.cancel()
-        return put.done() and not put.cancelled() and put.exception() is None
+        put, _ = await first_of(self._queue.put(text), self._closed.wait())
+        return won(put)
 
     def send_now(self, frame: proto._Frame) -> bool:
         """Write `frame` as its own message at once, from the caller (synchronous): not after the

@@ -24,6 +24,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.types import Receive
 
+from apps.core.aio import first_of, shielded
 from apps.core.errors import (
     DuplicateRequestId,
     ForwardedError,
@@ -45,7 +46,7 @@ from apps.gateway.deps import GatewayDeps
 from apps.gateway.errors import error_response
 from apps.gateway.metrics import GatewayMetrics
 from apps.gateway.ports import DispatchUnavailable, Upstream
-from apps.gateway.relay import RelayOutcome, RelayResponse, shielded
+from apps.gateway.relay import RelayOutcome, RelayResponse
 from apps.gateway.settings import GatewaySettings
 from apps.gateway.speculation import Speculation
 from apps.gateway.validate import ChatRequest, check_ssrf, parse_body, upstream_body, validate_chat
@@ -134,7 +135,7 @@ class ChatHandler:
             self._log(ex, error=exc.code)
             return error_response(exc, {"x-request-id": ex.request_id, **ex.headers})
         except BaseException:
-            await shielded(lambda: self._finish(ex, cancel_reservation=True), self._s.cleanup_timeout_s)
+            await shielded(self._finish(ex, cancel_reservation=True), self._s.cleanup_timeout_s, "finish")
             raise
 
     async def _read_body(self, request: Request) -> bytes:
@@ -326,20 +327,15 @@ class ChatHandler:
         client connection like a stream: a client that leaves stops the request upstream (the
         orchestrator cancels it on the node and settles the tokens produced so far)."""
         outcome = RelayOutcome()
-        reader = asyncio.ensure_future(self._read_all(upstream, outcome))
-        gone = asyncio.ensure_future(_client_gone(receive))
         try:
-            await asyncio.wait({reader, gone}, return_when=asyncio.FIRST_COMPLETED)
+            reader, _ = await first_of(self._read_all(upstream, outcome), _client_gone(receive))
             if not reader.done():
                 outcome.ended = "disconnect"
-                reader.cancel()
                 await asyncio.wait({reader})
                 return Response(status_code=499)  # nobody is listening; the server drops it
             body = reader.result()
         finally:
-            gone.cancel()
-            reader.cancel()
-            await shielded(lambda: self._after_relay(ex, upstream, outcome), self._s.cleanup_timeout_s)
+            await shielded(self._after_relay(ex, upstream, outcome), self._s.cleanup_timeout_s, "after_relay")
         usage = body.get("usage") or {}
         outcome.completion_tokens = usage.get("completion_tokens")
         if isinstance(outcome.completion_tokens, int):

@@ -19,6 +19,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from apps.core.aio import shielded
 from apps.core.protocol.openai import SSE_DONE, SseSplitter, error_body, is_usage_event, parse_usage, sse_json
 from apps.gateway.ports import Upstream
 from apps.netio.uvicorn_writer import DirectWriter, direct_writer
@@ -32,22 +33,6 @@ _DONE_LEN = len(SSE_DONE)
 Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
-
-
-async def shielded(cleanup: Callable[[], Awaitable[None]], timeout_s: float) -> None:
-    """Run `cleanup` to completion even if the caller is cancelled; bounded by `timeout_s`."""
-
-    async def bounded() -> None:
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(timeout_s):
-                await cleanup()
-
-    task = asyncio.ensure_future(bounded())
-    try:
-        await asyncio.shield(task)
-    except asyncio.CancelledError:
-        await asyncio.wait([task], timeout=timeout_s)
-        raise
 
 
 class RelayOutcome:
@@ -107,7 +92,7 @@ class RelayResponse:
         except OSError:
             self.outcome.ended = "disconnect"
         finally:
-            await shielded(lambda: self._cleanup(self.outcome), self._cleanup_timeout_s)
+            await shielded(self._cleanup(self.outcome), self._cleanup_timeout_s, "relay_cleanup")
 
     async def _write_buffered(self, send: Send) -> None:
         """The first chunk usually arrived with the upstream's response head: write it now, in the

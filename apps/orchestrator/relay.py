@@ -18,6 +18,7 @@ import json
 from aiohttp import web
 from pydantic import ValidationError
 
+from apps.core.aio import shielded
 from apps.core.errors import (
     ForwardedError,
     InvalidRequest,
@@ -33,7 +34,6 @@ from apps.core.protocol.dispatch import QUEUE_WAIT_HEADER, DispatchRequest, Inte
 from apps.core.protocol.openai import SSE_DONE, error_body, sse_event, sse_json
 from apps.netio import fastpath
 from apps.netio.aiohttp_server import ChunkWriter, chunk_writer
-from apps.orchestrator.aio import shielded
 from apps.orchestrator.logs import event
 from apps.orchestrator.plane import ControlPlane
 from apps.orchestrator.scheduling.view import NodeView, PickRequest
