@@ -4,11 +4,11 @@ against small raw asyncio HTTP servers on loopback that script each exchange byt
 from __future__ import annotations
 
 import asyncio
-import socket
 from collections.abc import Awaitable, Callable
 
 import pytest
 
+from apps.cli.procs import free_port as closed_port
 from apps.core.protocol.dispatch import DISPATCH_PATH, DispatchRequest
 from apps.gateway.dispatcher import HttpDispatcher
 from apps.gateway.ports import DispatchUnavailable
@@ -335,12 +335,6 @@ async def test_the_limit_bounds_connections_in_use() -> None:
             await pool.aclose()
     assert bodies == [b"".join(PIECES)] * 5
     assert len(server.conns) == 1  # unbounded, the five would have opened five connections at once
-
-
-def closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def dispatch_request() -> DispatchRequest:

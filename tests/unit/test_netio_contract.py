@@ -10,7 +10,6 @@ instead of raising into the socket callback that called it.
 from __future__ import annotations
 
 import asyncio
-import socket
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -24,16 +23,11 @@ from starlette.responses import StreamingResponse
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
+from apps.cli.procs import free_port as _free_port
 from apps.netio import fastpath
 from apps.netio.aiohttp_server import ChunkWriter, chunk_writer
 from apps.netio.aiohttp_ws import frame_writer
 from apps.netio.uvicorn_writer import GatewayApp, direct_writer
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def test_the_switch_reads_on_off_and_a_list_of_paths() -> None:
