@@ -39,7 +39,9 @@ from apps.agent.relay import RelayTimeouts
 from apps.agent.settings import AgentSettings
 from apps.agent.telemetry import GpuProbe, choose_gpu_probe
 from apps.agent.work import Work
+from apps.core.aio import first_of
 from apps.core.protocol import node as proto
+from apps.netio import fastpath
 
 log = logging.getLogger("llmfleet.agent")
 
@@ -167,13 +169,7 @@ class Agent:
 
     async def _pause(self, seconds: float) -> None:
         """Sleep on the injected clock, but wake up at once when the agent stops."""
-        sleeper = asyncio.ensure_future(self.deps.clock.sleep(seconds))
-        stopper = asyncio.ensure_future(self._stopping.wait())
-        try:
-            await asyncio.wait({sleeper, stopper}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            sleeper.cancel()
-            stopper.cancel()
+        await first_of(self.deps.clock.sleep(seconds), self._stopping.wait())
 
     async def _wait_for_engine(self) -> bool:
         """Register only once the engine answers /health: a node whose model is still
@@ -388,13 +384,18 @@ class Agent:
         request's first chunk is urgent (it leads its batch)."""
         conn = self._conn
         if conn is not None:
+            if first:
+                self.metrics.netio.served(fastpath.AIOHTTP_WS_FRAME, fallback=1)
             await conn.send(frame, urgent=first)
 
     def send_first_now(self, frame: proto.Chunk) -> bool:
         """`ChunkSink`: a request's first chunk straight onto the socket (from the engine socket's
         callback), or False when the live connection cannot take it synchronously now."""
         conn = self._conn
-        return conn is not None and conn.send_now(frame)
+        if conn is None or not conn.send_now(frame):
+            return False
+        self.metrics.netio.served(fastpath.AIOHTTP_WS_FRAME, fast=1)
+        return True
 
     async def send_done(self, frame: proto.Done) -> None:
         conn = self._conn

@@ -6,36 +6,20 @@ the whole window instead of arriving in synchronized waves. A refusal's
 `retry_after_s` is a floor: the node waits `retry_after_s + uniform(0, window)`, so
 refused nodes do not all come back in the same second either.
 
-The clock and the random source are injected (`Clock`, `RandomSource`) so the schedule
+The clock (`apps.core.clock`) and the random source (`RandomSource`) are injected so the schedule
 is tested without sleeping.
 """
 
 from __future__ import annotations
 
-import asyncio
 import random
-import time
 from typing import Protocol
-
-
-class Clock(Protocol):
-    def monotonic(self) -> float: ...
-
-    async def sleep(self, seconds: float) -> None: ...
 
 
 class RandomSource(Protocol):
     def random(self) -> float:
         """A float in [0, 1)."""
         ...
-
-
-class SystemClock:
-    def monotonic(self) -> float:
-        return time.monotonic()
-
-    async def sleep(self, seconds: float) -> None:
-        await asyncio.sleep(seconds)
 
 
 def system_random() -> RandomSource:

@@ -13,10 +13,10 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from apps.agent.logjson import setup_logging
 from apps.agent.main import run_agent
 from apps.agent.settings import AgentSettings
 from apps.core.errors import LlmfleetError
+from apps.core.logs import setup_json_logging
 
 
 class AgentSettingsError(LlmfleetError):
@@ -64,7 +64,7 @@ def settings_from_args(args: argparse.Namespace) -> AgentSettings:
 
 
 def run(args: argparse.Namespace) -> int:
-    setup_logging(args.log_level)
+    setup_json_logging(args.log_level)
     settings = settings_from_args(args)
     try:
         return asyncio.run(run_agent(settings))

@@ -10,16 +10,15 @@ connection are useless, dones are in the journal and replayed on the next one).
 from __future__ import annotations
 
 import asyncio
-import inspect
 import logging
 import socket
-from collections.abc import Callable
-from typing import Any
 
 import aiohttp
 from pydantic import ValidationError
 
+from apps.core.aio import first_of, won
 from apps.core.protocol import node as proto
+from apps.netio.aiohttp_ws import frame_writer
 
 log = logging.getLogger("llmfleet.agent.connection")
 
@@ -96,35 +95,6 @@ def _not_urgent(item: tuple[bool, str]) -> bool:
     return not item[0]
 
 
-def _frame_writer(ws: aiohttp.ClientWebSocketResponse) -> Callable[[str], bool] | None:
-    """Writes one text message to the socket synchronously, or declines (False) when the socket is
-    closing or its writer is paused (the caller queues the frame instead). Built on aiohttp's
-    `WebSocketWriter`, which frames and writes an uncompressed message without awaiting anything;
-    None when the attributes it relies on are missing or the connection compresses (then every
-    frame goes through the writer task)."""
-    writer: Any = getattr(ws, "_writer", None)
-    write_frame = getattr(writer, "_write_websocket_frame", None)
-    protocol: Any = getattr(writer, "protocol", None)
-    transport = getattr(writer, "transport", None)
-    if write_frame is None or transport is None or not hasattr(protocol, "_paused"):
-        return None
-    try:
-        if list(inspect.signature(write_frame).parameters) != ["message", "opcode", "rsv"]:
-            return None  # another aiohttp than the one this was written against (3.14)
-    except (TypeError, ValueError):
-        return None
-    if getattr(writer, "compress", 1) or getattr(writer, "_closing", True):
-        return None
-
-    def write(text: str) -> bool:
-        if ws.closed or writer._closing or transport.is_closing() or protocol._paused:
-            return False
-        write_frame(text.encode(), aiohttp.WSMsgType.TEXT, 0)
-        return True
-
-    return write
-
-
 class Connection:
     def __init__(
         self, ws: aiohttp.ClientWebSocketResponse, queue_size: int, *, batching: bool = False
@@ -135,7 +105,7 @@ class Connection:
         # (urgent, text): an urgent frame (a request's first chunk) leads the batch it is sent in.
         self._queue: asyncio.Queue[tuple[bool, str]] = asyncio.Queue(maxsize=queue_size)
         self._closed = asyncio.Event()
-        self._write_now = _frame_writer(ws)
+        self._write_now = frame_writer(ws)
 
     @property
     def closed(self) -> bool:
@@ -156,14 +126,8 @@ class Connection:
         except asyncio.QueueFull:
             pass
         # Slow path, only under backpressure: wait for room or for the end of the connection.
-        put = asyncio.ensure_future(self._queue.put(text))
-        gone = asyncio.ensure_future(self._closed.wait())
-        try:
-            await asyncio.wait({put, gone}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            put.cancel()
-            gone.cancel()
-        return put.done() and not put.cancelled() and put.exception() is None
+        put, _ = await first_of(self._queue.put(text), self._closed.wait())
+        return won(put)
 
     def send_now(self, frame: proto._Frame) -> bool:
         """Write `frame` as its own message at once, from the caller (synchronous): not after the

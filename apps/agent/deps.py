@@ -7,8 +7,9 @@ import importlib.metadata
 import ssl
 from dataclasses import dataclass, field
 
-from apps.agent.backoff import Clock, RandomSource, SystemClock, system_random
+from apps.agent.backoff import RandomSource, system_random
 from apps.agent.telemetry import GpuProbe
+from apps.core.clock import MonotonicClock, SystemClock
 from apps.core.errors import LlmfleetError
 
 
@@ -30,7 +31,7 @@ class AgentConfigError(LlmfleetError):
 
 @dataclass
 class AgentDeps:
-    clock: Clock = field(default_factory=SystemClock)  # backoff pauses and engine-wait polling
+    clock: MonotonicClock = field(default_factory=SystemClock)  # backoff pauses and engine-wait polling
     rng: RandomSource = field(default_factory=system_random)  # backoff jitter
     gpu_probe: GpuProbe | None = None  # None: DCGM URL, else nvidia-smi, else absent
     ssl_context: ssl.SSLContext | None = None  # None: from settings.ca_bundle / system CAs

@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
+from apps.core.aio import first_of
+
 
 class DrainControl:
     def __init__(self, default_deadline_s: float) -> None:
@@ -38,13 +40,7 @@ class DrainControl:
             remaining = started + self.deadline_s - loop.time()
             if remaining <= 0:
                 break
-            waiter = asyncio.ensure_future(idle.wait())
-            shorten = asyncio.ensure_future(self._shorten.wait())
-            try:
-                await asyncio.wait({waiter, shorten}, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                waiter.cancel()
-                shorten.cancel()
+            await first_of(idle.wait(), self._shorten.wait(), limit_s=remaining)
             self._shorten.clear()
         return idle.is_set()
 

@@ -4,7 +4,7 @@ Owns the engine's non-streaming endpoints the agent needs (over aiohttp): `/heal
 (readiness before registering), `/v1/models` (`max_model_len`), `/metrics` (heartbeat
 load), and `POST /tokenize` (exact prompt tokens after an abort, the one exception to D5,
 see `relay.py`). The streaming `POST /v1/chat/completions` of every assignment goes over
-`apps.core.upstream_http` (`open_chat`): the per-chunk path of one stream per running
+`apps.netio.http_client` (`open_chat`): the per-chunk path of one stream per running
 request, where that client costs the fewest microseconds (one write per request, body pieces
 handed over as they arrive, read flow control); closing a response early drops its
 connection, which is how vLLM learns to abort the request.
@@ -20,7 +20,7 @@ from typing import Any
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
-from apps.core.upstream_http import HostPool, HttpResponse
+from apps.netio.http_client import HostPool, HttpResponse
 
 log = logging.getLogger("llmfleet.agent.engine")
 
@@ -106,7 +106,7 @@ class EngineClient:
 
     async def open_chat(self, body: dict[str, Any]) -> HttpResponse:
         """Send a streaming chat request; returns once the status and headers arrived. Raises
-        `apps.core.upstream_http.Unreachable` when the request surely did not run (refused,
+        `apps.netio.http_client.Unreachable` when the request surely did not run (refused,
         connect timeout), `ConnectionError` when the engine dropped it."""
         return await self._streams.send(self._chat_head, json.dumps(body, separators=(",", ":")).encode())
 

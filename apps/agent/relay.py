@@ -45,7 +45,8 @@ from apps.core.protocol.openai import (
     parse_usage,
     sse_event,
 )
-from apps.core.upstream_http import HttpResponse, Unreachable
+from apps.netio import fastpath
+from apps.netio.http_client import HttpResponse, Unreachable
 
 log = logging.getLogger("llmfleet.agent.relay")
 
@@ -127,6 +128,7 @@ class Relay:
         # What has happened so far, for partial usage.
         self.events_sent = 0  # SSE events forwarded (role chunk included)
         self._queued_early = False  # a frame up to the first token went through the send queue
+        self.socket_pieces = 0  # pieces forwarded from the engine socket's callback (`_first_piece`)
         self.tokens = 0  # content chunks = completion tokens
         self.finish_reason: str | None = None
         self.outcome: Outcome | None = None
@@ -204,7 +206,8 @@ class Relay:
         saw_done = False
         # Until the first token is out, a piece that arrives while this loop waits is forwarded from
         # the engine socket's callback (`_first_piece`) when it can be.
-        resp.set_sink(lambda data: self._first_piece(data, splitter, scope, loop))
+        if fastpath.enabled(fastpath.ENGINE_FIRST_PIECE):
+            resp.set_sink(lambda data: self._first_piece(data, splitter, scope, loop))
         while data := await resp.readany():
             self._note_output(scope, loop)
             urgent = self.tokens == 0
@@ -295,6 +298,7 @@ class Relay:
         if not self._sink.send_first_now(frame):
             return False
         self.events_sent += len(events)
+        self.socket_pieces += 1
         for payload in payloads:
             if _ROLE_MARK not in payload:
                 self.tokens += 1

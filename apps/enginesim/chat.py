@@ -19,6 +19,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from apps.core.protocol.vllm import chunk_event, delta_choice, usage_block
 from apps.enginesim import textgen
 
 VLLM_VERSION = "0.32.0"
@@ -239,35 +240,18 @@ def fingerprint() -> str:
 
 
 def chunk(job: ChatJob, choices: list[dict[str, Any]], extra: dict[str, Any] | None = None) -> bytes:
-    obj: dict[str, Any] = {
-        "id": job.request_id,
-        "object": "chat.completion.chunk",
-        "created": job.created,
-        "model": job.model,
-        "choices": choices,
-    }
-    if extra:
-        obj.update(extra)
-    return b"data: " + _dumps(obj) + b"\n\n"
+    return chunk_event(job.request_id, job.model, job.created, choices, extra)
 
 
 def role_chunk(job: ChatJob, index: int) -> bytes:
-    choice = {
-        "index": index,
-        "delta": {"role": "assistant", "content": ""},
-        "logprobs": None,
-        "finish_reason": None,
-    }
+    choice = delta_choice({"role": "assistant", "content": ""}, index=index)
     return chunk(job, [choice], {"prompt_token_ids": None, "prompt_text": None})
 
 
 def content_chunk(job: ChatJob, choice: Choice, token_index: int, last: bool, final_of_stream: bool) -> bytes:
-    body: dict[str, Any] = {
-        "index": choice.index,
-        "delta": {"content": choice.words[token_index]},
-        "logprobs": None,
-        "finish_reason": choice.finish_reason if last else None,
-    }
+    body = delta_choice(
+        {"content": choice.words[token_index]}, choice.finish_reason if last else None, choice.index
+    )
     if last:
         body["stop_reason"] = choice.stop_reason
     body["token_ids"] = None
@@ -276,11 +260,7 @@ def content_chunk(job: ChatJob, choice: Choice, token_index: int, last: bool, fi
 
 
 def usage(job: ChatJob, completion_tokens: int) -> dict[str, int]:
-    return {
-        "prompt_tokens": job.prompt_tokens,
-        "total_tokens": job.prompt_tokens + completion_tokens,
-        "completion_tokens": completion_tokens,
-    }
+    return usage_block(job.prompt_tokens, completion_tokens)
 
 
 def usage_chunk(job: ChatJob, completion_tokens: int) -> bytes:

@@ -9,17 +9,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import signal
 import socket
-import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from aiohttp import web
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from apps.core.logs import setup_json_logging
 from apps.enginesim.api import STATE_KEY, SimState, TimingLog, add_routes
 from apps.enginesim.engine import Engine
 from apps.enginesim.faults import FaultBox, Faults
@@ -180,20 +179,6 @@ async def start_enginesim(settings: EngineSimSettings, deps: EngineSimDeps | Non
     return running
 
 
-class JsonFormatter(logging.Formatter):
-    def format(self, record: logging.LogRecord) -> str:
-        out = {
-            "ts": self.formatTime(record),
-            "level": record.levelname,
-            "logger": record.name,
-            "msg": record.getMessage(),
-        }
-        for key in ("url", "model", "profile", "speed"):
-            if key in record.__dict__:
-                out[key] = record.__dict__[key]
-        return json.dumps(out)
-
-
 async def run_enginesim(settings: EngineSimSettings, deps: EngineSimDeps | None = None) -> None:
     """Serve until SIGTERM or SIGINT."""
     running = await start_enginesim(settings, deps)
@@ -213,8 +198,4 @@ async def run_enginesim(settings: EngineSimSettings, deps: EngineSimDeps | None 
 
 
 def setup_logging() -> None:
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter())
-    root = logging.getLogger("llmfleet")
-    root.handlers[:] = [handler]
-    root.setLevel(logging.INFO)
+    setup_json_logging(logging.INFO, "llmfleet")

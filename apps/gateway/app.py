@@ -16,10 +16,11 @@ from apps.gateway.admin_routes import admin_routes
 from apps.gateway.auth import authenticate
 from apps.gateway.chat import ChatHandler
 from apps.gateway.deps import GatewayDeps
+from apps.gateway.errors import error_response
 from apps.gateway.metrics import GatewayMetrics
 from apps.gateway.settings import GatewaySettings
-from apps.gateway.splice import GatewayApp
 from apps.gateway.usage import usage_route
+from apps.netio.uvicorn_writer import GatewayApp
 
 
 def create_app(settings: GatewaySettings, deps: GatewayDeps) -> GatewayApp:
@@ -48,10 +49,7 @@ def create_app(settings: GatewaySettings, deps: GatewayDeps) -> GatewayApp:
 
     async def on_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, LlmfleetError)
-        headers = {}
-        if exc.retry_after is not None:
-            headers["retry-after"] = str(max(1, round(exc.retry_after)))
-        return JSONResponse(exc.envelope(), status_code=exc.status, headers=headers)
+        return error_response(exc)
 
     @asynccontextmanager
     async def lifespan(app: GatewayApp) -> AsyncIterator[None]:

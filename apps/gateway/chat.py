@@ -20,33 +20,37 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-import psycopg
-import redis.exceptions
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.types import Receive
 
+from apps.core.aio import first_of, shielded
 from apps.core.errors import (
+    DuplicateRequestId,
+    ForwardedError,
     InvalidRequest,
     LlmfleetError,
     PayloadTooLarge,
     PermissionDenied,
     RateLimited,
+    StoreUnavailable,
     Unavailable,
     UpstreamFailed,
 )
 from apps.core.identity.principal import Principal
-from apps.core.protocol.dispatch import Deadlines, DispatchRequest
+from apps.core.protocol.dispatch import QUEUE_WAIT_HEADER, Deadlines, DispatchRequest
 from apps.core.protocol.openai import SseSplitter, assemble_completion
 from apps.core.quota.admission import Admission, Verdict
 from apps.gateway.auth import authenticate, require_team
 from apps.gateway.deps import GatewayDeps
+from apps.gateway.errors import error_response
 from apps.gateway.metrics import GatewayMetrics
 from apps.gateway.ports import DispatchUnavailable, Upstream
-from apps.gateway.relay import RelayOutcome, RelayResponse, shielded
+from apps.gateway.relay import RelayOutcome, RelayResponse
 from apps.gateway.settings import GatewaySettings
 from apps.gateway.speculation import Speculation
 from apps.gateway.validate import ChatRequest, check_ssrf, parse_body, upstream_body, validate_chat
+from apps.netio import fastpath
 
 log = logging.getLogger("llmfleet.gateway")
 REQUEST_ID_RE = re.compile(r"^[A-Za-z0-9._:-]{8,128}$")
@@ -89,19 +93,12 @@ _REFUSALS = {
 }
 
 
-QUEUE_WAIT_HEADER = "x-llmfleet-queue-wait"  # set by the orchestrator: seconds queued for a node
-
-
 def _seconds(value: str | None) -> float | None:
     try:
         seconds = float(value) if value is not None else None
     except ValueError:
         return None
     return seconds if seconds is not None and 0.0 <= seconds < 86_400 else None
-
-
-def _duplicate_request_id() -> InvalidRequest:
-    return InvalidRequest("Duplicate x-request-id.", param="x-request-id", code="duplicate_request_id")
 
 
 @dataclass
@@ -136,12 +133,9 @@ class ChatHandler:
             ex.status = exc.status
             self._m.requests.labels(ex.model, str(exc.status)).inc()
             self._log(ex, error=exc.code)
-            headers = {"x-request-id": ex.request_id, **ex.headers}
-            if exc.retry_after is not None:
-                headers["retry-after"] = str(max(1, round(exc.retry_after)))
-            return JSONResponse(exc.envelope(), status_code=exc.status, headers=headers)
+            return error_response(exc, {"x-request-id": ex.request_id, **ex.headers})
         except BaseException:
-            await shielded(lambda: self._finish(ex, cancel_reservation=True), self._s.cleanup_timeout_s)
+            await shielded(self._finish(ex, cancel_reservation=True), self._s.cleanup_timeout_s, "finish")
             raise
 
     async def _read_body(self, request: Request) -> bytes:
@@ -217,9 +211,9 @@ class ChatHandler:
                 estimated_prompt_tokens=chat.estimated_prompt_tokens,
                 max_tokens=chat.max_tokens,
             )
-        except psycopg.errors.UniqueViolation:
-            raise _duplicate_request_id() from None
-        except psycopg.Error:
+        except DuplicateRequestId:
+            raise
+        except StoreUnavailable:
             self._m.pg_errors.inc()
             raise Unavailable("The ledger is unavailable.", retry_after=5) from None
         except LlmfleetError as exc:
@@ -233,7 +227,7 @@ class ChatHandler:
             adm = await self._d.quota.admit(
                 principal.subject, ex.request_id, principal.limits, self._d.clock()
             )
-        except (redis.exceptions.RedisError, OSError):
+        except StoreUnavailable:
             self._m.redis_errors.inc()
             if self._s.redis_fail_open:
                 return
@@ -243,7 +237,7 @@ class ChatHandler:
             ) from None
         self._speculation.record(principal.subject, adm)
         if adm.verdict is Verdict.DUPLICATE:
-            raise _duplicate_request_id()
+            raise DuplicateRequestId()
         ex.headers.update(ratelimit_headers(adm))
         if not adm.admitted:
             reason, message = _REFUSALS[adm.verdict]
@@ -321,9 +315,9 @@ class ChatHandler:
         if exc_cls is not None:
             raise exc_cls(message, retry_after=float(retry_after) if retry_after else 5.0)
         if upstream.status in (400, 404, 413, 422):
-            err = InvalidRequest(message)
-            err.status = upstream.status
-            raise err
+            raise ForwardedError(
+                message, status=upstream.status, error_type=InvalidRequest.type, code=InvalidRequest.code
+            )
         raise UpstreamFailed(message)
 
     async def _collect(
@@ -333,20 +327,15 @@ class ChatHandler:
         client connection like a stream: a client that leaves stops the request upstream (the
         orchestrator cancels it on the node and settles the tokens produced so far)."""
         outcome = RelayOutcome()
-        reader = asyncio.ensure_future(self._read_all(upstream, outcome))
-        gone = asyncio.ensure_future(_client_gone(receive))
         try:
-            await asyncio.wait({reader, gone}, return_when=asyncio.FIRST_COMPLETED)
+            reader, _ = await first_of(self._read_all(upstream, outcome), _client_gone(receive))
             if not reader.done():
                 outcome.ended = "disconnect"
-                reader.cancel()
                 await asyncio.wait({reader})
                 return Response(status_code=499)  # nobody is listening; the server drops it
             body = reader.result()
         finally:
-            gone.cancel()
-            reader.cancel()
-            await shielded(lambda: self._after_relay(ex, upstream, outcome), self._s.cleanup_timeout_s)
+            await shielded(self._after_relay(ex, upstream, outcome), self._s.cleanup_timeout_s, "after_relay")
         usage = body.get("usage") or {}
         outcome.completion_tokens = usage.get("completion_tokens")
         if isinstance(outcome.completion_tokens, int):
@@ -400,6 +389,7 @@ class ChatHandler:
             self._m.relayed_chunks.labels("direct").inc(outcome.direct_chunks)
         if outcome.asgi_chunks:
             self._m.relayed_chunks.labels("asgi").inc(outcome.asgi_chunks)
+        self._m.netio.served(fastpath.UVICORN_CHUNK, fast=outcome.direct_chunks, fallback=outcome.asgi_chunks)
         self._log(ex, ended=outcome.ended, completion_tokens=outcome.completion_tokens)
 
     async def _finish(self, ex: Exchange, *, cancel_reservation: bool) -> None:
@@ -411,7 +401,7 @@ class ChatHandler:
             ex.slot_held = False
             try:
                 await self._d.quota.release(ex.principal.subject, ex.request_id)
-            except (redis.exceptions.RedisError, OSError):
+            except StoreUnavailable:
                 # The slot's lease expires on its own; count it and move on.
                 self._m.redis_errors.inc()
         if ex.reserved and cancel_reservation:
@@ -419,7 +409,7 @@ class ChatHandler:
             self._m.reservations_open.dec()
             try:
                 await self._d.ledger.cancel(ex.request_id)
-            except psycopg.Error:
+            except StoreUnavailable:
                 self._m.pg_errors.inc()
 
     def _log(self, ex: Exchange, **extra: Any) -> None:

@@ -28,8 +28,8 @@ from types import FrameType
 
 import uvicorn
 
+from apps.core.logs import setup_json_logging
 from apps.gateway.app import create_app
-from apps.gateway.logs import setup_json_logging
 from apps.gateway.settings import GatewaySettings
 from apps.gateway.wiring import build_deps
 

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 
 from prometheus_client import CollectorRegistry
 
+from apps.core.clock import SYSTEM
 from apps.core.identity.jwt_verify import JwtVerifier
 from apps.core.identity.keys import KeyStore
 from apps.core.ledger.pg import PgLedger
@@ -15,10 +16,6 @@ from apps.core.ledger.teams import TeamStore
 from apps.core.quota.admission import QuotaStore
 from apps.core.spec import StackSpec
 from apps.gateway.ports import Dispatcher, Health, NodeAdmin, Resolver
-
-
-def _utcnow() -> datetime:
-    return datetime.now(UTC)
 
 
 @dataclass
@@ -34,6 +31,6 @@ class GatewayDeps:
     resolver: Resolver
     jwt: JwtVerifier | None = None
     registry: CollectorRegistry = field(default_factory=CollectorRegistry)
-    clock: Callable[[], datetime] = _utcnow
+    clock: Callable[[], datetime] = SYSTEM.now  # apps.core.clock
     # Closed in order at shutdown (pools, clients, sessions).
     closers: list[Callable[[], Awaitable[None]]] = field(default_factory=list)

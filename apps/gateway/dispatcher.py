@@ -1,5 +1,5 @@
 """The real `Dispatcher`: `POST /internal/v1/dispatch` on an orchestrator replica over pooled
-keep-alive connections (`apps.core.upstream_http`; contract: `apps.core.protocol.dispatch`).
+keep-alive connections (`apps.netio.http_client`; contract: `apps.core.protocol.dispatch`).
 
 Several replicas: requests rotate over them; a replica that refuses the connection is
 skipped and the next one tried, so a rolling restart costs no request. Once a replica
@@ -12,9 +12,9 @@ import asyncio
 import itertools
 from collections.abc import Sequence
 
-from apps.core.protocol.dispatch import DISPATCH_PATH, DispatchRequest
-from apps.core.upstream_http import HostPool, HttpResponse, Unreachable
+from apps.core.protocol.dispatch import DISPATCH_PATH, DispatchRequest, bearer
 from apps.gateway.ports import DispatchUnavailable
+from apps.netio.http_client import HostPool, HttpResponse, Unreachable
 
 # The `Upstream` of this dispatcher: `aclose()` before the body is complete drops the TCP
 # connection, so the orchestrator sees the disconnect and cancels the request on the node.
@@ -27,7 +27,7 @@ class HttpDispatcher:
             raise ValueError("at least one orchestrator URL is required")
         slots = asyncio.Semaphore(limit)  # one limit over all replicas, as aiohttp's connector had
         self._pools = [HostPool(url, limit=limit, slots=slots) for url in urls]
-        headers = {"Authorization": f"Bearer {internal_token}", "Content-Type": "application/json"}
+        headers = {"Authorization": bearer(internal_token), "Content-Type": "application/json"}
         # The head is the same for every request to a replica: encoded once, only the length varies.
         self._heads = [pool.head("POST", pool.base_path + DISPATCH_PATH, headers) for pool in self._pools]
         self._next = itertools.cycle(range(len(self._pools)))

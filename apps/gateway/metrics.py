@@ -6,6 +6,8 @@ import asyncio
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from apps.netio.fastpath import PathMetrics
+
 
 def _live_tasks() -> float:
     try:
@@ -17,6 +19,7 @@ def _live_tasks() -> float:
 class GatewayMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         self.registry = registry
+        self.netio = PathMetrics(registry)
         self.requests = Counter(
             "llmfleet_gateway_requests",
             "Chat requests by model and HTTP status",

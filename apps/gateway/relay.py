@@ -19,9 +19,10 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from apps.core.aio import shielded
 from apps.core.protocol.openai import SSE_DONE, SseSplitter, error_body, is_usage_event, parse_usage, sse_json
 from apps.gateway.ports import Upstream
-from apps.gateway.splice import DirectWriter, direct_writer
+from apps.netio.uvicorn_writer import DirectWriter, direct_writer
 
 # The usage event (the orchestrator writes it with `[DONE]`) must lie within the stream's last
 # reads; a window of reads, not bytes, keeps the per-chunk cost at one deque append. Missing it
@@ -34,28 +35,12 @@ Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 
 
-async def shielded(cleanup: Callable[[], Awaitable[None]], timeout_s: float) -> None:
-    """Run `cleanup` to completion even if the caller is cancelled; bounded by `timeout_s`."""
-
-    async def bounded() -> None:
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(timeout_s):
-                await cleanup()
-
-    task = asyncio.ensure_future(bounded())
-    try:
-        await asyncio.shield(task)
-    except asyncio.CancelledError:
-        await asyncio.wait([task], timeout=timeout_s)
-        raise
-
-
 class RelayOutcome:
     def __init__(self) -> None:
         self.first_byte_at: float | None = None
         self.completion_tokens: int | None = None
         self.prompt_tokens: int | None = None
-        self.direct_chunks = 0  # written by the upstream's sink (splice.py)
+        self.direct_chunks = 0  # written by the upstream's sink (apps.netio.uvicorn_writer)
         self.asgi_chunks = 0  # written through ASGI `send`
         self.ended: str = "running"  # done | upstream_error | timeout | disconnect
 
@@ -107,7 +92,7 @@ class RelayResponse:
         except OSError:
             self.outcome.ended = "disconnect"
         finally:
-            await shielded(lambda: self._cleanup(self.outcome), self._cleanup_timeout_s)
+            await shielded(self._cleanup(self.outcome), self._cleanup_timeout_s, "relay_cleanup")
 
     async def _write_buffered(self, send: Send) -> None:
         """The first chunk usually arrived with the upstream's response head: write it now, in the
@@ -148,7 +133,7 @@ class RelayResponse:
         # The per-chunk path is the gateway's hottest loop (10,000 chunks/s at 200 streams). While
         # this coroutine waits for upstream and the client keeps up, the upstream connection hands
         # each chunk to `_through`, which writes it to the client socket from `data_received` (no
-        # task wake-up, no ASGI `send`; see `splice.py`); whatever it declines is buffered and
+        # task wake-up, no ASGI `send`; see `apps.netio.uvicorn_writer`); whatever it declines is buffered and
         # comes out of this loop through `send`, in order. `[DONE]` and the usage event are only
         # looked for once the stream ended, in references to the last few reads.
         outcome = self.outcome

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import hmac
 import logging
 import signal
 from collections.abc import AsyncIterator
@@ -23,18 +22,17 @@ from psycopg_pool import AsyncConnectionPool
 from redis.asyncio import BlockingConnectionPool, Redis
 from redis.exceptions import RedisError
 
-from apps.core.errors import LlmfleetError
+from apps.core.errors import ForwardedError, LlmfleetError, internal_token_rejected
 from apps.core.ledger.pg import PgLedger
 from apps.core.metering import settle_usage
 from apps.core.nodes.store import NodeStore
-from apps.core.protocol.dispatch import DISPATCH_PATH
-from apps.core.protocol.openai import error_body
+from apps.core.protocol.dispatch import DISPATCH_PATH, InternalToken
 from apps.core.spec import load_spec
 from apps.orchestrator.logs import event
 from apps.orchestrator.node_ws import NodeSockets
 from apps.orchestrator.plane import ControlPlane, OrchestratorDeps
 from apps.orchestrator.ratelimit import TokenBucket
-from apps.orchestrator.relay import DispatchHandler
+from apps.orchestrator.relay import DispatchHandler, error_response
 from apps.orchestrator.settings import OrchestratorSettings
 from apps.orchestrator.settle import Settler, Sweeper
 
@@ -42,6 +40,10 @@ PLANE: web.AppKey[ControlPlane] = web.AppKey("plane", ControlPlane)
 SETTLER: web.AppKey[Settler] = web.AppKey("settler", Settler)
 SWEEPER: web.AppKey[Sweeper] = web.AppKey("sweeper", Sweeper)
 NODE_PATH = "/v1/nodes/connect"
+
+
+def _not_connected(node_id: str) -> ForwardedError:
+    return ForwardedError(f"node {node_id!r} is not connected", status=404, error_type="not_found_error")
 
 
 def create_app(settings: OrchestratorSettings, deps: OrchestratorDeps) -> web.Application:
@@ -72,11 +74,10 @@ def create_app(settings: OrchestratorSettings, deps: OrchestratorDeps) -> web.Ap
     )
     sockets = NodeSockets(plane, settler, bucket)
     dispatch = DispatchHandler(plane)
-    token = settings.internal_token.get_secret_value().encode()
+    token = InternalToken(settings.internal_token.get_secret_value())
 
     def authorized(request: web.Request) -> bool:
-        supplied = request.headers.get("Authorization", "").removeprefix("Bearer ").encode()
-        return bool(token) and hmac.compare_digest(supplied, token)
+        return token.accepts(request.headers.get("Authorization"))
 
     async def livez(_: web.Request) -> web.Response:
         return web.json_response({"status": "ok", "orchestrator_id": plane.id})
@@ -108,29 +109,30 @@ def create_app(settings: OrchestratorSettings, deps: OrchestratorDeps) -> web.Ap
 
     async def drain(request: web.Request) -> web.Response:
         if not authorized(request):
-            return web.json_response(error_body("invalid internal token", "authentication_error"), status=401)
+            return error_response(internal_token_rejected())
         node_id = request.match_info["node_id"]
         ok = await plane.drain_local(node_id) or await deps.node_store.request_drain(node_id)
         if not ok:
-            return web.json_response(
-                error_body(f"node {node_id!r} is not connected", "not_found_error"), status=404
-            )
+            return error_response(_not_connected(node_id))
         return web.json_response({"node_id": node_id, "draining": True}, status=202)
 
     async def load_model(request: web.Request) -> web.Response:
         if not authorized(request):
-            return web.json_response(error_body("invalid internal token", "authentication_error"), status=401)
+            return error_response(internal_token_rejected())
         node_id = request.match_info["node_id"]
         try:
             name = str((await request.json())["name"])
         except (ValueError, KeyError, TypeError):
-            return web.json_response(
-                error_body('body must be {"name": model}', "invalid_request_error", "name"), status=400
+            return error_response(
+                ForwardedError(
+                    'body must be {"name": model}',
+                    status=400,
+                    error_type="invalid_request_error",
+                    param="name",
+                )
             )
         if not await plane.load_model(node_id, name):
-            return web.json_response(
-                error_body(f"node {node_id!r} is not connected", "not_found_error"), status=404
-            )
+            return error_response(_not_connected(node_id))
         return web.json_response({"node_id": node_id, "load_model": name}, status=202)
 
     async def background(app: web.Application) -> AsyncIterator[None]:

@@ -1,24 +1,20 @@
-"""JSON-lines logging for the orchestrator (never prompts or completions: ids, nodes, counts)."""
+"""Orchestrator events as JSON lines (`apps.core.logs`; never prompts or completions: ids, nodes, counts)."""
 
 from __future__ import annotations
 
-import json
 import logging
-import time
 from typing import Any
+
+from apps.core.logs import safe_extra, setup_json_logging
 
 log = logging.getLogger("llmfleet.orchestrator")
 
 
 def event(name: str, level: int = logging.INFO, **fields: Any) -> None:
+    """One log line named `name` (also its `event` field) with `fields`."""
     if log.isEnabledFor(level):
-        log.log(level, json.dumps({"ts": round(time.time(), 3), "event": name, **fields}, default=str))
+        log.log(level, name, extra={"event": name, **safe_extra(fields)})
 
 
 def configure(level: str = "INFO") -> None:
-    handler = logging.StreamHandler()
-    handler.setFormatter(logging.Formatter("%(message)s"))
-    root = logging.getLogger("llmfleet")
-    root.handlers[:] = [handler]
-    root.setLevel(level)
-    root.propagate = False
+    setup_json_logging(level, "llmfleet", propagate=False)

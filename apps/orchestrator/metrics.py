@@ -12,6 +12,8 @@ from collections.abc import Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from apps.netio.fastpath import PathMetrics
+
 QUEUE_WAIT_BUCKETS = (0.005, 0.025, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60)
 
 
@@ -19,6 +21,7 @@ class Metrics:
     def __init__(self, models: Iterable[str]) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
+        self.netio = PathMetrics(r)
         self.nodes = Gauge(
             "llmfleet_orchestrator_nodes", "Nodes connected to this replica, by state", ["state"], registry=r
         )

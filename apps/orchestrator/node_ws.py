@@ -17,6 +17,7 @@ import logging
 from aiohttp import WSMsgType, web
 from pydantic import ValidationError
 
+from apps.core.aio import shielded, until_first_ends
 from apps.core.protocol.node import (
     BATCHING_VERSION,
     CLOSE_AUTH_FAILED,
@@ -41,7 +42,6 @@ from apps.core.protocol.node import (
     encode,
     split_frames,
 )
-from apps.orchestrator.aio import shielded, until_first_ends
 from apps.orchestrator.connection import NodeConnection
 from apps.orchestrator.fleet import HEARTBEAT_REVOKED, HEARTBEAT_SUPERSEDED
 from apps.orchestrator.logs import event

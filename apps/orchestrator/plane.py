@@ -9,7 +9,6 @@ other replicas, the fleet view, the model queues and the pub/sub bus. Relays cal
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,6 +16,7 @@ from typing import Any
 from pydantic import ValidationError
 from redis.asyncio import Redis
 
+from apps.core.clock import SYSTEM
 from apps.core.ledger.api import Ledger, SettleResult
 from apps.core.nodes.state import NodeState
 from apps.core.nodes.store import NodeStore
@@ -56,8 +56,8 @@ class OrchestratorDeps:
     ledger: Ledger
     settle: SettleFn  # `apps.core.metering.settle_usage` bound to the ledger and Redis
     models: Collection[str]  # the stack's catalog
-    wall_clock: Callable[[], float] = field(default=time.time)
-    monotonic: Callable[[], float] = field(default=time.monotonic)
+    wall_clock: Callable[[], float] = field(default=SYSTEM.wall)  # apps.core.clock
+    monotonic: Callable[[], float] = field(default=SYSTEM.monotonic)
 
 
 class ControlPlane:

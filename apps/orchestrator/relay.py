@@ -13,24 +13,33 @@ from __future__ import annotations
 
 import asyncio
 import enum
-import hmac
 import json
 
 from aiohttp import web
 from pydantic import ValidationError
 
-from apps.core.errors import InvalidRequest, LlmfleetError, NotFound, Unavailable, UpstreamFailed
+from apps.core.aio import shielded
+from apps.core.errors import (
+    ForwardedError,
+    InvalidRequest,
+    LlmfleetError,
+    NotFound,
+    Unavailable,
+    UpstreamFailed,
+    http_error,
+    internal_token_rejected,
+)
 from apps.core.nodes import keys
-from apps.core.protocol.dispatch import DispatchRequest
+from apps.core.protocol.dispatch import QUEUE_WAIT_HEADER, DispatchRequest, InternalToken
 from apps.core.protocol.openai import SSE_DONE, error_body, sse_event, sse_json
-from apps.orchestrator.aio import shielded
+from apps.netio import fastpath
+from apps.netio.aiohttp_server import ChunkWriter, chunk_writer
 from apps.orchestrator.logs import event
 from apps.orchestrator.plane import ControlPlane
 from apps.orchestrator.scheduling.view import NodeView, PickRequest
 from apps.orchestrator.streams import ChunkEv, DoneEv, ErrorEv, LostEv, RequestStream
 
 MAX_ATTEMPTS = 2
-QUEUE_WAIT_HEADER = "x-llmfleet-queue-wait"  # seconds this request waited for a node (gateway metric)
 CLEANUP_S = 5.0
 
 
@@ -42,21 +51,19 @@ class Retry(enum.StrEnum):
 
 
 def error_response(exc: LlmfleetError, request_id: str = "") -> web.Response:
-    headers = {"x-request-id": request_id} if request_id else {}
-    if exc.retry_after is not None:
-        headers["Retry-After"] = str(max(1, round(exc.retry_after)))
-    return web.json_response(exc.envelope(), status=exc.status, headers=headers)
+    """The orchestrator's JSON error answer: `apps.core.errors.http_error` in an aiohttp response."""
+    status, headers, body = http_error(exc, {"x-request-id": request_id} if request_id else None)
+    return web.json_response(body, status=status, headers=headers)
 
 
 class DispatchHandler:
     def __init__(self, plane: ControlPlane) -> None:
         self.plane = plane
-        self._token = plane.settings.internal_token.get_secret_value().encode()
+        self._token = InternalToken(plane.settings.internal_token.get_secret_value())
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
-        supplied = request.headers.get("Authorization", "").removeprefix("Bearer ").encode()
-        if not self._token or not hmac.compare_digest(supplied, self._token):
-            return web.json_response(error_body("invalid internal token", "authentication_error"), status=401)
+        if not self._token.accepts(request.headers.get("Authorization")):
+            return error_response(internal_token_rejected())
         try:
             dreq = DispatchRequest.model_validate_json(await request.read())
         except ValidationError as exc:
@@ -82,6 +89,8 @@ class _Relay:
         self.outcome = "ok"
         self._t0 = plane.deps.monotonic()
         self.queued_s = 0.0  # time in the model's queue waiting for a node (all attempts)
+        self._direct: ChunkWriter | None = None
+        self._writes = 0  # pieces written through `response.write`
 
     async def run(self) -> web.StreamResponse:
         plane, dreq = self.plane, self.dreq
@@ -140,6 +149,8 @@ class _Relay:
                 await self._cancel_reservation()
             raise
         finally:
+            direct = self._direct.written if self._direct is not None else 0
+            plane.metrics.netio.served(fastpath.AIOHTTP_CHUNK, fast=direct, fallback=self._writes)
             plane.metrics.dispatches.labels(model=dreq.model, outcome=self.outcome).inc()
             event(
                 "dispatch",
@@ -176,14 +187,15 @@ class _Relay:
                 if frame.chunks_sent == 0 and frame.status >= 500:
                     return Retry.NODE_ERROR
                 self.outcome = f"engine_{frame.status}"
-                exc = LlmfleetError(frame.message, param=frame.param)
-                exc.status, exc.type = frame.status, frame.error_type
-                exc.code = None
+                exc = ForwardedError(
+                    frame.message, status=frame.status, error_type=frame.error_type, param=frame.param
+                )
                 return await self._fail_before_output(exc)
             response = await self._open_response(node)
             if isinstance(first, ChunkEv):
                 await self._write_chunks(first, stream)  # also puts aiohttp's buffered headers out
-                if response.chunked:
+                self._direct = chunk_writer(self.request, response)
+                if self._direct is not None:
                     stream.sink = self._through
                 await self._stream(node, stream)
             else:
@@ -276,22 +288,21 @@ class _Relay:
             await self._write(first.delta.encode())
 
     def _through(self, delta: str) -> bool:
-        """The stream's sink, called from the node socket's reader: one chunk framed as aiohttp's
-        chunked writer frames it, straight onto the gateway's transport, unless the gateway is slow
-        (writing paused) or gone; then the chunk is queued and goes out through `_write`, in order."""
-        transport = self.request.transport
-        if transport is None or transport.is_closing() or self.request.protocol.writing_paused:
-            return False
+        """The stream's sink, called from the node socket's reader: one chunk straight onto the
+        gateway's transport (`apps.netio.aiohttp_server`), unless the gateway is slow or gone; then
+        the chunk is queued and goes out through `_write`, in order."""
+        direct = self._direct
         data = delta.encode()
-        if data:  # an empty chunk frame would end the response body
-            self.chunks += data.count(b"\n\n")
-            transport.write(b"%x\r\n%b\r\n" % (len(data), data))
+        if direct is None or not direct.write(data):
+            return False
+        self.chunks += data.count(b"\n\n")
         return True
 
     async def _write(self, data: bytes, *, count: bool = True) -> None:
         assert self.response is not None
         if count:
             self.chunks += data.count(b"\n\n") if not data.startswith(b"data: [DONE]") else 0
+        self._writes += 1
         await self.response.write(data)
 
     async def _fail_before_output(self, exc: LlmfleetError) -> web.StreamResponse:

@@ -17,8 +17,9 @@ from pathlib import Path
 
 import pytest
 
+from apps.cli.procs import free_port
 from tests.conformance.differences import ENGINE_TRAITS, EngineTraits
-from tests.conformance.procs import ServerProcess, ServerStartError, free_port, log_tail
+from tests.conformance.procs import ServerProcess, ServerStartError, log_tail
 
 REPO = Path(__file__).resolve().parents[2]
 MODEL = "tiny"

@@ -18,6 +18,7 @@ from apps.core.ledger.api import Ledger
 from apps.core.metering import settle_usage
 from apps.core.protocol.dispatch import DispatchRequest
 from apps.core.protocol.openai import SSE_DONE, error_body, sse_event
+from apps.core.protocol.vllm import chunk_event, delta_choice
 
 
 class FakeUpstream:
@@ -36,14 +37,9 @@ class FakeUpstream:
         self._closed = False
 
     def _chunk(self, delta: dict[str, Any], finish: str | None = None) -> bytes:
-        obj = {
-            "id": self._req.request_id,
-            "object": "chat.completion.chunk",
-            "created": int(time.time()),
-            "model": self._req.model,
-            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
-        }
-        return sse_event(json.dumps(obj, separators=(",", ":")).encode())
+        return chunk_event(
+            self._req.request_id, self._req.model, int(time.time()), [delta_choice(delta, finish)]
+        )
 
     async def chunks(self) -> AsyncIterator[bytes]:
         self._owner.running += 1
@@ -68,15 +64,9 @@ class FakeUpstream:
                     "completion_tokens": self.produced,
                     "total_tokens": self.prompt_tokens + self.produced,
                 }
-                obj = {
-                    "id": self._req.request_id,
-                    "object": "chat.completion.chunk",
-                    "created": int(time.time()),
-                    "model": self._req.model,
-                    "choices": [],
-                    "usage": usage,
-                }
-                yield sse_event(json.dumps(obj, separators=(",", ":")).encode())
+                yield chunk_event(
+                    self._req.request_id, self._req.model, int(time.time()), [], {"usage": usage}
+                )
             await self._settle()
             yield SSE_DONE
         finally:

@@ -23,23 +23,19 @@ from typing import Any
 
 from aiohttp import web
 
+from apps.core.protocol.vllm import chunk_event, delta_choice, usage_block
+
 MODEL = "fake-8b"
+CREATED = 1730000000
 
 
 def _chunk(cid: str, model: str, delta: dict[str, Any], finish: str | None = None) -> bytes:
-    choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+    choice = delta_choice(delta, finish)
     if "role" not in delta:
         choice["token_ids"] = None
     if finish is not None:
         choice["stop_reason"] = None
-    obj = {
-        "id": cid,
-        "object": "chat.completion.chunk",
-        "created": 1730000000,
-        "model": model,
-        "choices": [choice],
-    }
-    return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
+    return chunk_event(cid, model, CREATED, [choice])
 
 
 def _error_body(shape: str, status: int, message: str) -> dict[str, Any]:
@@ -212,19 +208,8 @@ class FakeEngine:
                 await resp.write(b"data: " + err.encode() + b"\n\n" + b"data: [DONE]\n\n")
                 return resp
             if include_usage:
-                usage = {
-                    "id": rid,
-                    "object": "chat.completion.chunk",
-                    "created": 1730000000,
-                    "model": self.model,
-                    "choices": [],
-                    "usage": {
-                        "prompt_tokens": prompt_tokens,
-                        "total_tokens": prompt_tokens + written,
-                        "completion_tokens": written,
-                    },
-                }
-                await resp.write(b"data: " + json.dumps(usage, separators=(",", ":")).encode() + b"\n\n")
+                usage = {"usage": usage_block(prompt_tokens, written)}
+                await resp.write(chunk_event(rid, self.model, CREATED, [], usage))
             await resp.write(b"data: [DONE]\n\n")
             await resp.write_eof()
         except (ConnectionError, asyncio.CancelledError):

@@ -22,23 +22,16 @@ from typing import Any
 import aiohttp
 
 from apps.core.protocol import node as proto
+from apps.core.protocol.vllm import chunk_event, chunk_payload, delta_choice, usage_block
 
 
 def vllm_chunk(request_id: str, model: str, text: str, finish: str | None = None) -> str:
-    payload = {
-        "id": f"chatcmpl-{request_id}",
-        "object": "chat.completion.chunk",
-        "created": 1,
-        "model": model,
-        "choices": [{"index": 0, "delta": {"content": text}, "logprobs": None, "finish_reason": finish}],
-    }
-    return "data: " + json.dumps(payload, separators=(",", ":")) + "\n\n"
+    return chunk_event(f"chatcmpl-{request_id}", model, 1, [delta_choice({"content": text}, finish)]).decode()
 
 
 def usage_payload(request_id: str, model: str, prompt: int, completion: int) -> str:
-    usage = {"prompt_tokens": prompt, "total_tokens": prompt + completion, "completion_tokens": completion}
-    body = {"id": f"chatcmpl-{request_id}", "object": "chat.completion.chunk", "created": 1, "model": model}
-    return json.dumps({**body, "choices": [], "usage": usage}, separators=(",", ":"))
+    usage = {"usage": usage_block(prompt, completion)}
+    return chunk_payload(f"chatcmpl-{request_id}", model, 1, [], usage).decode()
 
 
 @dataclass

@@ -1,5 +1,5 @@
 """Small raw asyncio HTTP/1.1 servers on loopback that script each exchange byte for byte, for the
-tests of the gateway's upstream client (`apps.core.upstream_http`)."""
+tests of the gateway's upstream client (`apps.netio.http_client`)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 
-from apps.core.upstream_http import HostPool, HttpResponse
+from apps.netio.http_client import HostPool, HttpResponse
 
 HEAD_CHUNKED = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
 PIECES = [b'data: {"choices":[{"delta":{"content":"a"}}]}\n\n', b"data: \r\n0\r\n\n\n", b"data: [DONE]\n\n"]

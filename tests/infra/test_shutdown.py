@@ -6,15 +6,10 @@ import socket
 import subprocess
 import sys
 
+from apps.cli.procs import free_port as _free_port
 from apps.core.sizing.plan import plan_fleet
 from apps.core.spec import load_spec
 from infra.manifests.vllm import timing, wait_for_agent_exit
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def test_hook_returns_at_once_when_the_agent_is_gone() -> None:

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 import pytest
 from aiohttp import web
 
+from apps.cli.procs import free_port as closed_port
 from apps.core.protocol.dispatch import DISPATCH_PATH, DispatchRequest
 from apps.gateway.dispatcher import HttpDispatcher
 from apps.gateway.ports import DispatchUnavailable
@@ -24,12 +24,6 @@ PARTS = [b'data: {"choices":[{"delta":{"content":"a"}}]}\n\n', b"data: [DONE]\n\
 
 def request() -> DispatchRequest:
     return DispatchRequest(request_id="r-12345678", team_id=1, model="m", body={"messages": []})
-
-
-def closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""The relay's direct path (`apps/gateway/splice.py`): the real gateway served by uvicorn (httptools),
+"""The relay's direct path (`apps/netio/uvicorn_writer.py`): the real gateway served by uvicorn (httptools),
 the real `HttpDispatcher`, an aiohttp orchestrator stand-in streaming numbered SSE events. Checked: the
 direct path is taken and the client gets exactly the upstream's bytes; a client that stops reading
 pushes chunks onto the ASGI path (flow control) without losing or reordering any; a client that
@@ -17,8 +17,8 @@ import pytest
 from aiohttp import web
 
 from apps.core.protocol.dispatch import DISPATCH_PATH
-from apps.gateway import splice
 from apps.gateway.dispatcher import HttpDispatcher
+from apps.netio import uvicorn_writer as splice
 from tests.fakes.fake_gateway import GatewayEnv, gateway_env
 from tests.fakes.web_server import serve_app
 

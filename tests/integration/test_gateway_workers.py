@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -15,15 +14,11 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from apps.cli.procs import free_port
+
 pytestmark = pytest.mark.slow  # several Python processes
 
 LLMFLEET = str(Path(sys.executable).with_name("llmfleet"))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def children(pid: int) -> set[int]:

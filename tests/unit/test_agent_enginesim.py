@@ -4,7 +4,6 @@ chunk counting and abort-on-cancel agree with what the engine itself reports."""
 from __future__ import annotations
 
 import asyncio
-import socket
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -13,18 +12,13 @@ import aiohttp
 import pytest
 
 from apps.agent.engine import parse_engine_metrics
+from apps.cli.procs import free_port as _free_port
 from apps.core.protocol import node as proto
 from tests.fakes.fake_engine import FakeEngine
 from tests.fakes.fake_orchestrator import running_agent
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow  # a second process
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class SimEngine(FakeEngine):

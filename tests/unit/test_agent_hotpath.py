@@ -238,7 +238,7 @@ async def test_a_compressing_connection_queues_first_chunks_like_the_rest(ws_ser
 
 
 def test_an_aiohttp_frame_writer_of_another_shape_is_not_used() -> None:
-    from apps.agent.connection import _frame_writer
+    from apps.netio.aiohttp_ws import frame_writer as _frame_writer
 
     class Protocol:
         _paused = False

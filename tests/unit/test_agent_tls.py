@@ -118,11 +118,11 @@ async def test_wss_with_another_ca_is_refused_and_retried(tmp_path: Path) -> Non
 
 
 async def test_the_raw_upstream_client_speaks_https_and_checks_the_certificate(tmp_path: Path) -> None:
-    """An https engine URL: the agent's stream client (`apps.core.upstream_http`) verifies the
+    """An https engine URL: the agent's stream client (`apps.netio.http_client`) verifies the
     server against the CA it is given, and refuses an unverified one before sending anything."""
     from aiohttp import web
 
-    from apps.core.upstream_http import HostPool, Unreachable
+    from apps.netio.http_client import HostPool, Unreachable
 
     ca_key, ca, ca_path = _ca(tmp_path, "llmfleet-test-ca")
     seen: list[bytes] = []

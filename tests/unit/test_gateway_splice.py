@@ -5,7 +5,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
-from apps.gateway.splice import RAW_SEND_KEY, DirectWriter, direct_writer
+from apps.netio.uvicorn_writer import RAW_SEND_KEY, DirectWriter, direct_writer
 
 
 class Transport:

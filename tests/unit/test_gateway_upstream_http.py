@@ -1,18 +1,18 @@
-"""The raw-protocol upstream client (`apps.core.upstream_http`) and the dispatcher on top of it,
+"""The raw-protocol upstream client (`apps.netio.http_client`) and the dispatcher on top of it,
 against small raw asyncio HTTP servers on loopback that script each exchange byte for byte."""
 
 from __future__ import annotations
 
 import asyncio
-import socket
 from collections.abc import Awaitable, Callable
 
 import pytest
 
+from apps.cli.procs import free_port as closed_port
 from apps.core.protocol.dispatch import DISPATCH_PATH, DispatchRequest
-from apps.core.upstream_http import HIGH_WATER, HostPool, Unreachable
 from apps.gateway.dispatcher import HttpDispatcher
 from apps.gateway.ports import DispatchUnavailable
+from apps.netio.http_client import HIGH_WATER, HostPool, Unreachable
 from tests.fakes.raw_http_server import (
     HEAD_CHUNKED,
     PIECES,
@@ -335,12 +335,6 @@ async def test_the_limit_bounds_connections_in_use() -> None:
             await pool.aclose()
     assert bodies == [b"".join(PIECES)] * 5
     assert len(server.conns) == 1  # unbounded, the five would have opened five connections at once
-
-
-def closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def dispatch_request() -> DispatchRequest:

@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from apps.core.upstream_http import HostPool, HttpResponse
+from apps.netio.http_client import HostPool, HttpResponse
 from tests.fakes.raw_http_server import HEAD_CHUNKED, Conn, Request, chunk, get, raw_server
 
 

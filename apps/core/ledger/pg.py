@@ -23,9 +23,10 @@ from datetime import datetime
 
 from psycopg_pool import AsyncConnectionPool
 
-from apps.core.errors import InsufficientBalance, NotFound
+from apps.core.errors import DuplicateRequestId, InsufficientBalance, NotFound
 from apps.core.ledger.api import Reservation, SettleOutcome, SettleResult
 from apps.core.spec import Prices
+from apps.core.stores import postgres_boundary
 
 
 def cost_microcredits(
@@ -114,6 +115,7 @@ class PgLedger:
             prices.completion_per_million_microcredits,
         )
 
+    @postgres_boundary(unique_violation=DuplicateRequestId)
     async def reserve(
         self,
         *,
@@ -175,6 +177,7 @@ class PgLedger:
             int(charged),
         )
 
+    @postgres_boundary()
     async def cancel(self, request_id: str) -> bool:
         async with self._pool.connection() as conn:
             cur = await conn.execute(_CANCEL, (request_id,))

@@ -20,11 +20,34 @@ node and settles the tokens produced so far.
 
 from __future__ import annotations
 
+import hmac
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 DISPATCH_PATH = "/internal/v1/dispatch"
+# On every dispatch answer: seconds the request waited in the orchestrator's queue for a node
+# (the gateway's queue-wait metric), `%.6f`.
+QUEUE_WAIT_HEADER = "x-llmfleet-queue-wait"
+
+
+def bearer(token: str) -> str:
+    """The `Authorization` value of an internal call."""
+    return f"Bearer {token}"
+
+
+class InternalToken:
+    """The internal token's check (gateway -> orchestrator dispatch, admin -> orchestrator): a
+    constant-time comparison; an empty configured token accepts nothing."""
+
+    __slots__ = ("_token",)
+
+    def __init__(self, token: str) -> None:
+        self._token = token.encode()
+
+    def accepts(self, authorization: str | None) -> bool:
+        supplied = (authorization or "").removeprefix("Bearer ").encode()
+        return bool(self._token) and hmac.compare_digest(supplied, self._token)
 
 
 class Deadlines(BaseModel):

@@ -26,6 +26,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from apps.core.metering import tpd_key
+from apps.core.stores import redis_boundary
 
 WINDOW_MS = 60_000
 
@@ -142,6 +143,7 @@ class QuotaStore:
         self._script = redis.register_script(ADMIT_LUA)
         self._release = redis.register_script(RELEASE_LUA)
 
+    @redis_boundary
     async def admit(self, subject: str, request_id: str, limits: Limits, now: datetime) -> Admission:
         now_ms = int(now.timestamp() * 1000)
         keys = [f"streams:{subject}", f"streams:{subject}:lease", f"rl:{subject}:rpm", tpd_key(subject, now)]
@@ -173,6 +175,7 @@ class QuotaStore:
             tokens_reset_s=reset_tokens,
         )
 
+    @redis_boundary
     async def release(self, subject: str, request_id: str) -> None:
         # One script (atomic like MULTI/EXEC, but one command and one reply): measured, a
         # redis-py transaction pipeline cost the gateway about twice the admission's CPU.

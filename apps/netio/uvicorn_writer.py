@@ -11,7 +11,9 @@ Everything else still goes through ASGI: the status line and headers (so uvicorn
 chunked encoding and keep-alive), the terminating chunk, error events, and any chunk written
 while the client is slow (`flow.write_paused`, where `send` waits for the drain) or gone. A
 server that is not uvicorn's httptools protocol gets no `DirectWriter` and every chunk takes the
-ASGI path; `direct_writer` checks for the attributes it relies on instead of a version number.
+ASGI path; `direct_writer` checks for the attributes it relies on instead of a version number
+(`tests/unit/test_netio_contract.py` checks them against the installed uvicorn). Switch:
+`fastpath.UVICORN_CHUNK`.
 
 `GatewayApp` (the Starlette app) records the server's own `send` in the scope under
 `RAW_SEND_KEY`, before any middleware wraps it.
@@ -23,6 +25,8 @@ from typing import Any
 
 from starlette.applications import Starlette
 from starlette.types import Receive, Scope, Send
+
+from apps.netio import fastpath
 
 RAW_SEND_KEY = "llmfleet.raw_send"
 _UVICORN_HTTPTOOLS = "uvicorn.protocols.http.httptools_impl"
@@ -64,7 +68,10 @@ class DirectWriter:
 
 
 def direct_writer(scope: Scope) -> DirectWriter | None:
-    """A `DirectWriter` for this request when the server is uvicorn's httptools protocol."""
+    """A `DirectWriter` for this request when the server is uvicorn's httptools protocol (and the
+    fast path is switched on); None: every chunk goes through ASGI `send`."""
+    if not fastpath.enabled(fastpath.UVICORN_CHUNK):
+        return None
     send = scope.get(RAW_SEND_KEY)
     cycle = getattr(send, "__self__", None)
     if cycle is None or type(cycle).__module__ != _UVICORN_HTTPTOOLS:

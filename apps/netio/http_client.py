@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import ssl
 from collections import deque
 from collections.abc import Callable, Mapping
@@ -25,6 +26,8 @@ from typing import cast
 from urllib.parse import urlsplit
 
 import httptools
+
+log = logging.getLogger("llmfleet.netio.http_client")
 
 HIGH_WATER = 256 * 1024  # buffered body bytes above which the socket is not read any more
 LOW_WATER = 64 * 1024  # ... and below which reading resumes
@@ -214,6 +217,7 @@ class HttpConnection(asyncio.Protocol):
                     return
             except Exception:
                 self.sink = None  # a failing sink is dropped; its piece and the rest go to `chunks()`
+                log.warning("body sink failed; falling back to the consumer's reads", exc_info=True)
         self.buf.append(body)
         self.buffered += len(body)
         if self.buffered > HIGH_WATER and not self.paused and self.transport is not None:
@@ -253,7 +257,8 @@ class HttpResponse:
         """Offer each body piece to `sink` from `data_received` while the consumer waits in `chunks()`
         with none queued: a piece it takes (returns True) never comes out of `chunks()`, one it
         declines does, in order (the relay writes pieces straight to the client socket this way:
-        `splice.py`). `None` stops it."""
+        `apps.netio.uvicorn_writer`). `None` stops it. A sink that raises is dropped (logged once per
+        response); its piece and every later one come out of `chunks()`."""
         if self._conn is not None:
             self._conn.sink = sink
 

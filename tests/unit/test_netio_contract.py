@@ -1,0 +1,238 @@
+"""Contract tests of the netio fast paths against the installed (pinned) uvicorn and aiohttp.
+
+Each fast path relies on attributes outside the framework's public API. These tests run the
+real servers and clients on loopback and check that the probe accepts the installed version, that
+the fast path's bytes arrive exactly as the framework's own writer would have put them, that the
+switch (`LLMFLEET_NETIO_FASTPATHS`) turns each one off, and that a fast path that breaks declines
+instead of raising into the socket callback that called it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import pytest
+import uvicorn
+from aiohttp import web
+from prometheus_client import CollectorRegistry
+from starlette.requests import Request
+from starlette.responses import StreamingResponse
+from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
+
+from apps.cli.procs import free_port as _free_port
+from apps.netio import fastpath
+from apps.netio.aiohttp_server import ChunkWriter, chunk_writer
+from apps.netio.aiohttp_ws import frame_writer
+from apps.netio.uvicorn_writer import GatewayApp, direct_writer
+
+
+def test_the_switch_reads_on_off_and_a_list_of_paths() -> None:
+    assert all(fastpath.enabled(p, {}) for p in fastpath.PATHS)
+    assert not any(fastpath.enabled(p, {fastpath.ENV: "off"}) for p in fastpath.PATHS)
+    only = {fastpath.ENV: "uvicorn_chunk, aiohttp_ws_frame"}
+    assert [p for p in fastpath.PATHS if fastpath.enabled(p, only)] == ["uvicorn_chunk", "aiohttp_ws_frame"]
+
+
+def test_the_metric_counts_fast_and_fallback_pieces_per_path() -> None:
+    registry = CollectorRegistry()
+    metrics = fastpath.PathMetrics(registry)
+    metrics.served(fastpath.AIOHTTP_CHUNK, fast=3, fallback=1)
+    labels = {"path": "aiohttp_chunk", "mode": "fast"}
+    assert registry.get_sample_value("llmfleet_netio_path_total", labels) == 3
+    assert registry.get_sample_value("llmfleet_netio_path_total", {**labels, "mode": "fallback"}) == 1
+
+
+# -- uvicorn (httptools) ------------------------------------------------------------------------
+
+
+async def _serve_uvicorn(app: Any) -> tuple[uvicorn.Server, asyncio.Task[None], int]:
+    port = _free_port()
+    config = uvicorn.Config(
+        app, host="127.0.0.1", port=port, http="httptools", log_level="warning", lifespan="off"
+    )
+    server = uvicorn.Server(config)
+    task = asyncio.ensure_future(server.serve())
+    async with asyncio.timeout(10):  # poll with a deadline: uvicorn has no "started" event
+        while not server.started:
+            await asyncio.sleep(0.01)
+    return server, task, port
+
+
+@pytest.mark.parametrize("switch", ["on", "off"])
+async def test_uvicorn_direct_writer_frames_chunks_as_uvicorn_does(
+    switch: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(fastpath.ENV, switch)
+    probed: list[bool] = []
+
+    class Body:
+        async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+            await send(
+                {"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain")]}
+            )
+            writer = direct_writer(scope)
+            probed.append(writer is not None)
+            for piece in (b"one ", b"two ", b"three"):
+                if writer is None or not writer.write(piece):
+                    await send({"type": "http.response.body", "body": piece, "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    async def endpoint(_: Request) -> Any:
+        return Body()
+
+    server, task, port = await _serve_uvicorn(GatewayApp(routes=[Route("/", endpoint)]))
+    try:
+        async with aiohttp.ClientSession() as session, session.get(f"http://127.0.0.1:{port}/") as resp:
+            assert resp.headers.get("Transfer-Encoding") == "chunked"
+            assert await resp.read() == b"one two three"
+    finally:
+        server.should_exit = True
+        await task
+    assert probed == [switch == "on"]
+
+
+async def test_uvicorn_direct_writer_is_not_offered_for_a_plain_starlette_send() -> None:
+    async def gen() -> AsyncIterator[bytes]:
+        yield b"x"
+
+    seen: list[object] = []
+
+    async def endpoint(request: Request) -> StreamingResponse:
+        seen.append(direct_writer(request.scope))
+        return StreamingResponse(gen())
+
+    from starlette.applications import Starlette
+
+    server, task, port = await _serve_uvicorn(Starlette(routes=[Route("/", endpoint)]))
+    try:
+        async with aiohttp.ClientSession() as session, session.get(f"http://127.0.0.1:{port}/") as resp:
+            assert await resp.read() == b"x"
+    finally:
+        server.should_exit = True
+        await task
+    assert seen == [None]  # no raw send recorded: no fast path
+
+
+# -- aiohttp server ---------------------------------------------------------------------------------
+
+
+async def _serve_aiohttp(app: web.Application) -> tuple[web.AppRunner, int]:
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = _free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    return runner, port
+
+
+@pytest.mark.parametrize("switch", ["on", "off"])
+async def test_aiohttp_chunk_writer_frames_chunks_as_aiohttp_does(
+    switch: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(fastpath.ENV, switch)
+    probed: list[bool] = []
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse()
+        response.enable_chunked_encoding()
+        assert chunk_writer(request, response) is None  # not prepared yet
+        await response.prepare(request)
+        await response.write(b"head ")  # puts the buffered headers out
+        writer = chunk_writer(request, response)
+        probed.append(writer is not None)
+        for piece in (b"one ", b"", b"two"):
+            if writer is None or not writer.write(piece):
+                await response.write(piece)
+        await response.write_eof()
+        return response
+
+    app = web.Application()
+    app.router.add_get("/", handler)
+    runner, port = await _serve_aiohttp(app)
+    try:
+        async with aiohttp.ClientSession() as session, session.get(f"http://127.0.0.1:{port}/") as resp:
+            assert await resp.read() == b"head one two"
+    finally:
+        await runner.cleanup()
+    assert probed == [switch == "on"]
+
+
+def test_aiohttp_chunk_writer_that_breaks_declines_instead_of_raising() -> None:
+    class Transport:
+        def is_closing(self) -> bool:
+            return False
+
+        def write(self, data: bytes) -> None:
+            raise RuntimeError("transport changed shape")
+
+    class Protocol:
+        writing_paused = False
+
+    class Req:
+        transport = Transport()
+
+    writer = ChunkWriter(Req(), Protocol())  # type: ignore[arg-type]
+    assert writer.write(b"x") is False
+    assert writer.broken
+    assert writer.write(b"y") is False
+    assert writer.written == 0
+
+
+# -- aiohttp client WebSocket -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("switch", ["on", "off"])
+async def test_aiohttp_ws_frame_writer_sends_a_text_message(
+    switch: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(fastpath.ENV, switch)
+    got: asyncio.Queue[str] = asyncio.Queue()
+
+    async def ws_handler(request: web.Request) -> web.WebSocketResponse:
+        ws = web.WebSocketResponse()
+        await ws.prepare(request)
+        async for msg in ws:
+            await got.put(msg.data)
+        return ws
+
+    app = web.Application()
+    app.router.add_get("/ws", ws_handler)
+    runner, port = await _serve_aiohttp(app)
+    try:
+        async with (
+            aiohttp.ClientSession() as session,
+            session.ws_connect(f"http://127.0.0.1:{port}/ws") as ws,
+        ):
+            write = frame_writer(ws)
+            assert (write is not None) is (switch == "on")
+            if write is not None:
+                assert write('{"type":"chunk"}') is True
+                assert await asyncio.wait_for(got.get(), 5) == '{"type":"chunk"}'
+                await ws.close()
+                assert write("late") is False  # a closed socket declines
+    finally:
+        await runner.cleanup()
+
+
+async def test_aiohttp_ws_frame_writer_is_not_used_when_the_connection_compresses() -> None:
+    async def ws_handler(request: web.Request) -> web.WebSocketResponse:
+        ws = web.WebSocketResponse(compress=True)
+        await ws.prepare(request)
+        async for _ in ws:
+            pass
+        return ws
+
+    app = web.Application()
+    app.router.add_get("/ws", ws_handler)
+    runner, port = await _serve_aiohttp(app)
+    try:
+        async with (
+            aiohttp.ClientSession() as session,
+            session.ws_connect(f"http://127.0.0.1:{port}/ws", compress=15) as ws,
+        ):
+            assert frame_writer(ws) is None
+    finally:
+        await runner.cleanup()
