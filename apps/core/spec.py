@@ -6,6 +6,7 @@ Loading fails with the file, the field path and the reason (`SpecError`).
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -20,7 +21,15 @@ NonNegInt = Annotated[int, Field(ge=0)]
 PositiveFloat = Annotated[float, Field(gt=0)]
 NonNegFloat = Annotated[float, Field(ge=0)]
 
-STACKS_DIR = Path(__file__).resolve().parents[2] / "stacks"
+
+def _stacks_dir() -> Path:
+    """`stacks/` of the checkout, else the copy the wheel installs (pyproject `data-files`)."""
+    checkout = Path(__file__).resolve().parents[2] / "stacks"
+    installed = Path(sys.prefix) / "share" / "llmfleet" / "stacks"
+    return checkout if checkout.is_dir() or not installed.is_dir() else installed
+
+
+STACKS_DIR = _stacks_dir()
 
 
 class _Strict(BaseModel):
