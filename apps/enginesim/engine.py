@@ -17,9 +17,9 @@ import asyncio
 from collections import deque
 from collections.abc import Callable
 
+from apps.core.batching.profile import EngineProfile
+from apps.core.batching.scheduler import Scheduler, Sequence, StepResult, TokenOut
 from apps.enginesim.metrics import EngineMetrics
-from apps.enginesim.profiles import EngineProfile
-from apps.enginesim.scheduler import Scheduler, Sequence, StepResult, TokenOut
 
 CATCH_UP_WALL_S = 0.05
 

@@ -68,6 +68,7 @@ def serving_objects(
                     max(mp.max_replicas - base, 1),
                     spec.slo.queue_wait_p95_s,
                     base_replicas=base,
+                    headroom=serving.headroom,
                 )
             )
         else:
@@ -82,6 +83,7 @@ def serving_objects(
                     spec.slo.queue_wait_p95_s,
                     office_hours=office_hours,
                     office_hours_replicas=serving.office_hours_warm_replicas,
+                    headroom=serving.headroom,
                 )
             )
         objects.extend(keda.scaled_object(s) for s in scaling)

@@ -9,7 +9,16 @@ from apps.core.sizing.plan import FleetPlan, plan_fleet
 from apps.core.spec import StackSpec, load_spec
 from infra.manifests.common import GPU_RESOURCE, GPU_TAINT, SPOT_TAINT_KEY, slug
 from infra.manifests.iam import is_scoped
-from infra.manifests.keda import KV_CACHE_TARGET, ORCHESTRATOR_QUEUE_METRIC, kv_query, waiting_threshold
+from infra.manifests.keda import (
+    KV_CACHE_TARGET,
+    ORCHESTRATOR_QUEUE_METRIC,
+    demand_query,
+    kv_query,
+    scale_down_window_s,
+    startup_budget_s,
+    streams_target,
+    waiting_threshold,
+)
 from tests.infra.conftest import kube_objects, of_kind, program
 
 
@@ -110,24 +119,23 @@ def test_replica_bounds_and_keda_thresholds_come_from_the_spec(
         assert _replica_bounds(kube, name) == (mp.min_replicas, mp.max_replicas), name
     for so in of_kind(kube, "ScaledObject"):
         s = so["spec"]
-        assert (
-            s["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]["scaleDown"][
-                "stabilizationWindowSeconds"
-            ]
-            == 600
-        )
         by_name = {t["name"]: t for t in s["triggers"]}
-        model = by_name["vllm-waiting"]["metadata"]["query"].split('"')[1]
-        expected = waiting_threshold(plan.models[model], spec.slo.queue_wait_p95_s)
-        assert by_name["vllm-waiting"]["metadata"]["threshold"] == str(expected)
-        assert by_name["vllm-kv-cache"]["metadata"]["threshold"] == str(KV_CACHE_TARGET)
+        model = by_name["vllm-kv-cache"]["metadata"]["query"].split('"')[1]
+        mp = plan.models[model]
+        window = s["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]["scaleDown"]
+        assert window["stabilizationWindowSeconds"] == scale_down_window_s(mp) >= startup_budget_s(mp)
+        assert s["cooldownPeriod"] >= startup_budget_s(mp), "1 -> 0 cannot undo a start not yet ready"
         base = _base_replicas(kube, so)
+        per_replica = streams_target(mp, spec.models[model].serving.headroom)
+        assert by_name["demand"]["metadata"]["threshold"] == f"{per_replica:g}"
+        assert by_name["demand"]["metadata"]["query"] == demand_query(model, base, per_replica)
+        assert by_name["vllm-kv-cache"]["metadata"]["threshold"] == str(KV_CACHE_TARGET)
         assert by_name["vllm-kv-cache"]["metadata"]["query"] == kv_query(model, base)
         for trigger in s["triggers"]:
             assert all(isinstance(v, str) for v in trigger["metadata"].values()), trigger
             if trigger["type"] == "prometheus":
                 query = trigger["metadata"]["query"]
-                assert query.startswith(("sum(", "clamp_min(sum(")), "one series only"
+                assert query.startswith(("sum(", "clamp_min(", "max_over_time(")), "one series only"
                 assert " by " not in query, "one series only"
         # KEDA webhook rules the CRD schema does not carry
         assert s["minReplicaCount"] <= s["maxReplicaCount"]
@@ -165,17 +173,26 @@ def test_spot_pool_admits_only_the_spot_model(kube: list[dict[str, Any]], spec: 
         assert s["limits"][GPU_RESOURCE] > 0
 
 
-def test_scale_to_zero_models_activate_on_a_metric_that_exists_at_zero(
-    kube: list[dict[str, Any]], plan: FleetPlan
+def test_every_model_scales_on_the_orchestrator_queue_and_activation_cannot_flap(
+    kube: list[dict[str, Any]], spec: StackSpec, plan: FleetPlan
 ) -> None:
-    at_zero = [so for so in of_kind(kube, "ScaledObject") if so["spec"]["minReplicaCount"] == 0]
-    assert at_zero
-    for so in at_zero:
-        queue = [
-            t for t in so["spec"]["triggers"] if ORCHESTRATOR_QUEUE_METRIC in t["metadata"].get("query", "")
-        ]
-        assert queue, so["metadata"]["name"]
-        assert queue[0]["metadata"]["activationThreshold"] == "0", so["metadata"]["name"]
+    """Issue 18: the 32B (min 1) read no queue on main; activation read an instant value."""
+    objects = of_kind(kube, "ScaledObject")
+    assert {so["metadata"]["labels"]["llmfleet.io/model"] for so in objects} == {slug(m) for m in spec.models}
+    for so in objects:
+        demand = next(t for t in so["spec"]["triggers"] if t["name"] == "demand")
+        query = demand["metadata"]["query"]
+        assert f'sum({ORCHESTRATOR_QUEUE_METRIC}{{model="' in query, so["metadata"]["name"]
+        assert "[2m:15s]" in query
+        assert "max_over_time(" in query
+        if so["spec"]["minReplicaCount"] > 0:
+            continue
+        activation = int(demand["metadata"]["activationThreshold"])
+        if _base_replicas(kube, so) > 0:
+            model = query.split('"')[1]
+            assert activation == waiting_threshold(plan.models[model], spec.slo.queue_wait_p95_s) > 1
+        else:
+            assert activation == 0, so["metadata"]["name"]
     seventy = plan.models["llama-3.3-70b-instruct-fp8"]
     assert seventy.min_replicas == 0
 

@@ -6,11 +6,11 @@ from dataclasses import replace
 
 import pytest
 
+from apps.core.batching.scheduler import Scheduler, SeqState, Sequence
 from apps.core.errors import SpecError
 from apps.core.sizing.plan import plan_fleet
 from apps.core.spec import load_spec
 from apps.enginesim.profiles import TINY, EngineProfile, catalog_profiles, get_profile
-from apps.enginesim.scheduler import Scheduler, SeqState, Sequence
 
 EIGHT_B = "llama-3.1-8b-instruct"
 

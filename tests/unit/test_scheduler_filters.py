@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from apps.core.nodes.state import NodeState
-from apps.orchestrator.scheduling import filters, scorers
-from apps.orchestrator.scheduling.view import NodeView, PickRequest
+from apps.core.scheduling import filters, scorers
+from apps.core.scheduling.view import NodeView, PickRequest
 
 
 def node(**kw: object) -> NodeView:

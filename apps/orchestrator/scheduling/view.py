@@ -1,31 +1,5 @@
-"""What the scheduler sees of one node and of one pick request (immutable values)."""
+"""The scheduler's values live in `apps.core.scheduling` (shared with `llmfleet simulate`)."""
 
-from __future__ import annotations
+from apps.core.scheduling.view import NodeView, PickRequest
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
-
-from apps.core.nodes.state import NodeState
-
-
-@dataclass(frozen=True)
-class NodeView:
-    node_id: str
-    location: str  # onprem | cloud
-    models: Mapping[str, int]  # model -> max_num_seqs on this node
-    state: NodeState
-    in_flight: int = 0  # requests assigned by every replica (cross-replica counter)
-    kv_cache_usage: float = 0.0
-    queue_depth: int = 0  # the engine's waiting requests
-    owner: str = ""  # replica holding the node's socket
-
-    def with_in_flight(self, delta: int) -> NodeView:
-        return replace(self, in_flight=max(0, self.in_flight + delta))
-
-
-@dataclass(frozen=True)
-class PickRequest:
-    model: str
-    request_id: str = ""
-    exclude: frozenset[str] = field(default_factory=frozenset)  # nodes already tried for this request
-    kv_cache_max: float = 0.95
+__all__ = ["NodeView", "PickRequest"]

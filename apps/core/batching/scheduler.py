@@ -1,10 +1,14 @@
 """The simulated vLLM V1 scheduler: continuous batching over a KV-block budget, in simulated time.
 
-Pure and synchronous (no I/O, no clock): `step()` plans one engine step the way vLLM's
+Pure and synchronous (no I/O, no wall clock): `step()` plans one engine step the way vLLM's
 `Scheduler.schedule` does (`shared/reference/vllm-behaviour.md` section 7) and returns its
-simulated duration and the tokens it produced; the async engine loop (`engine.py`) sleeps that
-duration scaled by `--speed` and hands the tokens to the HTTP streams. Unit tests drive it
-directly to check calibration in simulated time.
+simulated duration and the tokens it produced. Time is the caller's: `now_s` is the scheduler's
+simulated clock (the sum of step durations), and `advance_to(t)` moves it over idle time. The
+enginesim loop (`apps/enginesim/engine.py`) sleeps each duration scaled by `--speed` and hands the
+tokens to the HTTP streams; `llmfleet simulate` advances it from its event queue and uses
+`decode_run()` / `fast_forward()` to take many identical decode steps at once (the same result
+as that many `step()` calls, checked by a unit test). Unit tests drive it directly to check
+calibration in simulated time.
 
 Rules followed:
 - one token budget per step (`max_num_batched_tokens`) shared by decodes and prefill chunks
@@ -25,7 +29,7 @@ import enum
 from collections import deque
 from dataclasses import dataclass, field
 
-from apps.enginesim.profiles import EngineProfile
+from apps.core.batching.profile import EngineProfile
 
 
 class SeqState(enum.Enum):
@@ -207,6 +211,64 @@ class Scheduler:
                 reason = "length"
             result.tokens.append(TokenOut(seq.request_id, index, reason))
             if reason is not None:
+                self.running.remove(seq)
+                self.by_id.pop(seq.request_id, None)
+                self._free(seq)
+                seq.state = SeqState.FINISHED
+                result.finished.append(seq)
+        return result
+
+    # -- time and fast-forward (the simulator's use) ---------------------------------------
+
+    def advance_to(self, t: float) -> None:
+        """Idle time passes: the clock moves to `t` (never backwards)."""
+        self.now_s = max(self.now_s, t)
+
+    def decode_run(self) -> int:
+        """How many of the next steps are identical pure-decode steps (0 or 1: just call `step()`).
+
+        True while every running request is decoding, nothing waiting could be admitted, the
+        batch fits the token budget, no request reaches its end before the last of those steps
+        and the KV blocks for all of them are free.
+        """
+        prof = self.profile
+        running = self.running
+        if not running or len(running) > prof.max_num_batched_tokens:
+            return 0
+        if self.waiting and len(running) < prof.max_num_seqs:
+            return 0
+        steps = 1 << 30
+        for seq in running:
+            if seq.computed != seq.num_tokens - 1 or seq.generated == 0:
+                return 0  # a prefill chunk, or the first token (its time is recorded by step())
+            left = min(seq.target_tokens - seq.generated, prof.max_model_len - seq.num_tokens)
+            steps = min(steps, left)
+        while steps > 1 and self._blocks_needed(steps) > self.free_blocks:
+            steps //= 2
+        return steps if steps > 1 and self._blocks_needed(steps) <= self.free_blocks else 0
+
+    def _blocks_needed(self, steps: int) -> int:
+        return sum(self._blocks_for(s.computed + steps) - s.blocks for s in self.running)
+
+    def fast_forward(self, steps: int) -> StepResult:
+        """`steps` decode steps at once (only after `decode_run()` allowed at least that many).
+
+        Returns the duration of all of them and the requests that finished in the last one;
+        per-token outputs are not listed (the simulator needs only times and counts).
+        """
+        prof = self.profile
+        batch = len(self.running)
+        one = prof.step_s(batch, 0)
+        result = StepResult(duration_s=one * steps, batch=batch, scheduled_tokens=batch * steps)
+        self.now_s += result.duration_s
+        for seq in list(self.running):
+            if not self._allocate(seq, steps):
+                raise RuntimeError("fast_forward beyond the free KV blocks; call decode_run() first")
+            seq.computed += steps
+            seq.generated += steps
+            seq.last_token_s = self.now_s
+            done = seq.generated >= seq.target_tokens or seq.num_tokens >= prof.max_model_len
+            if done:
                 self.running.remove(seq)
                 self.by_id.pop(seq.request_id, None)
                 self._free(seq)

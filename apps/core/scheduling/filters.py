@@ -1,0 +1,37 @@
+"""Filters: a node that fails any of them gets nothing for this request."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from apps.core.nodes.state import ROUTABLE
+from apps.core.scheduling.view import NodeView, PickRequest
+
+Filter = Callable[[PickRequest, NodeView], bool]
+
+
+def serves_model(req: PickRequest, node: NodeView) -> bool:
+    return req.model in node.models
+
+
+def routable(req: PickRequest, node: NodeView) -> bool:
+    """Drained, draining, stale, dead and revoked nodes get nothing."""
+    return node.state in ROUTABLE
+
+
+def not_excluded(req: PickRequest, node: NodeView) -> bool:
+    """A retry never goes back to the node that just failed the request."""
+    return node.node_id not in req.exclude
+
+
+def has_free_seq(req: PickRequest, node: NodeView) -> bool:
+    """In-flight below the node's `max_num_seqs` for the model (vLLM would queue the rest)."""
+    return node.in_flight < node.models.get(req.model, 0)
+
+
+def kv_headroom(req: PickRequest, node: NodeView) -> bool:
+    """A KV cache that is (nearly) full means preemptions and TTFT spikes: send work elsewhere."""
+    return node.kv_cache_usage < req.kv_cache_max
+
+
+DEFAULT_FILTERS: tuple[Filter, ...] = (serves_model, routable, not_excluded, has_free_seq, kv_headroom)
