@@ -115,6 +115,7 @@ class Exchange:
     status: int = 0
     slot_held: bool = False
     reserved: bool = False
+    handed_over: bool = False  # the orchestrator may settle: it also clears the in-flight tokens
     headers: dict[str, str] = field(default_factory=dict)
     pending: tuple[asyncio.Future[None], ...] = ()  # admission and reservation running concurrently
     ledger_refusal: LlmfleetError | None = None  # the ledger's refusal (402...), counted if it is the answer
@@ -175,7 +176,7 @@ class ChatHandler:
             if overlapped:
                 await self._admit_and_reserve(chat, principal, team_id, ex)
             else:
-                await self._admit(principal, ex)
+                await self._admit(principal, ex, chat.worst_case_tokens)
                 await self._reserve(chat, principal, team_id, ex)
         except LlmfleetError as exc:
             if exc is ex.ledger_refusal:  # not when the admission refused too: one reason per request
@@ -196,7 +197,7 @@ class ChatHandler:
         # The reservation is the slower leg (a PostgreSQL commit): its task starts first, so its
         # statement is on the wire before the admission's Python work runs.
         reserve = asyncio.ensure_future(self._reserve(chat, principal, team_id, ex))
-        admit = asyncio.ensure_future(self._admit(principal, ex))
+        admit = asyncio.ensure_future(self._admit(principal, ex, chat.worst_case_tokens))
         ex.pending = (admit, reserve)
         await asyncio.wait(ex.pending)  # cancelled here: `_finish` waits for both first
         ex.pending = ()
@@ -215,7 +216,7 @@ class ChatHandler:
                 key_id=principal.key_id,
                 model=chat.model,
                 estimated_prompt_tokens=chat.estimated_prompt_tokens,
-                max_tokens=chat.max_tokens,
+                max_tokens=chat.worst_case_completion_tokens,  # n x the effective max_tokens
             )
         except psycopg.errors.UniqueViolation:
             raise _duplicate_request_id() from None
@@ -228,10 +229,10 @@ class ChatHandler:
         ex.reserved = True
         self._m.reservations_open.inc()
 
-    async def _admit(self, principal: Principal, ex: Exchange) -> None:
+    async def _admit(self, principal: Principal, ex: Exchange, worst_case_tokens: int) -> None:
         try:
             adm = await self._d.quota.admit(
-                principal.subject, ex.request_id, principal.limits, self._d.clock()
+                principal.subject, ex.request_id, principal.limits, self._d.clock(), worst_case_tokens
             )
         except (redis.exceptions.RedisError, OSError):
             self._m.redis_errors.inc()
@@ -266,6 +267,8 @@ class ChatHandler:
             model=chat.model,
             body=upstream_body(chat),
             client_wants_usage=chat.wants_usage,
+            max_prompt_tokens=chat.estimated_prompt_tokens,
+            max_completion_tokens=chat.worst_case_completion_tokens,
             deadlines=Deadlines(
                 queue_wait_s=self._s.queue_wait_s, first_token_s=self._s.first_token_s, idle_s=self._s.idle_s
             ),
@@ -279,7 +282,7 @@ class ChatHandler:
             raise Unavailable("No orchestrator reachable.", retry_after=5) from None
         except TimeoutError:
             # The orchestrator may have started the request: leave the reservation for it to settle.
-            ex.reserved = False
+            ex.reserved, ex.handed_over = False, True
             self._m.reservations_open.dec()
             raise Unavailable("Timed out waiting for a node.", retry_after=5) from None
         self._m.dispatch.labels(chat.model).observe(time.monotonic() - admitted_at)
@@ -310,7 +313,7 @@ class ChatHandler:
         ran = upstream.status not in NOTHING_RAN
         if ran:
             # Something may have run on a node: the orchestrator settles, we must not cancel.
-            ex.reserved = False
+            ex.reserved, ex.handed_over = False, True
             self._m.reservations_open.dec()
         try:
             envelope = json.loads(raw)
@@ -409,8 +412,9 @@ class ChatHandler:
             ex.pending = ()
         if ex.slot_held and ex.principal is not None:
             ex.slot_held = False
+            forget = cancel_reservation and not ex.handed_over  # no settle will count these tokens
             try:
-                await self._d.quota.release(ex.principal.subject, ex.request_id)
+                await self._d.quota.release(ex.principal.subject, ex.request_id, forget_tokens=forget)
             except (redis.exceptions.RedisError, OSError):
                 # The slot's lease expires on its own; count it and move on.
                 self._m.redis_errors.inc()

@@ -33,8 +33,18 @@ class ChatRequest:
     model: str
     stream: bool
     wants_usage: bool
-    max_tokens: int
+    max_tokens: int  # the effective per-choice bound, sent to the engine as `max_tokens`
     estimated_prompt_tokens: int
+    n: int = 1
+
+    @property
+    def worst_case_completion_tokens(self) -> int:
+        return self.n * self.max_tokens
+
+    @property
+    def worst_case_tokens(self) -> int:
+        """What this request can cost at most, in tokens: the prompt bound + n x max_tokens."""
+        return self.estimated_prompt_tokens + self.worst_case_completion_tokens
 
 
 def parse_body(raw: bytes) -> dict[str, Any]:
@@ -97,19 +107,30 @@ def validate_chat(body: dict[str, Any], spec: StackSpec) -> ChatRequest:
             f"'{param}' is too large: {max_tokens}. This model's maximum context length is {context} tokens.",
             param=param,
         )
+    n = _positive_int(body, "n") or 1
+    if n > spec.request_limits.max_n:
+        raise InvalidRequest(
+            f"'n' is too large: {n}. At most {spec.request_limits.max_n} choices per request.", param="n"
+        )
     return ChatRequest(
         body=body,
         model=model,
         stream=stream,
         wants_usage=wants_usage if stream else True,
-        max_tokens=max_tokens or model_spec.serving.default_max_tokens,
+        max_tokens=max_tokens or min(model_spec.serving.default_max_tokens, context),
         estimated_prompt_tokens=estimate_prompt_tokens(messages),
+        n=n,
     )
 
 
 def upstream_body(req: ChatRequest) -> dict[str, Any]:
-    """The client's body, unknown fields included, with streaming and usage forced on."""
+    """The client's body with streaming and usage forced on and the effective `max_tokens` set, so
+    the engine can never produce more than the reservation covers (`n` x `max_tokens`)."""
     body = dict(req.body)
+    body["max_tokens"] = req.max_tokens
+    if "max_completion_tokens" in body:  # vLLM prefers it over `max_tokens`: both say the same
+        body["max_completion_tokens"] = req.max_tokens
+    body["n"] = req.n
     body["stream"] = True
     options = dict(body.get("stream_options") or {})
     options["include_usage"] = True

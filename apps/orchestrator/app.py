@@ -54,6 +54,7 @@ def create_app(settings: OrchestratorSettings, deps: OrchestratorDeps) -> web.Ap
         queue_size=settings.settle_queue,
         record_ttl_s=settings.done_record_ttl_s,
         on_slot_freed=plane.queues.notify,
+        on_overreport=plane.quarantine,
     )
     sweeper = Sweeper(
         deps.redis,
@@ -70,7 +71,15 @@ def create_app(settings: OrchestratorSettings, deps: OrchestratorDeps) -> web.Ap
         max_hint_s=settings.max_retry_hint_s,
         clock=deps.monotonic,
     )
-    sockets = NodeSockets(plane, settler, bucket)
+    # Attempts whose token did not verify draw from their own bucket: a flood of bogus
+    # registrations never takes the tokens real nodes need.
+    unauthenticated = TokenBucket(
+        settings.unauthenticated_registrations_per_s,
+        settings.unauthenticated_registration_burst,
+        max_hint_s=settings.max_retry_hint_s,
+        clock=deps.monotonic,
+    )
+    sockets = NodeSockets(plane, settler, bucket, unauthenticated)
     dispatch = DispatchHandler(plane)
     token = settings.internal_token.get_secret_value().encode()
 

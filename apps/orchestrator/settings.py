@@ -33,6 +33,9 @@ class OrchestratorSettings(BaseSettings):
     # that spreads the refused nodes over the following seconds.
     registrations_per_s: float = Field(default=20.0, gt=0)
     registration_burst: int = Field(default=20, gt=0)
+    # Registrations whose token does not verify (checked before the bucket above).
+    unauthenticated_registrations_per_s: float = Field(default=5.0, gt=0)
+    unauthenticated_registration_burst: int = Field(default=10, gt=0)
     register_timeout_s: float = Field(default=10.0, gt=0)
     max_retry_hint_s: float = Field(default=60.0, gt=0)
 
