@@ -138,7 +138,7 @@ async def digit_teams(env: GatewayEnv) -> tuple[int, int]:
     first = await env.deps.teams.create_team("alpha")
     second = await env.deps.teams.create_team("beta")
     named = await env.deps.teams.create_team("2")
-    assert second.id == 2 and first.id == 1 and named.id == 3
+    assert (first.id, second.id, named.id) == (1, 2, 3)
     return second.id, named.id
 
 

@@ -117,7 +117,7 @@ class Trust:
         ]  # fmt: skip
         env = {**os.environ, "LLMFLEET_NODE_TOKEN": token}
         with (self.work / f"{node_id}.log").open("wb") as log:  # the child keeps its own descriptor
-            proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)  # noqa: S603
+            proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
         self.agents.append(proc)
         return proc
 
@@ -256,7 +256,8 @@ async def test_an_overreporting_node_is_settled_at_the_worst_case_and_quarantine
         async with env.pool.connection() as conn:
             cur = await conn.execute("SELECT balance_microcredits FROM teams WHERE id = %s", (env.team_id,))
             balance = await cur.fetchone()
-        assert balance is not None and int(balance[0]) == CREDITS - 96
+        assert balance is not None
+        assert int(balance[0]) == CREDITS - 96
         text = await orch_metrics(env)
         assert metric(text, "llmfleet_orchestrator_usage_overreported_total") == 1.0
         assert metric(text, "llmfleet_orchestrator_nodes_quarantined_total") == 1.0
