@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from datetime import datetime
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal, DecimalException
 from typing import Any
 
 from starlette.requests import Request
@@ -17,27 +16,33 @@ from apps.gateway.auth import require_admin
 from apps.gateway.deps import GatewayDeps
 from apps.gateway.settings import GatewaySettings
 from apps.gateway.usage import parse_time
+from apps.gateway.validate import parse_json_object
 
 NODE_ID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.")
 
 
 async def _json(request: Request) -> dict[str, Any]:
-    raw = await request.body()
-    try:
-        body = json.loads(raw or b"{}")
-    except ValueError:
-        raise InvalidRequest("We could not parse the JSON body of your request.") from None
-    if not isinstance(body, dict):
-        raise InvalidRequest("The request body must be a JSON object.")
-    return body
+    return parse_json_object(await request.body() or b"{}")
+
+
+# The columns' ranges (INTEGER, BIGINT): a larger value is a 400, not a database error.
+INT_LIMITS = {"rpm": 2**31 - 1, "max_streams": 2**31 - 1, "tokens_per_day": 2**63 - 1}
+MAX_AMOUNT_MICROCREDITS = 10**18
 
 
 def _opt_int(body: dict[str, Any], name: str) -> int | None:
     value = body.get(name)
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise InvalidRequest(f"'{name}' must be a positive integer or null.", param=name)
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int)
+        or not 0 < value <= INT_LIMITS.get(name, 2**31 - 1)
+    ):
+        raise InvalidRequest(
+            f"'{name}' must be a positive integer (at most {INT_LIMITS.get(name, 2**31 - 1)}) or null.",
+            param=name,
+        )
     return value
 
 
@@ -79,16 +84,20 @@ def amount_microcredits(body: dict[str, Any]) -> int:
     """`amount` in credits (decimal allowed) or `amount_microcredits` as an integer."""
     if body.get("amount_microcredits") is not None:
         value = body["amount_microcredits"]
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise InvalidRequest("'amount_microcredits' must be an integer.", param="amount_microcredits")
+        if isinstance(value, bool) or not isinstance(value, int) or abs(value) > MAX_AMOUNT_MICROCREDITS:
+            raise InvalidRequest(
+                "'amount_microcredits' must be an integer (at most 10^18).", param="amount_microcredits"
+            )
         return value
     raw = body.get("amount")
     if isinstance(raw, bool) or not isinstance(raw, int | float | str):
         raise InvalidRequest("'amount' (credits) is required.", param="amount")
     try:
-        micro = Decimal(str(raw)) * 1_000_000
-    except InvalidOperation:
+        micro = Decimal(str(raw).strip()) * 1_000_000
+    except DecimalException:
         raise InvalidRequest("'amount' must be a number of credits.", param="amount") from None
+    if not micro.is_finite() or abs(micro) > MAX_AMOUNT_MICROCREDITS:
+        raise InvalidRequest("'amount' must be a finite number of credits (at most 10^12).", param="amount")
     if micro != micro.to_integral_value():
         raise InvalidRequest("'amount' has more than 6 decimals.", param="amount")
     return int(micro)
