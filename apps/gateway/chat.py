@@ -65,6 +65,12 @@ def request_id_for(request: Request) -> str:
     return sent if REQUEST_ID_RE.match(sent) else f"chatcmpl-{uuid.uuid4().hex}"
 
 
+def scoped_request_id(team_id: int, client_id: str) -> str:
+    """The internal id of a client-chosen `x-request-id`: one namespace per team (`/` never occurs
+    in a client's id), so no team can see or pre-claim another's ids. Generated ids are unique."""
+    return client_id if client_id.startswith("chatcmpl-") else f"t{team_id}/{client_id}"
+
+
 def _duration(seconds: float) -> str:
     return f"{max(seconds, 0.0):.3f}s"
 
@@ -108,8 +114,9 @@ def _duplicate_request_id() -> InvalidRequest:
 class Exchange:
     """Per-request state the cleanup needs (and the log line reports)."""
 
-    request_id: str
+    request_id: str  # internal: the ledger row, the stream slot, the dispatch (scoped per team)
     started: float
+    client_id: str = ""  # what the client sent (or was given) as `x-request-id`, echoed back
     principal: Principal | None = None
     model: str = "-"
     status: int = 0
@@ -129,7 +136,8 @@ class ChatHandler:
         self._speculation = Speculation()
 
     async def handle(self, request: Request) -> Response:
-        ex = Exchange(request_id_for(request), time.monotonic())
+        client_id = request_id_for(request)
+        ex = Exchange(client_id, time.monotonic(), client_id)
         try:
             return await self._handle(request, ex)
         except LlmfleetError as exc:
@@ -137,7 +145,7 @@ class ChatHandler:
             ex.status = exc.status
             self._m.requests.labels(ex.model, str(exc.status)).inc()
             self._log(ex, error=exc.code)
-            headers = {"x-request-id": ex.request_id, **ex.headers}
+            headers = {"x-request-id": ex.client_id, **ex.headers}
             if exc.retry_after is not None:
                 headers["retry-after"] = str(max(1, round(exc.retry_after)))
             return JSONResponse(exc.envelope(), status_code=exc.status, headers=headers)
@@ -162,6 +170,7 @@ class ChatHandler:
         principal = await authenticate(request, self._d, self._s)
         ex.principal = principal
         team_id = require_team(principal)
+        ex.request_id = scoped_request_id(team_id, ex.client_id)
         body = parse_body(await self._read_body(request))
         chat = validate_chat(body, self._d.spec)
         ex.model = chat.model
@@ -291,7 +300,7 @@ class ChatHandler:
             self._m.queue_wait.labels(chat.model).observe(queued)
         if upstream.status != 200:
             return await self._upstream_error(upstream, ex)
-        headers = {"x-request-id": ex.request_id, **ex.headers}
+        headers = {"x-request-id": ex.client_id, **ex.headers}
         if chat.stream:
             return RelayResponse(
                 upstream,

@@ -204,3 +204,18 @@ async def test_team_names_are_unique_regardless_of_case(env: GatewayEnv) -> None
     assert first.status_code == 201
     assert again.status_code == 409
     assert again.json()["error"]["param"] == "name"
+
+
+async def test_client_request_ids_are_scoped_per_team(env: GatewayEnv) -> None:
+    _, key_a = await env.team_with_key("team-a")
+    _, key_b = await env.team_with_key("team-b")
+    rid = {"x-request-id": "shared-req-0001"}
+    async with client(env) as c:
+        a = await c.post("/v1/chat/completions", json=chat(max_tokens=4), headers={**auth(key_a), **rid})
+        b = await c.post("/v1/chat/completions", json=chat(max_tokens=4), headers={**auth(key_b), **rid})
+        again = await c.post("/v1/chat/completions", json=chat(max_tokens=4), headers={**auth(key_a), **rid})
+    assert (a.status_code, b.status_code) == (200, 200), b.text  # b learns nothing about a's id
+    assert a.headers["x-request-id"] == b.headers["x-request-id"] == "shared-req-0001"
+    assert again.status_code == 400  # within one team an id is still used once
+    assert again.json()["error"]["code"] == "duplicate_request_id"
+    assert len({r.request_id for r in env.dispatcher.requests}) == 2
