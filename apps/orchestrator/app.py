@@ -30,6 +30,7 @@ from apps.core.nodes.store import NodeStore
 from apps.core.protocol.dispatch import DISPATCH_PATH
 from apps.core.protocol.openai import error_body
 from apps.core.spec import load_spec
+from apps.orchestrator.exposure import hide_server_version, node_port_only
 from apps.orchestrator.logs import event
 from apps.orchestrator.node_ws import NodeSockets
 from apps.orchestrator.plane import ControlPlane, OrchestratorDeps
@@ -184,7 +185,11 @@ def create_app(settings: OrchestratorSettings, deps: OrchestratorDeps) -> web.Ap
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(sockets.all_closed.wait(), settings.shutdown_grace_s)
 
-    app = web.Application(client_max_size=8 * 1024 * 1024)
+    app = web.Application(
+        client_max_size=8 * 1024 * 1024,
+        middlewares=[node_port_only(settings.node_port, frozenset({NODE_PATH, "/livez", "/readyz"}))],
+    )
+    app.on_response_prepare.append(hide_server_version)
     app[PLANE] = plane
     app[SETTLER] = settler
     app[SWEEPER] = sweeper
@@ -252,7 +257,15 @@ async def run_orchestrator(settings: OrchestratorSettings, ready: asyncio.Event 
     try:
         await runner.setup()
         await web.TCPSite(runner, settings.host, settings.port).start()
-        event("listening", host=settings.host, port=settings.port, orchestrator_id=settings.orchestrator_id)
+        if settings.node_port is not None:
+            await web.TCPSite(runner, settings.host, settings.node_port).start()
+        event(
+            "listening",
+            host=settings.host,
+            port=settings.port,
+            node_port=settings.node_port,
+            orchestrator_id=settings.orchestrator_id,
+        )
         if ready is not None:
             ready.set()
         await stop.wait()

@@ -283,6 +283,8 @@ async def test_a_node_token_admits_only_its_models(
             ),
         )
         assert metric(refused, "llmfleet_orchestrator_registrations_total") == 0.0
+        async with env.session.get(env.orch.url + "/livez") as resp:
+            assert resp.headers["Server"] == "llmfleet"  # on main: "Python/3.11 aiohttp/3.x"
         assert env.orch.plane.local == {}
 
 
