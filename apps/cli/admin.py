@@ -2,9 +2,9 @@
 
   migrate                                   apply apps/core/db/migrations/*.sql (idempotent)
   create-team NAME [--credits C]            a team, optionally with starting credits
-  create-key --team T [--model M ...] [--rpm N] [--tokens-per-day N] [--max-streams N] [--expires-at ISO]
+  create-key --team NAME|--team-id ID [--model M ...] [--rpm N] [--tokens-per-day N] [--max-streams N] [--expires-at ISO]
                                             prints the key once (stored only as an HMAC)
-  add-credits --team T --amount C           a credit entry (credits; decimals allowed)
+  add-credits --team NAME|--team-id ID --amount C          a credit entry (credits; decimals allowed)
   mint-admin-token --issuer-key FILE [--ttl S] [--subject S]
                                             an admin JWT from the local issuer's key (dev)
   register-node-pool --pool P --location cloud|onprem
@@ -49,7 +49,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     team.add_argument("name")
     team.add_argument("--credits", default=None, help="starting credits (decimal)")
     key = sub.add_parser("create-key", help="create an API key (printed once)")
-    key.add_argument("--team", required=True)
+    _team_args(key)
     key.add_argument("--model", action="append", default=[], help="allowed model (repeat); none = all")
     key.add_argument("--rpm", type=int)
     key.add_argument("--tokens-per-day", type=int)
@@ -57,7 +57,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     key.add_argument("--expires-at", help="ISO-8601")
     key.add_argument("--name")
     credits = sub.add_parser("add-credits", help="add (or with a negative amount, remove) credits")
-    credits.add_argument("--team", required=True)
+    _team_args(credits)
     credits.add_argument("--amount", required=True)
     mint = sub.add_parser("mint-admin-token", help="mint an admin JWT with the local issuer key")
     mint.add_argument("--issuer-key", required=True, type=Path)
@@ -68,6 +68,16 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     pool.add_argument("--pool", required=True, help="pool id; members register as <pool>/<instance>")
     pool.add_argument("--location", required=True, choices=LOCATIONS)
+
+
+def _team_args(parser: argparse.ArgumentParser) -> None:
+    which = parser.add_mutually_exclusive_group(required=True)
+    which.add_argument("--team", help="the team's name (an all-digit name is a name too)")
+    which.add_argument("--team-id", type=int, help="the team's id")
+
+
+def _team(args: argparse.Namespace) -> int | str:
+    return int(args.team_id) if args.team_id is not None else str(args.team)
 
 
 def parse_credits(amount: str) -> int:
@@ -90,13 +100,13 @@ async def _with_pool(args: argparse.Namespace, url: str) -> dict[str, Any]:
                 team = await teams.get_team(team.id)
             return team.as_json()
         if args.action == "add-credits":
-            return await teams.add_credits(args.team, parse_credits(args.amount), "cli")
+            return await teams.add_credits(_team(args), parse_credits(args.amount), "cli")
         secret_key = _secret_key()
         if args.action == "register-node-pool":
             return await _register_node_pool(args, pool, secret_key)
         expires = datetime.fromisoformat(args.expires_at) if args.expires_at else None
         secret, record = await KeyStore(pool, secret_key.encode()).create(
-            team=args.team,
+            team=_team(args),
             model_allowlist=args.model,
             rpm=args.rpm,
             tokens_per_day=args.tokens_per_day,

@@ -16,15 +16,21 @@ from apps.core.ledger.api import Ledger, SettleOutcome, SettleResult
 
 TPD_TTL_S = 2 * 24 * 3600
 # INCRBY and EXPIRE in one command (atomic, one reply to parse): cheaper than a MULTI/EXEC pipeline.
+# The request's in-flight worst case (`apps.core.quota.admission`) leaves in the same script.
 _COUNT_LUA = """
 redis.call('INCRBY', KEYS[1], ARGV[1])
 redis.call('EXPIRE', KEYS[1], ARGV[2])
+redis.call('HDEL', KEYS[2], ARGV[3])
 return 1
 """
 
 
 def tpd_key(key_id: int | str, when: datetime) -> str:
     return f"tpd:{key_id}:{when.astimezone(UTC):%Y%m%d}"
+
+
+def tpd_inflight_key(key_id: int | str) -> str:
+    return f"tpd:{key_id}:inflight"
 
 
 async def settle_usage(
@@ -40,5 +46,8 @@ async def settle_usage(
     if result.outcome is SettleOutcome.SETTLED and result.key_id is not None:
         key = tpd_key(result.key_id, now or datetime.now(UTC))
         count = redis.register_script(_COUNT_LUA)  # a local object: EVALSHA, loaded on first use
-        await count(keys=[key], args=[result.prompt_tokens + result.completion_tokens, TPD_TTL_S])
+        await count(
+            keys=[key, tpd_inflight_key(result.key_id)],
+            args=[result.prompt_tokens + result.completion_tokens, TPD_TTL_S, request_id],
+        )
     return result

@@ -131,6 +131,12 @@ class Slo(_Strict):
     queue_limit_s: PositiveFloat = 30.0
 
 
+class RequestLimits(_Strict):
+    """Bounds on one chat request, enforced by the gateway before any money is reserved."""
+
+    max_n: Annotated[int, Field(ge=1, le=128)] = 8  # choices per request (`n`); above it: 400
+
+
 class StackSpec(_Strict):
     name: str
     region: str = "us-east-1"
@@ -143,6 +149,7 @@ class StackSpec(_Strict):
     onprem: tuple[OnPremServer, ...] = ()
     cost: CostInputs
     slo: Slo = Slo()
+    request_limits: RequestLimits = RequestLimits()
 
     @model_validator(mode="after")
     def _references(self) -> StackSpec:

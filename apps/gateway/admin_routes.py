@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import json
+from collections.abc import Mapping
 from datetime import datetime
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal, DecimalException
 from typing import Any
 
 from starlette.requests import Request
@@ -16,44 +16,88 @@ from apps.gateway.auth import require_admin
 from apps.gateway.deps import GatewayDeps
 from apps.gateway.settings import GatewaySettings
 from apps.gateway.usage import parse_time
+from apps.gateway.validate import parse_json_object
 
 NODE_ID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.")
 
 
 async def _json(request: Request) -> dict[str, Any]:
-    raw = await request.body()
-    try:
-        body = json.loads(raw or b"{}")
-    except ValueError:
-        raise InvalidRequest("We could not parse the JSON body of your request.") from None
-    if not isinstance(body, dict):
-        raise InvalidRequest("The request body must be a JSON object.")
-    return body
+    return parse_json_object(await request.body() or b"{}")
+
+
+# The columns' ranges (INTEGER, BIGINT): a larger value is a 400, not a database error.
+INT_LIMITS = {"rpm": 2**31 - 1, "max_streams": 2**31 - 1, "tokens_per_day": 2**63 - 1}
+MAX_AMOUNT_MICROCREDITS = 10**18
 
 
 def _opt_int(body: dict[str, Any], name: str) -> int | None:
     value = body.get(name)
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise InvalidRequest(f"'{name}' must be a positive integer or null.", param=name)
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int)
+        or not 0 < value <= INT_LIMITS.get(name, 2**31 - 1)
+    ):
+        raise InvalidRequest(
+            f"'{name}' must be a positive integer (at most {INT_LIMITS.get(name, 2**31 - 1)}) or null.",
+            param=name,
+        )
     return value
+
+
+def team_ref(values: Mapping[str, Any], *, query: bool = False) -> int | str | None:
+    """The team a call names: `team_id` (an integer id) or `team` (a name), never both. A name is
+    never read as an id, whatever its characters (a team may be called "2"). None: neither given."""
+    team_id, name = values.get("team_id"), values.get("team")
+    if team_id is not None and name is not None:
+        raise InvalidRequest("Give either 'team_id' (id) or 'team' (name), not both.", param="team_id")
+    if team_id is not None:
+        if (
+            query
+            and isinstance(team_id, str)
+            and team_id.isascii()
+            and team_id.isdigit()
+            and len(team_id) < 19
+        ):
+            team_id = int(team_id)
+        if isinstance(team_id, bool) or not isinstance(team_id, int) or not 0 < team_id < 2**63:
+            raise InvalidRequest("'team_id' must be a positive integer (a team's id).", param="team_id")
+        return team_id
+    if name is not None:
+        if not isinstance(name, str) or not name:
+            raise InvalidRequest(
+                "'team' must be a team's name (a string); use 'team_id' for its id.", param="team"
+            )
+        return name
+    return None
+
+
+def _required_team(body: Mapping[str, Any]) -> int | str:
+    ref = team_ref(body)
+    if ref is None:
+        raise InvalidRequest("'team_id' (id) or 'team' (name) is required.", param="team")
+    return ref
 
 
 def amount_microcredits(body: dict[str, Any]) -> int:
     """`amount` in credits (decimal allowed) or `amount_microcredits` as an integer."""
     if body.get("amount_microcredits") is not None:
         value = body["amount_microcredits"]
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise InvalidRequest("'amount_microcredits' must be an integer.", param="amount_microcredits")
+        if isinstance(value, bool) or not isinstance(value, int) or abs(value) > MAX_AMOUNT_MICROCREDITS:
+            raise InvalidRequest(
+                "'amount_microcredits' must be an integer (at most 10^18).", param="amount_microcredits"
+            )
         return value
     raw = body.get("amount")
     if isinstance(raw, bool) or not isinstance(raw, int | float | str):
         raise InvalidRequest("'amount' (credits) is required.", param="amount")
     try:
-        micro = Decimal(str(raw)) * 1_000_000
-    except InvalidOperation:
+        micro = Decimal(str(raw).strip()) * 1_000_000
+    except DecimalException:
         raise InvalidRequest("'amount' must be a number of credits.", param="amount") from None
+    if not micro.is_finite() or abs(micro) > MAX_AMOUNT_MICROCREDITS:
+        raise InvalidRequest("'amount' must be a finite number of credits (at most 10^12).", param="amount")
     if micro != micro.to_integral_value():
         raise InvalidRequest("'amount' has more than 6 decimals.", param="amount")
     return int(micro)
@@ -79,9 +123,7 @@ def admin_routes(settings: GatewaySettings, deps: GatewayDeps) -> list[Route]:
     async def create_key(request: Request) -> JSONResponse:
         await require_admin(request, deps, settings)
         body = await _json(request)
-        team = body.get("team")
-        if not isinstance(team, str | int) or isinstance(team, bool):
-            raise InvalidRequest("'team' (name or id) is required.", param="team")
+        team = _required_team(body)
         allow = body.get("model_allowlist") or []
         if not isinstance(allow, list) or not all(isinstance(m, str) for m in allow):
             raise InvalidRequest("'model_allowlist' must be a list of model names.", param="model_allowlist")
@@ -105,8 +147,7 @@ def admin_routes(settings: GatewaySettings, deps: GatewayDeps) -> list[Route]:
 
     async def list_keys(request: Request) -> JSONResponse:
         await require_admin(request, deps, settings)
-        team = request.query_params.get("team")
-        keys = await deps.keys.list_keys(team)
+        keys = await deps.keys.list_keys(team_ref(request.query_params, query=True))
         return JSONResponse({"object": "list", "data": [k.as_json() for k in keys]})
 
     async def revoke_key(request: Request) -> JSONResponse:
@@ -120,9 +161,7 @@ def admin_routes(settings: GatewaySettings, deps: GatewayDeps) -> list[Route]:
     async def add_credits(request: Request) -> JSONResponse:
         await require_admin(request, deps, settings)
         body = await _json(request)
-        team = body.get("team")
-        if not isinstance(team, str | int) or isinstance(team, bool):
-            raise InvalidRequest("'team' (name or id) is required.", param="team")
+        team = _required_team(body)
         reason = body.get("reason") if isinstance(body.get("reason"), str) else "admin"
         entry = await deps.teams.add_credits(team, amount_microcredits(body), str(reason))
         return JSONResponse(entry, status_code=201)
@@ -147,10 +186,22 @@ def admin_routes(settings: GatewaySettings, deps: GatewayDeps) -> list[Route]:
         pool = body.get("pool", False)
         if not isinstance(pool, bool):
             raise InvalidRequest("'pool' must be a boolean.", param="pool")
+        models = body.get("models")
+        if not isinstance(models, list) or not models or not all(isinstance(m, str) for m in models):
+            raise InvalidRequest("'models' (the model names the node may serve) is required.", param="models")
+        unknown = [m for m in models if m not in deps.spec.models]
+        if unknown:
+            raise NotFound(f"unknown models: {', '.join(unknown)}", param="models")
         # A pool token admits every node id `<pool>/<instance>` (EKS pods, named at run time).
-        token = await deps.nodes.issue_token(node_id, location, pool=pool)
+        token = await deps.nodes.issue_token(node_id, location, pool=pool, models=models)
         return JSONResponse(
-            {"node_id": node_id, "location": location, "kind": "pool" if pool else "node", "token": token},
+            {
+                "node_id": node_id,
+                "location": location,
+                "kind": "pool" if pool else "node",
+                "models": models,
+                "token": token,
+            },
             status_code=201,
         )
 

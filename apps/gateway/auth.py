@@ -28,18 +28,22 @@ async def authenticate(request: Request, deps: GatewayDeps, settings: GatewaySet
         raise AuthenticationFailed("JWT authentication is not configured.", code="invalid_jwt")
     identity = await deps.jwt.verify(token)
     team_id: int | None = None
-    if identity.team is not None:
+    team_name: str | None = None
+    ref = identity.team_id if identity.team_id is not None else identity.team
+    if ref is not None:  # an int is an id, a str a name: the claim said which
         try:
-            team_id = (await deps.teams.get_team(identity.team)).id
+            team = await deps.teams.get_team(ref)
         except NotFound:
-            raise AuthenticationFailed(f"team {identity.team!r} of the token does not exist.") from None
+            raise AuthenticationFailed(f"team {ref!r} of the token does not exist.") from None
+        team_id, team_name = team.id, team.name
     return Principal(
         kind="jwt",
         subject=f"jwt-{identity.subject}",
         team_id=team_id,
-        team_name=identity.team,
+        team_name=team_name,
         key_id=None,
-        model_allowlist=(),
+        model_allowlist=identity.models or (),
+        models_restricted=identity.models is not None,
         limits=Limits(
             settings.jwt_max_streams or None, settings.jwt_rpm or None, settings.jwt_tokens_per_day or None
         ),

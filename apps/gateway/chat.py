@@ -69,6 +69,12 @@ def request_id_for(request: Request) -> str:
     return sent if REQUEST_ID_RE.match(sent) else f"chatcmpl-{uuid.uuid4().hex}"
 
 
+def scoped_request_id(team_id: int, client_id: str) -> str:
+    """The internal id of a client-chosen `x-request-id`: one namespace per team (`/` never occurs
+    in a client's id), so no team can see or pre-claim another's ids. Generated ids are unique."""
+    return client_id if client_id.startswith("chatcmpl-") else f"t{team_id}/{client_id}"
+
+
 def _duration(seconds: float) -> str:
     return f"{max(seconds, 0.0):.3f}s"
 
@@ -105,13 +111,15 @@ def _seconds(value: str | None) -> float | None:
 class Exchange:
     """Per-request state the cleanup needs (and the log line reports)."""
 
-    request_id: str
+    request_id: str  # internal: the ledger row, the stream slot, the dispatch (scoped per team)
     started: float
+    client_id: str = ""  # what the client sent (or was given) as `x-request-id`, echoed back
     principal: Principal | None = None
     model: str = "-"
     status: int = 0
     slot_held: bool = False
     reserved: bool = False
+    handed_over: bool = False  # the orchestrator may settle: it also clears the in-flight tokens
     headers: dict[str, str] = field(default_factory=dict)
     pending: tuple[asyncio.Future[None], ...] = ()  # admission and reservation running concurrently
     ledger_refusal: LlmfleetError | None = None  # the ledger's refusal (402...), counted if it is the answer
@@ -125,7 +133,8 @@ class ChatHandler:
         self._speculation = Speculation()
 
     async def handle(self, request: Request) -> Response:
-        ex = Exchange(request_id_for(request), time.monotonic())
+        client_id = request_id_for(request)
+        ex = Exchange(client_id, time.monotonic(), client_id)
         try:
             return await self._handle(request, ex)
         except LlmfleetError as exc:
@@ -133,7 +142,7 @@ class ChatHandler:
             ex.status = exc.status
             self._m.requests.labels(ex.model, str(exc.status)).inc()
             self._log(ex, error=exc.code)
-            return error_response(exc, {"x-request-id": ex.request_id, **ex.headers})
+            return error_response(exc, {"x-request-id": ex.client_id, **ex.headers})
         except BaseException:
             await shielded(self._finish(ex, cancel_reservation=True), self._s.cleanup_timeout_s, "finish")
             raise
@@ -155,6 +164,7 @@ class ChatHandler:
         principal = await authenticate(request, self._d, self._s)
         ex.principal = principal
         team_id = require_team(principal)
+        ex.request_id = scoped_request_id(team_id, ex.client_id)
         body = parse_body(await self._read_body(request))
         chat = validate_chat(body, self._d.spec)
         ex.model = chat.model
@@ -169,7 +179,7 @@ class ChatHandler:
             if overlapped:
                 await self._admit_and_reserve(chat, principal, team_id, ex)
             else:
-                await self._admit(principal, ex)
+                await self._admit(principal, ex, chat.worst_case_tokens)
                 await self._reserve(chat, principal, team_id, ex)
         except LlmfleetError as exc:
             if exc is ex.ledger_refusal:  # not when the admission refused too: one reason per request
@@ -190,7 +200,7 @@ class ChatHandler:
         # The reservation is the slower leg (a PostgreSQL commit): its task starts first, so its
         # statement is on the wire before the admission's Python work runs.
         reserve = asyncio.ensure_future(self._reserve(chat, principal, team_id, ex))
-        admit = asyncio.ensure_future(self._admit(principal, ex))
+        admit = asyncio.ensure_future(self._admit(principal, ex, chat.worst_case_tokens))
         ex.pending = (admit, reserve)
         await asyncio.wait(ex.pending)  # cancelled here: `_finish` waits for both first
         ex.pending = ()
@@ -209,7 +219,7 @@ class ChatHandler:
                 key_id=principal.key_id,
                 model=chat.model,
                 estimated_prompt_tokens=chat.estimated_prompt_tokens,
-                max_tokens=chat.max_tokens,
+                max_tokens=chat.worst_case_completion_tokens,  # n x the effective max_tokens
             )
         except DuplicateRequestId:
             raise
@@ -222,10 +232,10 @@ class ChatHandler:
         ex.reserved = True
         self._m.reservations_open.inc()
 
-    async def _admit(self, principal: Principal, ex: Exchange) -> None:
+    async def _admit(self, principal: Principal, ex: Exchange, worst_case_tokens: int) -> None:
         try:
             adm = await self._d.quota.admit(
-                principal.subject, ex.request_id, principal.limits, self._d.clock()
+                principal.subject, ex.request_id, principal.limits, self._d.clock(), worst_case_tokens
             )
         except StoreUnavailable:
             self._m.redis_errors.inc()
@@ -260,6 +270,8 @@ class ChatHandler:
             model=chat.model,
             body=upstream_body(chat),
             client_wants_usage=chat.wants_usage,
+            max_prompt_tokens=chat.estimated_prompt_tokens,
+            max_completion_tokens=chat.worst_case_completion_tokens,
             deadlines=Deadlines(
                 queue_wait_s=self._s.queue_wait_s, first_token_s=self._s.first_token_s, idle_s=self._s.idle_s
             ),
@@ -273,7 +285,7 @@ class ChatHandler:
             raise Unavailable("No orchestrator reachable.", retry_after=5) from None
         except TimeoutError:
             # The orchestrator may have started the request: leave the reservation for it to settle.
-            ex.reserved = False
+            ex.reserved, ex.handed_over = False, True
             self._m.reservations_open.dec()
             raise Unavailable("Timed out waiting for a node.", retry_after=5) from None
         self._m.dispatch.labels(chat.model).observe(time.monotonic() - admitted_at)
@@ -282,7 +294,7 @@ class ChatHandler:
             self._m.queue_wait.labels(chat.model).observe(queued)
         if upstream.status != 200:
             return await self._upstream_error(upstream, ex)
-        headers = {"x-request-id": ex.request_id, **ex.headers}
+        headers = {"x-request-id": ex.client_id, **ex.headers}
         if chat.stream:
             return RelayResponse(
                 upstream,
@@ -304,7 +316,7 @@ class ChatHandler:
         ran = upstream.status not in NOTHING_RAN
         if ran:
             # Something may have run on a node: the orchestrator settles, we must not cancel.
-            ex.reserved = False
+            ex.reserved, ex.handed_over = False, True
             self._m.reservations_open.dec()
         try:
             envelope = json.loads(raw)
@@ -399,8 +411,9 @@ class ChatHandler:
             ex.pending = ()
         if ex.slot_held and ex.principal is not None:
             ex.slot_held = False
+            forget = cancel_reservation and not ex.handed_over  # no settle will count these tokens
             try:
-                await self._d.quota.release(ex.principal.subject, ex.request_id)
+                await self._d.quota.release(ex.principal.subject, ex.request_id, forget_tokens=forget)
             except StoreUnavailable:
                 # The slot's lease expires on its own; count it and move on.
                 self._m.redis_errors.inc()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Protocol
 
 from apps.core.protocol.dispatch import DispatchRequest
@@ -36,7 +36,9 @@ class Dispatcher(Protocol):
 
 
 class NodeAdmin(Protocol):
-    async def issue_token(self, node_id: str, location: str, *, pool: bool = False) -> str: ...
+    async def issue_token(
+        self, node_id: str, location: str, *, pool: bool = False, models: Sequence[str] | None = None
+    ) -> str: ...
 
     async def revoke(self, node_id: str) -> bool: ...
 

@@ -5,26 +5,30 @@ exact counts): the UTF-8 byte length of the JSON-encoded `messages` plus 8 token
 message and 16 for the chat template. A byte-level BPE token always covers at least one
 byte, so this is an upper bound for every tokenizer the catalog uses.
 
-SSRF: every string under a key named `url` or ending in `_url` (at any depth, e.g.
-`image_url.url`) must be `http(s)` to a public address, or an inline `data:` URL.
-Hostnames are resolved and every address they resolve to must be public; a name that
-does not resolve is refused (fail closed).
+SSRF: `apps.gateway.ssrf`. What goes to the engine: `apps.gateway.fields` (the OpenAI chat
+fields and an explicit allowlist of engine sampling extras; every other field is dropped).
 """
 
 from __future__ import annotations
 
-import asyncio
-import ipaddress
 import json
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
 
 from apps.core.errors import InvalidRequest, NotFound
 from apps.core.spec import StackSpec
-from apps.gateway.ports import Resolver
+from apps.gateway.fields import forwarded
+from apps.gateway.ssrf import MAX_WALK_DEPTH, SystemResolver, check_ssrf, is_public_ip
 
-MAX_WALK_DEPTH = 32
+__all__ = [
+    "ChatRequest",
+    "SystemResolver",
+    "check_ssrf",
+    "is_public_ip",
+    "parse_body",
+    "upstream_body",
+    "validate_chat",
+]
 
 
 @dataclass(frozen=True)
@@ -33,18 +37,60 @@ class ChatRequest:
     model: str
     stream: bool
     wants_usage: bool
-    max_tokens: int
+    max_tokens: int  # the effective per-choice bound, sent to the engine as `max_tokens`
     estimated_prompt_tokens: int
+    n: int = 1
+
+    @property
+    def worst_case_completion_tokens(self) -> int:
+        return self.n * self.max_tokens
+
+    @property
+    def worst_case_tokens(self) -> int:
+        """What this request can cost at most, in tokens: the prompt bound + n x max_tokens."""
+        return self.estimated_prompt_tokens + self.worst_case_completion_tokens
 
 
-def parse_body(raw: bytes) -> dict[str, Any]:
+def parse_json_object(raw: bytes) -> dict[str, Any]:
+    """A JSON object, or a 400: not JSON, nested too deeply for the parser, not an object, or a
+    string that is not valid Unicode (a lone surrogate such as `"\\ud800"`, which no UTF-8
+    encoder can write and which used to surface later as a 500)."""
     try:
         body = json.loads(raw)
     except (ValueError, UnicodeDecodeError):
         raise InvalidRequest("We could not parse the JSON body of your request.", param=None) from None
+    except RecursionError:
+        raise InvalidRequest("The request body is nested too deeply.", param=None) from None
     if not isinstance(body, dict):
         raise InvalidRequest("The request body must be a JSON object.", param=None)
+    if b"\\u" in raw:  # only an escape can smuggle a lone surrogate past the UTF-8 decoder
+        bad = _lone_surrogate_path(body, "", 0)
+        if bad is not None:
+            raise InvalidRequest(
+                "The request body contains invalid Unicode (a lone surrogate).", param=bad or None
+            )
     return body
+
+
+def _lone_surrogate_path(node: Any, path: str, depth: int) -> str | None:
+    if depth > MAX_WALK_DEPTH:
+        raise InvalidRequest("The request body is nested too deeply.", param=path or None)
+    if isinstance(node, str):
+        try:
+            node.encode("utf-8")
+        except UnicodeEncodeError:
+            return path
+        return None
+    items: Any = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+    for key, value in items:
+        sub = f"{path}.{key}" if path else str(key)
+        found = _lone_surrogate_path(key, sub, depth + 1) or _lone_surrogate_path(value, sub, depth + 1)
+        if found is not None:
+            return found
+    return None
+
+
+parse_body = parse_json_object
 
 
 def _positive_int(body: dict[str, Any], name: str) -> int | None:
@@ -97,91 +143,32 @@ def validate_chat(body: dict[str, Any], spec: StackSpec) -> ChatRequest:
             f"'{param}' is too large: {max_tokens}. This model's maximum context length is {context} tokens.",
             param=param,
         )
+    n = _positive_int(body, "n") or 1
+    if n > spec.request_limits.max_n:
+        raise InvalidRequest(
+            f"'n' is too large: {n}. At most {spec.request_limits.max_n} choices per request.", param="n"
+        )
     return ChatRequest(
         body=body,
         model=model,
         stream=stream,
         wants_usage=wants_usage if stream else True,
-        max_tokens=max_tokens or model_spec.serving.default_max_tokens,
+        max_tokens=max_tokens or min(model_spec.serving.default_max_tokens, context),
         estimated_prompt_tokens=estimate_prompt_tokens(messages),
+        n=n,
     )
 
 
 def upstream_body(req: ChatRequest) -> dict[str, Any]:
-    """The client's body, unknown fields included, with streaming and usage forced on."""
-    body = dict(req.body)
+    """The client's body (its OpenAI fields and allowed engine extras only) with streaming and usage forced on and the effective `max_tokens` set, so
+    the engine can never produce more than the reservation covers (`n` x `max_tokens`)."""
+    body = forwarded(req.body)
+    body["max_tokens"] = req.max_tokens
+    if "max_completion_tokens" in body:  # vLLM prefers it over `max_tokens`: both say the same
+        body["max_completion_tokens"] = req.max_tokens
+    body["n"] = req.n
     body["stream"] = True
     options = dict(body.get("stream_options") or {})
     options["include_usage"] = True
     body["stream_options"] = options
     return body
-
-
-def _url_values(node: Any, path: str, depth: int = 0) -> list[tuple[str, str]]:
-    if depth > MAX_WALK_DEPTH:
-        raise InvalidRequest("The request body is nested too deeply.", param=path or None)
-    found: list[tuple[str, str]] = []
-    if isinstance(node, dict):
-        for key, value in node.items():
-            sub = f"{path}.{key}" if path else str(key)
-            lowered = str(key).lower()
-            if isinstance(value, str) and (lowered == "url" or lowered.endswith("_url")):
-                found.append((sub, value))
-            else:
-                found.extend(_url_values(value, sub, depth + 1))
-    elif isinstance(node, list):
-        for i, value in enumerate(node):
-            found.extend(_url_values(value, f"{path}.{i}", depth + 1))
-    return found
-
-
-def is_public_ip(text: str) -> bool:
-    try:
-        ip = ipaddress.ip_address(text.split("%")[0])
-    except ValueError:
-        return False
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
-    return not (
-        ip.is_private
-        or ip.is_loopback
-        or ip.is_link_local
-        or ip.is_multicast
-        or ip.is_reserved
-        or ip.is_unspecified
-        or not ip.is_global
-    )
-
-
-class SystemResolver:
-    async def resolve(self, host: str) -> list[str]:
-        infos = await asyncio.get_running_loop().getaddrinfo(host, None)
-        return [str(info[4][0]) for info in infos]
-
-
-async def check_ssrf(body: dict[str, Any], resolver: Resolver, timeout_s: float = 2.0) -> None:
-    for param, url in _url_values(body, ""):
-        if url.startswith("data:"):
-            continue
-        parts = urlsplit(url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise InvalidRequest(
-                f"URL scheme not allowed in '{param}' (http, https or data only).", param=param
-            )
-        host = parts.hostname
-        try:
-            addresses = (
-                [host] if _is_ip_literal(host) else await asyncio.wait_for(resolver.resolve(host), timeout_s)
-            )
-        except (OSError, TimeoutError):
-            raise InvalidRequest(f"The host in '{param}' does not resolve.", param=param) from None
-        if not addresses or not all(is_public_ip(a) for a in addresses):
-            raise InvalidRequest(f"'{param}' points at an internal address; refused.", param=param)
-
-
-def _is_ip_literal(host: str) -> bool:
-    try:
-        ipaddress.ip_address(host.split("%")[0])
-    except ValueError:
-        return False
-    return True

@@ -88,6 +88,8 @@ async def build_deps(settings: GatewaySettings) -> GatewayDeps:
             audience=settings.jwt_audience,
             algorithms=[a.strip() for a in settings.jwt_algorithms.split(",") if a.strip()],
             team_claim=settings.jwt_team_claim,
+            team_id_claim=settings.jwt_team_id_claim,
+            models_claim=settings.jwt_models_claim,
             admin_claim=settings.jwt_admin_claim,
             admin_role=settings.jwt_admin_role,
             cache_s=settings.jwt_cache_s,

@@ -28,6 +28,7 @@ from apps.core.metering import settle_usage
 from apps.core.nodes.store import NodeStore
 from apps.core.protocol.dispatch import DISPATCH_PATH, InternalToken
 from apps.core.spec import load_spec
+from apps.orchestrator.exposure import hide_server_version, node_port_only
 from apps.orchestrator.logs import event
 from apps.orchestrator.node_ws import NodeSockets
 from apps.orchestrator.plane import ControlPlane, OrchestratorDeps
@@ -56,6 +57,7 @@ def create_app(settings: OrchestratorSettings, deps: OrchestratorDeps) -> web.Ap
         queue_size=settings.settle_queue,
         record_ttl_s=settings.done_record_ttl_s,
         on_slot_freed=plane.queues.notify,
+        on_overreport=plane.quarantine,
     )
     sweeper = Sweeper(
         deps.redis,
@@ -72,7 +74,15 @@ def create_app(settings: OrchestratorSettings, deps: OrchestratorDeps) -> web.Ap
         max_hint_s=settings.max_retry_hint_s,
         clock=deps.monotonic,
     )
-    sockets = NodeSockets(plane, settler, bucket)
+    # Attempts whose token did not verify draw from their own bucket: a flood of bogus
+    # registrations never takes the tokens real nodes need.
+    unauthenticated = TokenBucket(
+        settings.unauthenticated_registrations_per_s,
+        settings.unauthenticated_registration_burst,
+        max_hint_s=settings.max_retry_hint_s,
+        clock=deps.monotonic,
+    )
+    sockets = NodeSockets(plane, settler, bucket, unauthenticated)
     dispatch = DispatchHandler(plane)
     token = InternalToken(settings.internal_token.get_secret_value())
 
@@ -177,7 +187,11 @@ def create_app(settings: OrchestratorSettings, deps: OrchestratorDeps) -> web.Ap
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(sockets.all_closed.wait(), settings.shutdown_grace_s)
 
-    app = web.Application(client_max_size=8 * 1024 * 1024)
+    app = web.Application(
+        client_max_size=8 * 1024 * 1024,
+        middlewares=[node_port_only(settings.node_port, frozenset({NODE_PATH, "/livez", "/readyz"}))],
+    )
+    app.on_response_prepare.append(hide_server_version)
     app[PLANE] = plane
     app[SETTLER] = settler
     app[SWEEPER] = sweeper
@@ -245,7 +259,15 @@ async def run_orchestrator(settings: OrchestratorSettings, ready: asyncio.Event 
     try:
         await runner.setup()
         await web.TCPSite(runner, settings.host, settings.port).start()
-        event("listening", host=settings.host, port=settings.port, orchestrator_id=settings.orchestrator_id)
+        if settings.node_port is not None:
+            await web.TCPSite(runner, settings.host, settings.node_port).start()
+        event(
+            "listening",
+            host=settings.host,
+            port=settings.port,
+            node_port=settings.node_port,
+            orchestrator_id=settings.orchestrator_id,
+        )
         if ready is not None:
             ready.set()
         await stop.wait()

@@ -20,7 +20,7 @@ from redis.asyncio import Redis
 
 from apps.core.nodes import keys
 from apps.core.nodes.state import derive_state
-from apps.core.nodes.store import decode_hash
+from apps.core.nodes.store import as_text, decode_hash
 from apps.orchestrator.scheduling.view import NodeView
 
 HEARTBEAT_OK = 1
@@ -59,7 +59,9 @@ return -1
 """
 
 _ACQUIRE_LUA = """
--- KEYS: node hash, inflight zset, req hash. ARGV: request_id, max, now, expiry, node_id, origin, req_ttl_s
+-- KEYS: node hash, inflight zset, req hash, quarantined set.
+-- ARGV: request_id, max, now, expiry, node_id, origin, req_ttl_s, max_prompt, max_completion
+if redis.call('SISMEMBER', KEYS[4], ARGV[5]) == 1 then return -1 end
 local h = redis.call('HMGET', KEYS[1], 'conn', 'draining')
 if not h[1] then return -1 end
 if h[2] == '1' then return -2 end
@@ -68,6 +70,7 @@ if redis.call('ZCARD', KEYS[2]) >= tonumber(ARGV[2]) then return 0 end
 redis.call('ZADD', KEYS[2], ARGV[4], ARGV[1])
 redis.call('EXPIRE', KEYS[2], ARGV[7])
 redis.call('HSET', KEYS[3], 'node', ARGV[5], 'origin', ARGV[6])
+if ARGV[8] ~= '' then redis.call('HSET', KEYS[3], 'max_prompt', ARGV[8], 'max_completion', ARGV[9]) end
 redis.call('HINCRBY', KEYS[3], 'attempt', 1)
 redis.call('EXPIRE', KEYS[3], ARGV[7])
 return 1
@@ -103,6 +106,7 @@ class Fleet:
         self._drain = redis.register_script(_DRAIN_LUA)
         self._acquire = redis.register_script(_ACQUIRE_LUA)
         self._nodes: dict[str, NodeView] = {}
+        self._quarantined: set[str] = set()  # never routed to (`quarantine`), as of the last refresh
 
     # -- owner side ---------------------------------------------------------------
 
@@ -141,9 +145,13 @@ class Fleet:
             pipe.zcount(keys.node_inflight(node_id), now, "+inf")
         # Forget index entries whose node has been silent for a long time (the hash is gone).
         pipe.zremrangebyscore(keys.NODES_INDEX, "-inf", now - 3600)
+        pipe.smembers(keys.NODES_QUARANTINED)
         answers = await pipe.execute() if ids else []
+        self._quarantined = {as_text(m) for m in answers[-1]} if ids else set()
         nodes: dict[str, NodeView] = {}
         for i, node_id in enumerate(ids):
+            if node_id in self._quarantined:
+                continue
             view = self._view(node_id, decode_hash(answers[2 * i]), int(answers[2 * i + 1]), now)
             if view is not None:
                 nodes[node_id] = view
@@ -184,20 +192,39 @@ class Fleet:
 
     def put(self, view: NodeView) -> None:
         """A local change known before the next refresh (registration, heartbeat)."""
-        self._nodes[view.node_id] = view
+        if view.node_id not in self._quarantined:
+            self._nodes[view.node_id] = view
+
+    async def quarantine(self, node_id: str) -> None:
+        """Take a node out of routing on every replica (it stays connected, so its in-flight
+        requests finish and settle, capped). Lifted when an admin issues the node a new token."""
+        self._quarantined.add(node_id)
+        self._nodes.pop(node_id, None)
+        await self._redis.sadd(keys.NODES_QUARANTINED, node_id)
 
     def forget(self, node_id: str) -> None:
         self._nodes.pop(node_id, None)
 
-    async def acquire_slot(self, node: NodeView, model: str, request_id: str, origin: str) -> int:
-        """1 taken; 0 full; -1 node gone; -2 draining. Records `req:{id}` = {node, origin, attempt}."""
+    async def acquire_slot(
+        self,
+        node: NodeView,
+        model: str,
+        request_id: str,
+        origin: str,
+        *,
+        usage_bound: tuple[int, int] | None = None,
+    ) -> int:
+        """1 taken; 0 full; -1 node gone (or quarantined); -2 draining. Records `req:{id}` =
+        {node, origin, attempt} and, given, the usage bound the settle caps the node's report at."""
         now = self._clock()
+        bound = [str(usage_bound[0]), str(usage_bound[1])] if usage_bound is not None else ["", ""]
         result = int(
             await self._acquire(
                 keys=[
                     keys.node_hash(node.node_id),
                     keys.node_inflight(node.node_id),
                     keys.request_key(request_id),
+                    keys.NODES_QUARANTINED,
                 ],
                 args=[
                     request_id,
@@ -207,6 +234,7 @@ class Fleet:
                     node.node_id,
                     origin,
                     int(self._max_request_s) + 60,
+                    *bound,
                 ],
             )
         )

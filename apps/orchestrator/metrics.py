@@ -68,6 +68,23 @@ class Metrics:
         self.settles = Counter(
             "llmfleet_orchestrator_settles_total", "Ledger settles by outcome", ["outcome"], registry=r
         )
+        # Alerting: in normal operation nothing is ever written off (the reservation bounds the cost
+        # and the balance covers every open reservation), so any increase pages someone.
+        self.writeoff = Counter(
+            "llmfleet_ledger_writeoff_microcredits_total",
+            "Settled cost the team's balance could not cover (written off)",
+            registry=r,
+        )
+        self.overreported = Counter(
+            "llmfleet_orchestrator_usage_overreported_total",
+            "Settles where a node reported more tokens than the request's worst case (capped)",
+            registry=r,
+        )
+        self.quarantined = Counter(
+            "llmfleet_orchestrator_nodes_quarantined_total",
+            "Nodes removed from routing for reporting usage beyond a request's worst case",
+            registry=r,
+        )
         self.sweeps = Counter(
             "llmfleet_orchestrator_swept_total",
             "Stale reservations handled by the sweeper",

@@ -1,11 +1,14 @@
 """`WS /v1/nodes/connect`: registration handshake, then one reader, one writer and one
 watchdog per connection in a TaskGroup; when any of them ends, all end.
 
-Handshake order is cheapest first: parse the `register` frame, check the protocol
-version (close 4001), take a registration token (refusal with a spread-out retry hint,
-close 4029), then verify the node token against PostgreSQL (close 4003). Only then is
-the node written to PostgreSQL (registration event), to Redis (heartbeat hash with this
-replica as owner) and subscribed on its pub/sub channel.
+Handshake order: parse the `register` frame, check the protocol version (close 4001), verify
+the node token (one primary-key read in PostgreSQL and an HMAC; close 4003, and an attempt that
+fails draws from a bucket of its own: past it the refusal is 4029 with a retry hint), check the
+frame against what the token allows (its models; close 4003; the location is the token's), then take a token
+from the registration bucket, which only verified nodes reach (refusal with a spread-out retry
+hint, close 4029), so bogus registrations cannot lock real nodes out. Only then is the node
+written to PostgreSQL (registration event), to Redis (heartbeat hash with this replica as
+owner) and subscribed on its pub/sub channel.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from aiohttp import WSMsgType, web
 from pydantic import ValidationError
 
 from apps.core.aio import shielded, until_first_ends
+from apps.core.nodes.store import NodeIdentity
 from apps.core.protocol.node import (
     BATCHING_VERSION,
     CLOSE_AUTH_FAILED,
@@ -55,10 +59,13 @@ CLOSE_GOING_AWAY = 1001
 
 
 class NodeSockets:
-    def __init__(self, plane: ControlPlane, settler: Settler, bucket: TokenBucket) -> None:
+    def __init__(
+        self, plane: ControlPlane, settler: Settler, bucket: TokenBucket, unauthenticated: TokenBucket
+    ) -> None:
         self.plane = plane
         self.settler = settler
         self.bucket = bucket
+        self.unauthenticated = unauthenticated
         self._ws: dict[str, web.WebSocketResponse] = {}
         self.all_closed = asyncio.Event()  # set when this replica holds no node socket
         self.all_closed.set()
@@ -109,13 +116,23 @@ class NodeSockets:
         if frame.version not in SUPPORTED_VERSIONS:
             await self._refuse(ws, CLOSE_UNSUPPORTED_VERSION, f"unsupported protocol version {frame.version}")
             return None
+        identity = await plane.deps.node_store.identify(frame.node_id, frame.token)
+        if identity is None:
+            retry = self.unauthenticated.try_take()
+            if retry is not None:
+                await self._refuse(
+                    ws, CLOSE_REGISTRATION_REFUSED, "rate_limited_unauthenticated", round(retry, 3)
+                )
+            else:
+                await self._refuse(ws, CLOSE_AUTH_FAILED, "invalid or revoked node token")
+            return None
+        refusal = _not_permitted(identity, frame)
+        if refusal is not None:
+            await self._refuse(ws, CLOSE_AUTH_FAILED, refusal)
+            return None
         retry = self.bucket.try_take()
         if retry is not None:
             await self._refuse(ws, CLOSE_REGISTRATION_REFUSED, "rate_limited", round(retry, 3))
-            return None
-        identity = await plane.deps.node_store.identify(frame.node_id, frame.token)
-        if identity is None:
-            await self._refuse(ws, CLOSE_AUTH_FAILED, "invalid or revoked node token")
             return None
         models = {m.name: m.max_num_seqs for m in frame.models}
         conn = NodeConnection(
@@ -312,6 +329,15 @@ class NodeSockets:
         """Replica shutdown: close every node socket (nodes reconnect to another replica)."""
         for conn in list(self.plane.local.values()):
             conn.close(CLOSE_GOING_AWAY, "orchestrator shutting down")
+
+
+def _not_permitted(identity: NodeIdentity, frame: Register) -> str | None:
+    """Why the token does not admit this registration (None: it does): a node registers only the
+    models its token was issued for. (Its location is always the token's: the node's claim is
+    never used, see `NodeConnection(location=...)`.)"""
+    if identity.models is not None and not {m.name for m in frame.models} <= set(identity.models):
+        return "model_not_permitted"
+    return None
 
 
 def _peek_version(text: str) -> int | None:

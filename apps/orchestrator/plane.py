@@ -95,7 +95,9 @@ class ControlPlane:
     async def try_pick(self, req: PickRequest) -> NodeView | None:
         self.metrics.queue_depth.labels(model=req.model).set(self.queues.depth(req.model))
         for node in rank(req, self.fleet.snapshot()):
-            result = await self.fleet.acquire_slot(node, req.model, req.request_id, self.id)
+            result = await self.fleet.acquire_slot(
+                node, req.model, req.request_id, self.id, usage_bound=req.usage_bound
+            )
             if result == 1:
                 return self.fleet.get(node.node_id) or node
         return None
@@ -243,6 +245,13 @@ class ControlPlane:
             stream.deliver(DoneEv(frame))
         elif isinstance(frame, Error):
             stream.deliver(ErrorEv(frame))
+
+    async def quarantine(self, node_id: str) -> None:
+        """The node reported usage beyond a request's worst case: no new request goes to it (on
+        any replica) until an admin issues it a new token."""
+        await self.fleet.quarantine(node_id)
+        self.metrics.quarantined.inc()
+        event("node_quarantined", node_id=node_id, reason="usage_overreported")
 
     async def load_model(self, node_id: str, name: str) -> bool:
         """Ask a node to load a model (locally or through its owner); False if nobody owns it."""

@@ -103,7 +103,13 @@ class _Relay:
                 remaining = queue_limit - (plane.deps.monotonic() - self._t0)
                 if attempt > 1:
                     remaining = max(1.0, remaining)  # a retry always gets a short chance to queue
-                pick = PickRequest(dreq.model, dreq.request_id, frozenset(excluded), settings.kv_cache_max)
+                pick = PickRequest(
+                    dreq.model,
+                    dreq.request_id,
+                    frozenset(excluded),
+                    settings.kv_cache_max,
+                    usage_bound=_usage_bound(dreq),
+                )
                 queued_at = plane.deps.monotonic()
                 try:
                     node = await plane.queues.acquire(pick, remaining, self._retry_hint)
@@ -315,3 +321,10 @@ class _Relay:
         # Nothing ran: the reservation must not wait for the sweeper (idempotent: the
         # gateway may cancel it too).
         await shielded(self.plane.deps.ledger.cancel(self.dreq.request_id), CLEANUP_S, "ledger_cancel")
+
+
+def _usage_bound(dreq: DispatchRequest) -> tuple[int, int] | None:
+    """The worst case the gateway reserved for, recorded with the assignment for the settle."""
+    if dreq.max_prompt_tokens is None or dreq.max_completion_tokens is None:
+        return None
+    return dreq.max_prompt_tokens, dreq.max_completion_tokens

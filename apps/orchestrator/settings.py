@@ -19,6 +19,8 @@ class OrchestratorSettings(BaseSettings):
 
     host: str = "127.0.0.1"
     port: int = 8081
+    # A second port serving only the node WebSocket and health checks (None: nodes use `port`).
+    node_port: int | None = Field(default=None, gt=0, lt=65536)
     orchestrator_id: str = Field(default_factory=default_orchestrator_id)
     database_url: str = "postgresql://postgres@127.0.0.1:5432/postgres"
     redis_url: str = "redis://127.0.0.1:6379/0"
@@ -33,6 +35,9 @@ class OrchestratorSettings(BaseSettings):
     # that spreads the refused nodes over the following seconds.
     registrations_per_s: float = Field(default=20.0, gt=0)
     registration_burst: int = Field(default=20, gt=0)
+    # Registrations whose token does not verify (checked before the bucket above).
+    unauthenticated_registrations_per_s: float = Field(default=5.0, gt=0)
+    unauthenticated_registration_burst: int = Field(default=10, gt=0)
     register_timeout_s: float = Field(default=10.0, gt=0)
     max_retry_hint_s: float = Field(default=60.0, gt=0)
 

@@ -21,7 +21,7 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
@@ -39,12 +39,23 @@ from apps.orchestrator.plane import SettleFn
 # One round trip instead of three (ZREM, HGET, then SET): free the node's slot, then skip when
 # the assignment moved to another node (`req:{id}`.node names it), else write the done record
 # the sweeper reads. Returns {recorded, slot freed}.
+# The assignment's usage bound comes back with it (the worst case the gateway reserved for):
+# the report is capped at it before the done record is written. Returns
+# {recorded, slot freed, max_prompt or false, max_completion or false}.
 _RECORD_DONE_LUA = """
 local freed = redis.call('ZREM', KEYS[3], ARGV[4])
-local current = redis.call('HGET', KEYS[1], 'node')
-if current and current ~= ARGV[1] then return {0, freed} end
-redis.call('SET', KEYS[2], ARGV[2], 'EX', ARGV[3])
-return {1, freed}
+local req = redis.call('HMGET', KEYS[1], 'node', 'max_prompt', 'max_completion')
+if req[1] and req[1] ~= ARGV[1] then return {0, freed, false, false} end
+local record = cjson.decode(ARGV[2])
+local capped = 0
+if req[2] and tonumber(record.prompt_tokens) > tonumber(req[2]) then
+  record.prompt_tokens = tonumber(req[2]); capped = 1
+end
+if req[3] and tonumber(record.completion_tokens) > tonumber(req[3]) then
+  record.completion_tokens = tonumber(req[3]); capped = 1
+end
+redis.call('SET', KEYS[2], cjson.encode(record), 'EX', ARGV[3])
+return {1, freed, capped, record.prompt_tokens, record.completion_tokens}
 """
 
 
@@ -68,8 +79,10 @@ class Settler:
         queue_size: int,
         record_ttl_s: int,
         on_slot_freed: Callable[[], None] = lambda: None,
+        on_overreport: Callable[[str], Awaitable[None]] | None = None,
     ) -> None:
         self._redis = redis
+        self._on_overreport = on_overreport
         self._on_slot_freed = on_slot_freed
         self._fleet = fleet
         self._settle = settle
@@ -114,7 +127,7 @@ class Settler:
             "prompt_tokens": job.prompt_tokens,
             "completion_tokens": job.completion_tokens,
         }
-        recorded, freed = await self._record_done(
+        answer = await self._record_done(
             keys=[
                 keys.request_key(job.request_id),
                 keys.done_key(job.request_id),
@@ -122,16 +135,38 @@ class Settler:
             ],
             args=[job.node_id, json.dumps(record), self._ttl, job.request_id],
         )
-        if int(freed):
+        recorded, freed = int(answer[0]), int(answer[1])
+        if freed:
             self._fleet.slot_freed(job.node_id)
         self._on_slot_freed()
-        if not int(recorded):
+        if not recorded:
             self._metrics.settles.labels(outcome="superseded").inc()
             self._ack(job)
             return
-        result = await self._settle(job.request_id, job.prompt_tokens, job.completion_tokens)
+        prompt, completion = int(answer[3]), int(answer[4])
+        if int(answer[2]):
+            await self._overreported(job, prompt, completion)
+        result = await self._settle(job.request_id, prompt, completion)
         self._metrics.settles.labels(outcome=result.outcome.value).inc()
+        self._metrics.writeoff.inc(result.written_off_microcredits)
         self._ack(job)
+
+    async def _overreported(self, job: SettleJob, prompt_bound: int, completion_bound: int) -> None:
+        """A node reported more than the request could produce (the engine was told the bound):
+        settle the bound, flag the node and take it out of routing."""
+        self._metrics.overreported.inc()
+        event(
+            "usage_overreported",
+            logging.WARNING,
+            node_id=job.node_id,
+            request_id=job.request_id,
+            reported_prompt_tokens=job.prompt_tokens,
+            reported_completion_tokens=job.completion_tokens,
+            settled_prompt_tokens=prompt_bound,
+            settled_completion_tokens=completion_bound,
+        )
+        if self._on_overreport is not None:
+            await self._on_overreport(job.node_id)
 
     @staticmethod
     def _ack(job: SettleJob) -> None:
@@ -193,9 +228,10 @@ class Sweeper:
             if raw is None:
                 continue
             record = json.loads(raw)
-            await self._settle(
+            result = await self._settle(
                 request_id, int(record.get("prompt_tokens", 0)), int(record.get("completion_tokens", 0))
             )
+            self._metrics.writeoff.inc(result.written_off_microcredits)
             return action
         await self._ledger.cancel(request_id)
         return "cancelled"

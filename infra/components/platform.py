@@ -12,6 +12,7 @@ import pulumi_random as random
 from infra.components.kube import KubeObject
 from infra.manifests import vllm
 from infra.manifests.common import Manifest, meta
+from infra.manifests.netpol import network_policies
 from infra.manifests.platform import (
     APP_SECRET,
     NodePoolRegistration,
@@ -90,4 +91,6 @@ class PlatformApps(pulumi.ComponentResource):
                     args.gateway_image if container["name"] == "gateway" else args.orchestrator_image
                 )
             KubeObject(obj, after_migrate if obj["kind"] == "Deployment" else k8s_opts)
+        for policy in network_policies():
+            KubeObject(policy, k8s_opts)
         self.register_outputs({})

@@ -10,7 +10,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from infra.manifests.common import GATEWAY_PORT, NAMESPACE, ORCHESTRATOR_PORT, Manifest, labels, meta
+from infra.manifests.common import (
+    GATEWAY_PORT,
+    NAMESPACE,
+    NODE_PORT,
+    ORCHESTRATOR_PORT,
+    Manifest,
+    labels,
+    meta,
+)
+
+# The public API routes only these (no `/metrics`, no health checks, nothing added later by accident).
+PUBLIC_PATHS = ("/v1", "/admin", "/console")
 
 APP_SECRET = "llmfleet-app"
 SYSTEM_POOL_SELECTOR = {"llmfleet.io/pool": "system"}
@@ -50,7 +61,16 @@ def _env(app: str, stack: str) -> list[Manifest]:
                 "value": f"http://orchestrator.{NAMESPACE}.svc:{ORCHESTRATOR_PORT}",
             }
         )
+    if app == "orchestrator":
+        env.append({"name": "LLMFLEET_NODE_PORT", "value": str(NODE_PORT)})
     return env
+
+
+def _ports(app: str, port: int) -> list[Manifest]:
+    ports: list[Manifest] = [{"name": "http", "containerPort": port}]
+    if app == "orchestrator":
+        ports.append({"name": "nodes", "containerPort": NODE_PORT})
+    return ports
 
 
 def _deployment(app: str, image: str, port: int, replicas: int | None, stack: str, grace_s: int) -> Manifest:
@@ -71,7 +91,7 @@ def _deployment(app: str, image: str, port: int, replicas: int | None, stack: st
                         "image": image,
                         "args": [app, "--host", "0.0.0.0", "--port", str(port)],
                         "env": _env(app, stack),
-                        "ports": [{"name": "http", "containerPort": port}],
+                        "ports": _ports(app, port),
                         "readinessProbe": {
                             "httpGet": {"path": "/readyz", "port": "http"},
                             "periodSeconds": 5,
@@ -111,7 +131,13 @@ def _service(app: str, port: int) -> Manifest:
         "apiVersion": "v1",
         "kind": "Service",
         "metadata": meta(app, app),
-        "spec": {"selector": labels(app), "ports": [{"name": "http", "port": port, "targetPort": "http"}]},
+        "spec": {
+            "selector": labels(app),
+            "ports": [
+                {"name": p["name"], "port": p["containerPort"], "targetPort": p["name"]}
+                for p in _ports(app, port)
+            ],
+        },
     }
 
 
@@ -149,7 +175,7 @@ def _hpa(t: PlatformTarget) -> Manifest:
 
 
 def _ingress(
-    name: str, host: str, service: str, port: int, path: str, path_type: str, t: PlatformTarget
+    name: str, host: str, service: str, port: int, paths: tuple[str, ...], path_type: str, t: PlatformTarget
 ) -> Manifest:
     annotations = {
         "alb.ingress.kubernetes.io/scheme": "internet-facing",
@@ -179,6 +205,7 @@ def _ingress(
                                 "pathType": path_type,
                                 "backend": {"service": {"name": service, "port": {"number": port}}},
                             }
+                            for path in paths
                         ]
                     },
                 }
@@ -259,13 +286,13 @@ def platform_objects(t: PlatformTarget) -> list[Manifest]:
         _pdb("gateway"),
         _pdb("orchestrator"),
         _hpa(t),
-        _ingress("gateway", t.api_host, "gateway", GATEWAY_PORT, "/", "Prefix", t),
+        _ingress("gateway", t.api_host, "gateway", GATEWAY_PORT, PUBLIC_PATHS, "Prefix", t),
         _ingress(
             "orchestrator-nodes",
             t.nodes_host,
             "orchestrator",
-            ORCHESTRATOR_PORT,
-            "/v1/nodes/connect",
+            NODE_PORT,
+            ("/v1/nodes/connect",),
             "Exact",
             t,
         ),

@@ -21,7 +21,7 @@ from infra.manifests.common import (
     MODEL_CACHE_MOUNT,
     MODEL_LABEL,
     NAMESPACE,
-    ORCHESTRATOR_PORT,
+    NODE_PORT,
     POOL_LABEL,
     SPOT_TAINT_KEY,
     VLLM_PORT,
@@ -180,7 +180,7 @@ def _agent_container(t: VllmTarget, tm: Timing) -> Manifest:
         "args": [
             "agent",
             "--orchestrator-url",
-            f"ws://orchestrator.{NAMESPACE}.svc:{ORCHESTRATOR_PORT}/v1/nodes/connect",
+            f"ws://orchestrator.{NAMESPACE}.svc:{NODE_PORT}/v1/nodes/connect",
             "--node-id",
             agent_node_id(),
             "--engine-url",

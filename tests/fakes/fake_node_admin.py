@@ -2,14 +2,24 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 
 class FakeNodeAdmin:
     def __init__(self) -> None:
         self.nodes: dict[str, dict[str, object]] = {}
 
-    async def issue_token(self, node_id: str, location: str, *, pool: bool = False) -> str:
+    async def issue_token(
+        self, node_id: str, location: str, *, pool: bool = False, models: Sequence[str] | None = None
+    ) -> str:
         kind = "pool" if pool else "node"
-        self.nodes[node_id] = {"node_id": node_id, "location": location, "kind": kind, "state": "stale"}
+        self.nodes[node_id] = {
+            "node_id": node_id,
+            "location": location,
+            "kind": kind,
+            "models": list(models or ()),
+            "state": "stale",
+        }
         return f"nt-{node_id}-secret"
 
     async def revoke(self, node_id: str) -> bool:

@@ -82,7 +82,8 @@ async def test_overlap_after_a_first_answer_and_a_wasted_reservation_is_cancelle
     rows, balance, reserved = await ledger(env)
     # The overlapped reservation was made and cancelled; the next request ran in order (headroom 0)
     # and never reached PostgreSQL.
-    assert rows == [("req-first-1", "settled"), ("req-second", "cancelled")]
+    # Internally a client's id is scoped by its team (team 1 here): `t1/<x-request-id>`.
+    assert rows == [("t1/req-first-1", "settled"), ("t1/req-second", "cancelled")]
     assert (balance, reserved) == (balance_after_first, 0)
     assert metric(text, "llmfleet_gateway_overlap_wasted_reservations_total") == 1
     assert metric(text, 'llmfleet_gateway_checks_seconds_count{mode="in_order"}') == 2
@@ -130,10 +131,11 @@ async def test_reusing_a_running_request_id_is_400_and_keeps_the_running_slot(
     team_id, key = await env.team_with_key("a", **limits)
     kid = await key_id(env)
     # A stream with this id is running: it holds a slot and a reservation.
-    running = await env.deps.quota.admit(str(kid), "req-running", Limits(**limits), env.deps.clock())
+    scoped = f"t{team_id}/req-running"  # the internal id of the client's `req-running`
+    running = await env.deps.quota.admit(str(kid), scoped, Limits(**limits), env.deps.clock())
     assert running.admitted
     await env.deps.ledger.reserve(
-        request_id="req-running",
+        request_id=scoped,
         team_id=team_id,
         key_id=kid,
         model=MODEL,
@@ -151,9 +153,9 @@ async def test_reusing_a_running_request_id_is_400_and_keeps_the_running_slot(
     assert r.json()["error"]["param"] == "x-request-id"
     # The running stream still holds its slot (a duplicate must not free it: that would let a
     # client exceed max_streams) and its reservation.
-    assert await env.redis.sismember(f"streams:{kid}", "req-running")
+    assert await env.redis.sismember(f"streams:{kid}", scoped)
     rows, _, reserved = await ledger(env)
-    assert rows == [("req-running", "reserved")]
+    assert rows == [(scoped, "reserved")]
     assert reserved > 0
     assert env.dispatcher.requests == []
 
@@ -186,9 +188,10 @@ async def test_a_request_cancelled_while_its_reservation_is_in_flight_leaks_noth
     """The client goes away while the checks run. Overlapped, the reservation is its own task and
     commits after the cancellation: it is cancelled once it lands, and the slot is given back. In
     order, the reservation is cancelled before it starts. Nothing is dispatched either way."""
-    _, key = await env.team_with_key("a", **limits)
+    team_id, key = await env.team_with_key("a", **limits)
     kid = await key_id(env)
     headers = {"Authorization": f"Bearer {key}", "x-request-id": "req-cancelled"}
+    cancelled, warmed = f"t{team_id}/req-cancelled", f"t{team_id}/req-warm-1"  # internal, team-scoped
     if warm:  # a first answer on record: the next request of this limited key overlaps
         async with client(env) as c:
             warm_headers = headers | {"x-request-id": "req-warm-1"}
@@ -204,8 +207,8 @@ async def test_a_request_cancelled_while_its_reservation_is_in_flight_leaks_noth
         with pytest.raises(asyncio.CancelledError):
             await request
     rows, _, reserved = await ledger(env)
-    assert (("req-cancelled", "cancelled") in rows) is landed
-    assert ("req-cancelled", "reserved") not in rows
+    assert ((cancelled, "cancelled") in rows) is landed
+    assert (cancelled, "reserved") not in rows
     assert reserved == 0
     assert await env.redis.scard(f"streams:{kid}") == 0
-    assert [r.request_id for r in env.dispatcher.requests] == (["req-warm-1"] if warm else [])
+    assert [r.request_id for r in env.dispatcher.requests] == ([warmed] if warm else [])

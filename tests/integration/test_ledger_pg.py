@@ -120,7 +120,12 @@ async def test_settle_cost_is_rounded_up_like_cost_microcredits(
     team = await teams.create_team("t")
     await teams.add_credits(team.id, 10**12)
     await odd.reserve(
-        request_id="r", team_id=team.id, key_id=None, model="odd", estimated_prompt_tokens=1, max_tokens=1
+        request_id="r",
+        team_id=team.id,
+        key_id=None,
+        model="odd",
+        estimated_prompt_tokens=10**6,
+        max_tokens=10**5,
     )
     result = await odd.settle("r", prompt, completion)
     assert result.outcome is SettleOutcome.SETTLED
@@ -129,16 +134,32 @@ async def test_settle_cost_is_rounded_up_like_cost_microcredits(
     assert await invariants(pool, team.id) == (10**12 - result.cost_microcredits, result.cost_microcredits)
 
 
-async def test_settle_above_balance_never_goes_negative(ledger: Env) -> None:
+async def test_settle_above_the_reservation_is_capped_at_it_and_writes_nothing_off(ledger: Env) -> None:
+    """The reservation is the request's worst case: a report above it is billed as the worst case
+    (on main it was billed up to the whole balance and the rest written off)."""
     lg, teams, pool = ledger
     team = await teams.create_team("t")
     await teams.add_credits(team.id, 10)
     await lg.reserve(
         request_id="r", team_id=team.id, key_id=None, model="m", estimated_prompt_tokens=1, max_tokens=1
-    )
+    )  # 1 x 1 + 1 x 2 = 3 microcredits
     result = await lg.settle("r", 1000, 1000)  # far more than reserved
-    assert result.cost_microcredits == 10
-    assert await invariants(pool, team.id) == (0, 10)
+    assert result.cost_microcredits == 3
+    assert result.written_off_microcredits == 0
+    assert await invariants(pool, team.id) == (7, 3)
+
+
+async def test_a_shortfall_after_an_admin_debit_is_reported_as_written_off(ledger: Env) -> None:
+    lg, teams, pool = ledger
+    team = await teams.create_team("t")
+    await teams.add_credits(team.id, 10)
+    await lg.reserve(
+        request_id="r", team_id=team.id, key_id=None, model="m", estimated_prompt_tokens=2, max_tokens=4
+    )  # 10 microcredits: the whole balance
+    await teams.add_credits(team.id, -8)  # an admin debit eats into the reserved money
+    result = await lg.settle("r", 2, 4)
+    assert (result.cost_microcredits, result.written_off_microcredits) == (2, 8)
+    assert await invariants(pool, team.id) == (0, 2)
 
 
 async def test_concurrent_reservations_never_overdraw(ledger: Env) -> None:

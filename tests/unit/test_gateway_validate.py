@@ -27,7 +27,7 @@ def test_defaults_and_forced_usage() -> None:
     body = upstream_body(req)
     assert body["stream"] is True
     assert body["stream_options"] == {"include_usage": True}
-    assert body["extra"] == 1
+    assert "extra" not in body  # neither an OpenAI field nor an allowed engine extra: dropped
     streamed = validate_chat({"model": MODEL, "messages": [{"role": "user"}], "stream": True}, SPEC)
     assert streamed.wants_usage is False
 

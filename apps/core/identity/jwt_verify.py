@@ -5,6 +5,12 @@ Security rules (brief "Security checks"): only asymmetric algorithms from an all
 HMAC secret); issuer, audience, `exp` and `sub` are required; the team comes from a
 configurable claim and the admin role from another. There is no shared-secret mode.
 
+Team mapping is explicit (never guessed from a value's shape): the `team_id` claim (configurable)
+is a team's integer id, the `team` claim a team's name (a string, even "2"); a token carrying a
+`team_id` that is not an integer, or a non-string `team`, is refused. The model allowlist comes
+from the `models` claim (configurable): a list of model names (or one space-separated string);
+without the claim the caller may use every model, an empty list allows none.
+
 `PyJWKClient` fetches with urllib (blocking), so lookups run in a worker thread; the JWK
 set is cached for `cache_s` and refetched once when a token names an unknown `kid`.
 """
@@ -28,9 +34,11 @@ SAFE_ALGORITHMS = frozenset(
 @dataclass(frozen=True)
 class JwtIdentity:
     subject: str
-    team: str | None
+    team: str | None  # a team's name
     is_admin: bool
     claims: dict[str, Any]
+    team_id: int | None = None  # a team's id
+    models: tuple[str, ...] | None = None  # None: no models claim (every model)
 
 
 def looks_like_jwt(token: str) -> bool:
@@ -46,6 +54,8 @@ class JwtVerifier:
         audience: str,
         algorithms: Sequence[str] = ("RS256", "ES256"),
         team_claim: str = "team",
+        team_id_claim: str = "team_id",
+        models_claim: str = "models",
         admin_claim: str = "roles",
         admin_role: str = "admin",
         cache_s: int = 300,
@@ -60,6 +70,8 @@ class JwtVerifier:
         self._issuer = issuer
         self._audience = audience
         self._team_claim = team_claim
+        self._team_id_claim = team_id_claim
+        self._models_claim = models_claim
         self._admin_claim = admin_claim
         self._admin_role = admin_role
         self._leeway = leeway_s
@@ -100,10 +112,33 @@ class JwtVerifier:
         if isinstance(roles, str):
             roles = roles.split()
         is_admin = isinstance(roles, list) and self._admin_role in roles
-        team = claims.get(self._team_claim)
+        team, team_id = claims.get(self._team_claim), claims.get(self._team_id_claim)
+        if team is not None and not isinstance(team, str):
+            raise AuthenticationFailed(
+                f"The '{self._team_claim}' claim must be a team name.", code="invalid_jwt"
+            )
+        if team_id is not None and (isinstance(team_id, bool) or not isinstance(team_id, int)):
+            raise AuthenticationFailed(
+                f"The '{self._team_id_claim}' claim must be an integer team id.", code="invalid_jwt"
+            )
+        if team is not None and team_id is not None:
+            raise AuthenticationFailed("The token names its team twice (id and name).", code="invalid_jwt")
         return JwtIdentity(
             subject=str(claims["sub"]),
-            team=str(team) if team is not None else None,
+            team=team,
             is_admin=is_admin,
             claims=claims,
+            team_id=team_id,
+            models=self._models(claims.get(self._models_claim)),
         )
+
+    def _models(self, raw: Any) -> tuple[str, ...] | None:
+        if raw is None:
+            return None
+        if isinstance(raw, str):
+            raw = raw.split()
+        if not isinstance(raw, list) or not all(isinstance(m, str) for m in raw):
+            raise AuthenticationFailed(
+                f"The '{self._models_claim}' claim must be a list of model names.", code="invalid_jwt"
+            )
+        return tuple(raw)

@@ -23,6 +23,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from apps.core.errors import AuthenticationFailed, InvalidRequest, NotFound
 from apps.core.identity.principal import Principal
+from apps.core.ledger.teams import TeamRef, team_where
 from apps.core.quota.admission import Limits
 from apps.core.secrets import hash_secret, new_secret
 
@@ -126,7 +127,7 @@ class KeyStore:
     async def create(
         self,
         *,
-        team: str | int,
+        team: TeamRef,
         model_allowlist: Sequence[str] = (),
         rpm: int | None = None,
         tokens_per_day: int | None = None,
@@ -141,11 +142,9 @@ class KeyStore:
         if expires_at is not None and expires_at.tzinfo is None:
             expires_at = expires_at.replace(tzinfo=UTC)
         secret = new_secret(KEY_PREFIX)
+        where, param = team_where(team)
         async with self._pool.connection() as conn:
-            if isinstance(team, int) or team.isdigit():
-                cur = await conn.execute("SELECT id FROM teams WHERE id = %s", (int(team),))
-            else:
-                cur = await conn.execute("SELECT id FROM teams WHERE name = %s", (team,))
+            cur = await conn.execute(f"SELECT t.id FROM teams t WHERE {where}".encode(), (param,))  # noqa: S608 (constant)
             row = await cur.fetchone()
             if row is None:
                 raise NotFound(f"team {team!r} does not exist", param="team", code="team_not_found")
@@ -171,16 +170,14 @@ class KeyStore:
         assert rec is not None
         return secret, _record(rec)
 
-    async def list_keys(self, team: str | int | None = None) -> list[KeyRecord]:
+    async def list_keys(self, team: TeamRef | None = None) -> list[KeyRecord]:
+        """Every key, or one team's: `team` an `int` (id) or a `str` (name)."""
         async with self._pool.connection() as conn:
             if team is None:
                 cur = await conn.execute((_SELECT + "ORDER BY k.id").encode())
-            elif isinstance(team, int) or team.isdigit():
-                cur = await conn.execute(
-                    (_SELECT + "WHERE k.team_id = %s ORDER BY k.id").encode(), (int(team),)
-                )
             else:
-                cur = await conn.execute((_SELECT + "WHERE t.name = %s ORDER BY k.id").encode(), (team,))
+                where, param = team_where(team)
+                cur = await conn.execute((_SELECT + f"WHERE {where} ORDER BY k.id").encode(), (param,))
             return [_record(r) for r in await cur.fetchall()]
 
     async def revoke(self, key_id: int) -> bool:

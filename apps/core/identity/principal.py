@@ -15,10 +15,13 @@ class Principal:
     team_id: int | None
     team_name: str | None
     key_id: int | None
-    model_allowlist: tuple[str, ...]  # empty = every model
+    model_allowlist: tuple[str, ...]  # empty = every model, unless `models_restricted`
     limits: Limits
     is_admin: bool = False
     expires_at: datetime | None = None
+    models_restricted: bool = False  # the allowlist applies even when empty (a JWT `models: []`)
 
     def may_use(self, model: str) -> bool:
-        return not self.model_allowlist or model in self.model_allowlist
+        if not self.model_allowlist and not self.models_restricted:
+            return True
+        return model in self.model_allowlist

@@ -50,6 +50,7 @@ class SettleResult:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cost_microcredits: int = 0
+    written_off_microcredits: int = 0  # cost the balance could not cover (never, in normal operation)
 
 
 class Ledger(Protocol):

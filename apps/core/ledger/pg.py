@@ -9,10 +9,14 @@ the model's prices at reserve time, so settle needs no spec and a price change n
 re-prices a request already admitted.
 
 Settle is `UPDATE ... WHERE request_id = ? AND status = 'reserved'` plus the debit in
-the same transaction; a retried settle finds no `reserved` row and is a no-op. The debit
-is `LEAST(cost, balance)`: when a request cost more than its reservation and the team has
-run dry the shortfall is recorded in `uncharged_microcredits` instead of driving the
-balance negative, and `cost_microcredits` is what was actually debited, so
+the same transaction; a retried settle finds no `reserved` row and is a no-op. The cost is
+capped at the reservation (the request's worst case: prompt bound + n x max_tokens, which the
+engine was told), so no report can bill more than was reserved. The debit is
+`LEAST(capped cost, balance)`: the balance covers every open reservation, so this only falls
+short when an admin debit ate into reserved money; the shortfall is then recorded in
+`uncharged_microcredits` (a write-off, counted by the metric
+`llmfleet_ledger_writeoff_microcredits_total`, which alerts) instead of driving the balance
+negative, and `cost_microcredits` is what was actually debited, so
 `balance == credits - sum(settled cost)` always holds.
 """
 
@@ -59,8 +63,8 @@ FROM (SELECT 1) AS one LEFT JOIN teams t ON t.id = %(team)s
 _SETTLE = """
 WITH r AS (
     SELECT team_id, estimated_cost_microcredits AS est,
-           (%(p)s::bigint * prompt_price_per_million + %(c)s::bigint * completion_price_per_million
-            + 999999) / 1000000 AS cost
+           LEAST((%(p)s::bigint * prompt_price_per_million + %(c)s::bigint * completion_price_per_million
+                  + 999999) / 1000000, estimated_cost_microcredits) AS cost
     FROM usage_ledger WHERE request_id = %(rid)s AND status = 'reserved'
     FOR UPDATE
 ), t AS (
@@ -76,11 +80,12 @@ WITH r AS (
     UPDATE usage_ledger SET status = 'settled', prompt_tokens = %(p)s, completion_tokens = %(c)s,
            cost_microcredits = t.charged, uncharged_microcredits = t.cost - t.charged, finalized_at = now()
     FROM t WHERE usage_ledger.request_id = %(rid)s
-    RETURNING usage_ledger.team_id, usage_ledger.key_id, usage_ledger.model, t.charged
+    RETURNING usage_ledger.team_id, usage_ledger.key_id, usage_ledger.model, t.charged,
+              t.cost - t.charged AS written_off
 )
-SELECT 'settled', team_id, key_id, model, charged FROM settled
+SELECT 'settled', team_id, key_id, model, charged, written_off FROM settled
 UNION ALL
-SELECT 'final', team_id, key_id, model, 0 FROM usage_ledger
+SELECT 'final', team_id, key_id, model, 0, 0 FROM usage_ledger
 WHERE request_id = %(rid)s AND NOT EXISTS (SELECT 1 FROM settled)
 """
 
@@ -163,7 +168,7 @@ class PgLedger:
             row = await cur.fetchone()
         if row is None:
             return SettleResult(SettleOutcome.UNKNOWN, request_id)
-        outcome, team_id, key_id, model, charged = row
+        outcome, team_id, key_id, model, charged, written_off = row
         if outcome != "settled":
             return SettleResult(SettleOutcome.ALREADY_FINAL, request_id, team_id, key_id, model)
         return SettleResult(
@@ -175,6 +180,7 @@ class PgLedger:
             prompt_tokens,
             completion_tokens,
             int(charged),
+            int(written_off),
         )
 
     @postgres_boundary()

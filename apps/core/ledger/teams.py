@@ -4,10 +4,16 @@ Every credit movement is a `credit_entries` row written in the same transaction 
 balance change, so `balance == sum(credit_entries) - sum(settled cost)` is checkable.
 Usage reports are always scoped by a team id the caller verified (never by a request
 parameter); the query is bounded by the `[from, to)` interval.
+
+A team is named by exactly one kind of identifier: an `int` is always its id, a `str` always its
+name (an all-digit name such as "2" is a name, never an id). The admin API and the JWT claim
+mapping say which one they mean (`team_id` / `team`); nothing guesses from the value's shape.
+Names are 1-64 of [A-Za-z0-9._-], unique regardless of case (migration 0004).
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -16,6 +22,16 @@ import psycopg.errors
 from psycopg_pool import AsyncConnectionPool
 
 from apps.core.errors import InvalidRequest, LlmfleetError, NotFound
+
+TEAM_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+TeamRef = int | str  # int: the team's id; str: its name
+
+
+def team_where(ref: TeamRef) -> tuple[str, int | str]:
+    """The SQL condition (on alias `t`) and parameter selecting one team by id or by name."""
+    if isinstance(ref, bool) or not isinstance(ref, int | str):
+        raise InvalidRequest("a team is named by its id (integer) or its name (string)", param="team")
+    return ("t.id = %s", ref) if isinstance(ref, int) else ("t.name = %s", ref)
 
 
 class Conflict(LlmfleetError):
@@ -39,15 +55,17 @@ class TeamStore:
         self._pool = pool
 
     async def create_team(self, name: str) -> Team:
-        if not name or len(name) > 200:
-            raise InvalidRequest("team name must be 1-200 characters", param="name")
+        if not TEAM_NAME_RE.match(name):
+            raise InvalidRequest(
+                "team name must be 1-64 of [A-Za-z0-9._-], starting with a letter or digit", param="name"
+            )
         try:
             async with self._pool.connection() as conn:
                 cur = await conn.execute(
                     "INSERT INTO teams (name) VALUES (%s) RETURNING id, name, balance_microcredits", (name,)
                 )
                 row = await cur.fetchone()
-        except psycopg.errors.UniqueViolation:
+        except psycopg.errors.UniqueViolation:  # also a name differing only in case
             raise Conflict(f"team {name!r} already exists", param="name") from None
         assert row is not None
         return Team(int(row[0]), str(row[1]), int(row[2]))
@@ -57,24 +75,21 @@ class TeamStore:
             cur = await conn.execute("SELECT id, name, balance_microcredits FROM teams ORDER BY id")
             return [Team(int(r[0]), str(r[1]), int(r[2])) for r in await cur.fetchall()]
 
-    async def get_team(self, ref: str | int) -> Team:
-        """A team by id (int or all-digit string) or by name."""
+    async def get_team(self, ref: TeamRef) -> Team:
+        """A team by id (an `int`) or by name (a `str`, whatever its characters)."""
+        where, param = team_where(ref)
         async with self._pool.connection() as conn:
-            if isinstance(ref, int) or (isinstance(ref, str) and ref.isdigit()):
-                cur = await conn.execute(
-                    "SELECT id, name, balance_microcredits FROM teams WHERE id = %s", (int(ref),)
-                )
-            else:
-                cur = await conn.execute(
-                    "SELECT id, name, balance_microcredits FROM teams WHERE name = %s", (ref,)
-                )
+            cur = await conn.execute(
+                f"SELECT t.id, t.name, t.balance_microcredits FROM teams t WHERE {where}".encode(),  # noqa: S608 (constant)
+                (param,),
+            )
             row = await cur.fetchone()
         if row is None:
             raise NotFound(f"team {ref!r} does not exist", param="team", code="team_not_found")
         return Team(int(row[0]), str(row[1]), int(row[2]))
 
     async def add_credits(
-        self, team: str | int, amount_microcredits: int, reason: str = "admin"
+        self, team: TeamRef, amount_microcredits: int, reason: str = "admin"
     ) -> dict[str, Any]:
         if amount_microcredits == 0:
             raise InvalidRequest("amount must not be zero", param="amount")

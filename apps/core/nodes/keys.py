@@ -6,9 +6,12 @@
                          cross-replica capacity counter (`ZCARD` < max_num_seqs, taken atomically).
 - `nodes:index`          ZSET node id -> last heartbeat time, so a replica lists live nodes without SCAN.
 - `nodes:revoked`        SET of revoked node ids (checked atomically with every heartbeat write).
+- `nodes:quarantined`    SET of node ids taken out of routing for reporting usage beyond a
+                         request's worst case (cleared for a node when its token is re-issued).
 - `nodech:{id}`          pub/sub channel of the replica that owns node `id` (assign, cancel, drain, revoke).
 - `orch:{replica}`       pub/sub channel of one orchestrator replica (frames relayed back to it).
-- `req:{request_id}`     HASH of the current assignment (node, origin replica, attempt), TTL max request time.
+- `req:{request_id}`     HASH of the current assignment (node, origin replica, attempt, and the usage
+                         bound `max_prompt`/`max_completion` the settle caps a report at), TTL max request time.
 - `done:{request_id}`    the usage a node reported (JSON), kept for the sweeper; TTL 24 h.
 - `partial:{request_id}` content events relayed before a node vanished (JSON), for the sweeper.
 - `orch:sweeper`         lock so one replica sweeps at a time.
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 NODES_INDEX = "nodes:index"
 NODES_REVOKED = "nodes:revoked"
+NODES_QUARANTINED = "nodes:quarantined"
 SWEEPER_LOCK = "orch:sweeper"
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import enum
 import json
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -50,6 +50,7 @@ class NodeIdentity:
     node_id: str
     location: str
     pool: str | None = None  # set for a pool member `<pool>/<instance>`
+    models: tuple[str, ...] | None = None  # what it may register; None: a token from before 0004
 
 
 class PoolStatus(enum.StrEnum):
@@ -71,18 +72,26 @@ class PoolRegistration:
         return {"pool": self.pool, "location": self.location, "status": self.status.value}
 
 
+def _models(models: Sequence[str] | None) -> list[str] | None:
+    if models is None:
+        return None
+    if isinstance(models, str) or not all(isinstance(m, str) and m for m in models):
+        raise InvalidRequest("models must be a list of model names", param="models")
+    return list(models)
+
+
 def _check_location(location: str) -> None:
     if location not in LOCATIONS:
         raise InvalidRequest(f"location must be one of {', '.join(LOCATIONS)}", param="location")
 
 
-def _text(value: object) -> str:
+def as_text(value: object) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def decode_hash(raw: Mapping[Any, Any]) -> dict[str, str]:
     """A Redis HGETALL answer as str -> str, whatever `decode_responses` the client uses."""
-    return {_text(k): _text(v) for k, v in raw.items()}
+    return {as_text(k): as_text(v) for k, v in raw.items()}
 
 
 def _float(value: str | None) -> float | None:
@@ -112,10 +121,13 @@ class NodeStore:
 
     # -- tokens (admin API) ------------------------------------------------------
 
-    async def issue_token(self, node_id: str, location: str, *, pool: bool = False) -> str:
+    async def issue_token(
+        self, node_id: str, location: str, *, pool: bool = False, models: Sequence[str] | None = None
+    ) -> str:
         """Create or replace a node's (or with `pool=True` a pool's) token; returns it once.
 
-        Only its hash is stored. An id keeps its kind (node or pool) while its token is live:
+        The token admits registrations of `models` only (None: any model; the admin API always
+        passes the list) at `location` only. Issuing a new token lifts a quarantine. Only its hash is stored. An id keeps its kind (node or pool) while its token is live:
         turning a live node into a pool (or back) is refused, after a revoke it is allowed.
         """
         validate_token_id(node_id)
@@ -124,12 +136,14 @@ class NodeStore:
         kind = TokenKind.POOL if pool else TokenKind.NODE
         async with self._pool.connection() as conn, conn.transaction():
             cur = await conn.execute(
-                "INSERT INTO node_tokens (node_id, token_hash, location, kind) VALUES (%s, %s, %s, %s) "
+                "INSERT INTO node_tokens (node_id, token_hash, location, kind, models) "
+                "VALUES (%s, %s, %s, %s, %s) "
                 "ON CONFLICT (node_id) DO UPDATE SET token_hash = EXCLUDED.token_hash, "
-                "location = EXCLUDED.location, kind = EXCLUDED.kind, created_at = now(), revoked_at = NULL "
+                "location = EXCLUDED.location, kind = EXCLUDED.kind, models = EXCLUDED.models, "
+                "created_at = now(), revoked_at = NULL "
                 "WHERE node_tokens.kind = EXCLUDED.kind OR node_tokens.revoked_at IS NOT NULL "
                 "RETURNING node_id",
-                (node_id, hash_secret(token, self._key), location, kind.value),
+                (node_id, hash_secret(token, self._key), location, kind.value, _models(models)),
             )
             if await cur.fetchone() is None:
                 other = TokenKind.NODE if pool else TokenKind.POOL
@@ -140,9 +154,12 @@ class NodeStore:
                 "INSERT INTO node_events (node_id, event) VALUES (%s, 'token_issued')", (node_id,)
             )
         await self._redis.srem(keys.NODES_REVOKED, node_id)
+        await self._redis.srem(keys.NODES_QUARANTINED, node_id)
         return token
 
-    async def register_pool(self, pool_id: str, location: str, token: str) -> PoolRegistration:
+    async def register_pool(
+        self, pool_id: str, location: str, token: str, *, models: Sequence[str] | None = None
+    ) -> PoolRegistration:
         """Store the hash of an operator-provided pool token (EKS: the Kubernetes Secret's).
 
         Idempotent: the same token again changes nothing; another token rotates it (and lifts
@@ -165,16 +182,19 @@ class NodeStore:
                 raise InvalidRequest(f"{pool_id!r} holds a live node token; revoke it first", param="pool")
             if row is not None and row[2] == TokenKind.POOL and secret_matches(token, row[0], self._key):
                 status = PoolStatus.REVOKED if row[3] else PoolStatus.UNCHANGED
-                if row[1] != location and not row[3]:
+                if not row[3]:
                     await conn.execute(
-                        "UPDATE node_tokens SET location = %s WHERE node_id = %s", (location, pool_id)
+                        "UPDATE node_tokens SET location = %s, models = %s WHERE node_id = %s",
+                        (location, _models(models), pool_id),
                     )
                 return PoolRegistration(pool_id, location, status)
             await conn.execute(
-                "INSERT INTO node_tokens (node_id, token_hash, location, kind) VALUES (%s, %s, %s, 'pool') "
+                "INSERT INTO node_tokens (node_id, token_hash, location, kind, models) "
+                "VALUES (%s, %s, %s, 'pool', %s) "
                 "ON CONFLICT (node_id) DO UPDATE SET token_hash = EXCLUDED.token_hash, "
-                "location = EXCLUDED.location, kind = 'pool', created_at = now(), revoked_at = NULL",
-                (pool_id, token_hash, location),
+                "location = EXCLUDED.location, kind = 'pool', models = EXCLUDED.models, created_at = now(), "
+                "revoked_at = NULL",
+                (pool_id, token_hash, location, _models(models)),
             )
             await conn.execute(
                 "INSERT INTO node_events (node_id, event) VALUES (%s, 'token_issued')", (pool_id,)
@@ -227,7 +247,7 @@ class NodeStore:
             return None
         async with self._pool.connection() as conn:
             cur = await conn.execute(
-                "SELECT token_hash, location::text, revoked_at, kind FROM node_tokens WHERE node_id = %s",
+                "SELECT token_hash, location::text, revoked_at, kind, models FROM node_tokens WHERE node_id = %s",
                 (ref.token_id,),
             )
             row = await cur.fetchone()
@@ -235,7 +255,7 @@ class NodeStore:
             return None
         if not secret_matches(token, row[0], self._key):
             return None
-        return NodeIdentity(node_id, row[1], ref.pool)
+        return NodeIdentity(node_id, row[1], ref.pool, tuple(row[4]) if row[4] is not None else None)
 
     async def ping(self) -> None:
         async with self._pool.connection() as conn:
@@ -372,5 +392,6 @@ __all__ = [
     "NodeStore",
     "PoolRegistration",
     "PoolStatus",
+    "as_text",
     "decode_hash",
 ]

@@ -13,7 +13,7 @@ Answer once output started:
     A failure after the first chunk arrives as one `data: {"error": ...}` event and
     `data: [DONE]` (never a silent truncation, never a retry).
 
-The orchestrator settles the ledger row (`request_id`) with the engine's usage; if
+The orchestrator settles the ledger row (at most `max_prompt_tokens` / `max_completion_tokens`) (`request_id`) with the engine's usage; if
 the gateway closes the connection early the orchestrator cancels the request on the
 node and settles the tokens produced so far.
 """
@@ -68,3 +68,7 @@ class DispatchRequest(BaseModel):
     body: dict[str, Any]  # the client's body with `stream: true` and usage forced on
     client_wants_usage: bool = False
     deadlines: Deadlines = Deadlines()
+    # The worst case the gateway reserved for (prompt bound, n x max_tokens): the orchestrator
+    # settles at most this, whatever a node reports (None: an older gateway, no bound known).
+    max_prompt_tokens: int | None = Field(default=None, ge=0)
+    max_completion_tokens: int | None = Field(default=None, ge=0)

@@ -14,6 +14,13 @@ Keys:
                           other replicas keep the set alive.
   rl:{key_id}:rpm         ZSET sliding window of admission times (ms), TTL 60 s.
   tpd:{key_id}:{yyyymmdd} tokens settled today (incremented by `apps.core.metering`).
+  tpd:{key_id}:inflight   HASH request id -> "worst-case tokens:lease deadline (ms)" of the
+                          requests admitted and not yet settled (only for keys with a
+                          `tokens_per_day`). Admission refuses when settled + in flight + this
+                          request's worst case exceeds the limit, in the same script; the settle
+                          removes the entry in the same script that counts the settled tokens
+                          (`apps.core.metering`), a cancel through `release(..., forget_tokens=True)`;
+                          an entry past its lease is pruned (a crashed gateway's requests).
 
 `release` removes the request from the stream set (idempotent).
 """
@@ -25,7 +32,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from apps.core.metering import tpd_key
+from apps.core.metering import tpd_inflight_key, tpd_key
 from apps.core.stores import redis_boundary
 
 WINDOW_MS = 60_000
@@ -33,11 +40,12 @@ WINDOW_MS = 60_000
 RELEASE_LUA = """
 redis.call('SREM', KEYS[1], ARGV[1])
 redis.call('ZREM', KEYS[2], ARGV[1])
+if ARGV[2] == '1' then redis.call('HDEL', KEYS[3], ARGV[1]) end
 return 1
 """
 
 ADMIT_LUA = """
-local streams, lease, rpm_key, tpd = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local streams, lease, rpm_key, tpd, inflight = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local rid = ARGV[1]
 local now = tonumber(ARGV[2])
 local max_streams = tonumber(ARGV[3])
@@ -45,6 +53,7 @@ local rpm = tonumber(ARGV[4])
 local tpd_limit = tonumber(ARGV[5])
 local lease_ms = tonumber(ARGV[6])
 local window = tonumber(ARGV[7])
+local worst = tonumber(ARGV[8])
 
 local expired = redis.call('ZRANGEBYSCORE', lease, '-inf', now)
 if #expired > 0 then
@@ -72,8 +81,22 @@ if rpm > 0 and used >= rpm then
 end
 
 local tokens = tonumber(redis.call('GET', tpd) or '0')
-if tpd_limit > 0 and tokens >= tpd_limit then
-  return {3, tokens, 0, used, tokens}
+if tpd_limit > 0 then
+  local entries = redis.call('HGETALL', inflight)
+  for i = 1, #entries, 2 do
+    local sep = string.find(entries[i + 1], ':', 1, true)
+    if sep and tonumber(string.sub(entries[i + 1], sep + 1)) > now then
+      tokens = tokens + tonumber(string.sub(entries[i + 1], 1, sep - 1))
+    else
+      redis.call('HDEL', inflight, entries[i])
+    end
+  end
+  if tokens + math.max(worst, 1) > tpd_limit then
+    return {3, tokens, 0, used, tokens}
+  end
+  redis.call('HSET', inflight, rid, worst .. ':' .. (now + lease_ms))
+  redis.call('PEXPIRE', inflight, lease_ms)
+  tokens = tokens + worst
 end
 
 redis.call('SADD', streams, rid)
@@ -144,9 +167,18 @@ class QuotaStore:
         self._release = redis.register_script(RELEASE_LUA)
 
     @redis_boundary
-    async def admit(self, subject: str, request_id: str, limits: Limits, now: datetime) -> Admission:
+    async def admit(
+        self, subject: str, request_id: str, limits: Limits, now: datetime, worst_case_tokens: int = 0
+    ) -> Admission:
+        """`worst_case_tokens`: what the request may use at most (prompt bound + n x max_tokens)."""
         now_ms = int(now.timestamp() * 1000)
-        keys = [f"streams:{subject}", f"streams:{subject}:lease", f"rl:{subject}:rpm", tpd_key(subject, now)]
+        keys = [
+            f"streams:{subject}",
+            f"streams:{subject}:lease",
+            f"rl:{subject}:rpm",
+            tpd_key(subject, now),
+            tpd_inflight_key(subject),
+        ]
         args = [
             request_id,
             now_ms,
@@ -155,6 +187,7 @@ class QuotaStore:
             limits.tokens_per_day or 0,
             self._lease_ms,
             WINDOW_MS,
+            max(worst_case_tokens, 0),
         ]
         raw = await self._script(keys=keys, args=args)
         code, a, retry_ms, used, tokens = (int(x) for x in raw)
@@ -176,10 +209,15 @@ class QuotaStore:
         )
 
     @redis_boundary
-    async def release(self, subject: str, request_id: str) -> None:
+    async def release(self, subject: str, request_id: str, *, forget_tokens: bool = False) -> None:
+        """Free the stream slot; with `forget_tokens` (nothing ran: no settle will come) also the
+        request's in-flight tokens."""
         # One script (atomic like MULTI/EXEC, but one command and one reply): measured, a
         # redis-py transaction pipeline cost the gateway about twice the admission's CPU.
-        await self._release(keys=[f"streams:{subject}", f"streams:{subject}:lease"], args=[request_id])
+        await self._release(
+            keys=[f"streams:{subject}", f"streams:{subject}:lease", tpd_inflight_key(subject)],
+            args=[request_id, "1" if forget_tokens else "0"],
+        )
 
     async def active_streams(self, subject: str) -> int:
         return int(await self._redis.scard(f"streams:{subject}"))

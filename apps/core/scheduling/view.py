@@ -29,3 +29,5 @@ class PickRequest:
     request_id: str = ""
     exclude: frozenset[str] = field(default_factory=frozenset)  # nodes already tried for this request
     kv_cache_max: float = 0.95
+    # (prompt, completion) tokens the request may use at most; recorded with the assignment.
+    usage_bound: tuple[int, int] | None = None

@@ -1,0 +1,103 @@
+"""Issue 21, input: the inputs that answered 500 with a traceback on main, through the real gateway
+(real PostgreSQL and Redis): each is now a 400 with `param`, and nothing is reserved or dispatched."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import httpx
+import pytest
+
+from tests.fakes.fake_gateway import GatewayEnv, gateway_env
+
+MODEL = "llama-3.1-8b-instruct"
+
+
+@pytest.fixture
+async def env(migrated_db_url: str, redis_url: str) -> AsyncIterator[GatewayEnv]:
+    async with gateway_env(migrated_db_url, redis_url) as e:
+        yield e
+
+
+def client(env: GatewayEnv) -> httpx.AsyncClient:
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=env.app), base_url="http://gw")
+
+
+@pytest.mark.parametrize(
+    ("param", "value"), [("from", "1e20"), ("from", "inf"), ("to", "nan"), ("to", "-1e300")]
+)
+async def test_usage_times_out_of_range_are_400(env: GatewayEnv, param: str, value: str) -> None:
+    _, key = await env.team_with_key("a")
+    async with client(env) as c:
+        r = await c.get("/v1/usage", params={param: value}, headers={"Authorization": f"Bearer {key}"})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == param
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"team": "a", "expires_at": "1e20"}, "expires_at"),
+        ({"team": "a", "expires_at": 1e300}, "expires_at"),
+        ({"team": "a", "expires_at": "0001-01-01T00:00:00+01:00"}, "expires_at"),
+        ({"team": "a", "rpm": 2**40}, "rpm"),
+        ({"team": "a", "tokens_per_day": 2**70}, "tokens_per_day"),
+    ],
+)
+async def test_admin_key_fields_out_of_range_are_400(
+    env: GatewayEnv, body: dict[str, object], param: str
+) -> None:
+    await env.team_with_key("a")
+    async with client(env) as c:
+        r = await c.post("/admin/keys", json=body, headers=env.admin_headers())
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == param
+
+
+@pytest.mark.parametrize("amount", ["Infinity", "1e999999999", 10**30])
+async def test_admin_credit_amounts_out_of_range_are_400(env: GatewayEnv, amount: object) -> None:
+    await env.team_with_key("a")
+    async with client(env) as c:
+        r = await c.post("/admin/credits", json={"team": "a", "amount": amount}, headers=env.admin_headers())
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == "amount"
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b'{"model":"' + MODEL.encode() + b'","messages":' + b"[" * 50_000 + b"]" * 50_000 + b"}",
+        b'{"model":"' + MODEL.encode() + b'","messages":[{"role":"user","content":"\\ud800"}]}',
+        b'{"model":"'
+        + MODEL.encode()
+        + b'","messages":[{"role":"user","content":"hi"}],"x":'
+        + b'{"a":' * 40
+        + b"1"
+        + b"}" * 40
+        + b"}",
+    ],
+    ids=["deep-array", "lone-surrogate", "deep-object"],
+)
+async def test_chat_bodies_that_gave_500_are_400(env: GatewayEnv, raw: bytes) -> None:
+    team_id, key = await env.team_with_key("a")
+    async with client(env) as c:
+        r = await c.post(
+            "/v1/chat/completions",
+            content=raw,
+            headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"},
+        )
+    assert r.status_code == 400, r.text
+    assert "param" in r.json()["error"]
+    assert env.dispatcher.requests == []
+    async with env.pool.connection() as conn:
+        cur = await conn.execute("SELECT count(*) FROM usage_ledger WHERE team_id = %s", (team_id,))
+        row = await cur.fetchone()
+    assert row == (0,)
+
+
+async def test_admin_bodies_nested_too_deeply_are_400(env: GatewayEnv) -> None:
+    async with client(env) as c:
+        r = await c.post(
+            "/admin/teams", content=b'{"a":' * 100_000 + b"1" + b"}" * 100_000, headers=env.admin_headers()
+        )
+    assert r.status_code == 400, r.text
