@@ -89,6 +89,7 @@ class _Relay:
         queue_limit = min(dreq.deadlines.queue_wait_s, settings.queue_limit_s)
         excluded: set[str] = set()
         last_retry: Retry | None = None
+        plane.metrics.active_relays.inc()
         try:
             for attempt in range(1, MAX_ATTEMPTS + 1):
                 remaining = queue_limit - (plane.deps.monotonic() - self._t0)
@@ -140,6 +141,7 @@ class _Relay:
                 await self._cancel_reservation()
             raise
         finally:
+            plane.metrics.active_relays.dec()
             plane.metrics.dispatches.labels(model=dreq.model, outcome=self.outcome).inc()
             event(
                 "dispatch",
