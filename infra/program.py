@@ -134,7 +134,10 @@ def define(config: InfraConfig, spec: StackSpec | None = None) -> None:
     Observability(
         "observability",
         ObservabilityArgs(
-            models_at_zero=[n for n, m in plan.models.items() if m.min_replicas == 0],
+            spec=spec,
+            plan=plan,
+            office_hours=config.office_hours,
+            ops_image=images.refs["gateway"],
             provider=cluster.provider,
             depends_on=[addons.releases["kube-prometheus-stack"]],
         ),

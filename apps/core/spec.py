@@ -135,6 +135,22 @@ class RequestLimits(_Strict):
     """Bounds on one chat request, enforced by the gateway before any money is reserved."""
 
     max_n: Annotated[int, Field(ge=1, le=128)] = 8  # choices per request (`n`); above it: 400
+class Alerting(_Strict):
+    """Alert thresholds (the brief's values as defaults); rendered into the PrometheusRule."""
+
+    kv_cache_usage_max: Annotated[float, Field(gt=0, le=1)] = 0.9
+    kv_cache_for: str = "5m"
+    preemptions_per_s_max: NonNegFloat = 1.0
+    error_ratio_max: Annotated[float, Field(gt=0, le=1)] = 0.05  # 503s (and 429s) per request
+    ledger_drift_max: Annotated[float, Field(gt=0, lt=1)] = 0.001
+    scale_to_zero_idle_for: str = "2h"
+    gpu_engine_active_min: Annotated[float, Field(gt=0, le=1)] = 0.2
+    gpu_idle_for: str = "1h"
+    nodepool_gpu_limit_ratio: Annotated[float, Field(gt=0, le=1)] = 0.9
+    monthly_gpu_budget_usd: NonNegFloat = 20_000
+    slo_attainment_min: Annotated[float, Field(gt=0, le=1)] = 0.95
+    task_growth_min: PositiveInt = 200  # tasks above the pod's own minimum of the last 3 h
+    task_growth_for: str = "2h"
 
 
 class StackSpec(_Strict):
@@ -150,6 +166,7 @@ class StackSpec(_Strict):
     cost: CostInputs
     slo: Slo = Slo()
     request_limits: RequestLimits = RequestLimits()
+    alerting: Alerting = Alerting()
 
     @model_validator(mode="after")
     def _references(self) -> StackSpec:

@@ -141,6 +141,7 @@ class ChatHandler:
             await self._finish(ex, cancel_reservation=True)
             ex.status = exc.status
             self._m.requests.labels(ex.model, str(exc.status)).inc()
+            self._m.refused(ex.model, exc.status, exc.code)
             self._log(ex, error=exc.code)
             return error_response(exc, {"x-request-id": ex.client_id, **ex.headers})
         except BaseException:
@@ -225,7 +226,9 @@ class ChatHandler:
             raise
         except StoreUnavailable:
             self._m.pg_errors.inc()
-            raise Unavailable("The ledger is unavailable.", retry_after=5) from None
+            raise Unavailable(
+                "The ledger is unavailable.", code="ledger_unavailable", retry_after=5
+            ) from None
         except LlmfleetError as exc:
             ex.ledger_refusal = exc
             raise
@@ -243,7 +246,9 @@ class ChatHandler:
                 return
             self._m.rejections.labels("redis_unavailable").inc()
             raise Unavailable(
-                "Quota store unavailable; request refused (fail closed).", retry_after=5
+                "Quota store unavailable; request refused (fail closed).",
+                code="redis_unavailable",
+                retry_after=5,
             ) from None
         self._speculation.record(principal.subject, adm)
         if adm.verdict is Verdict.DUPLICATE:
@@ -282,18 +287,21 @@ class ChatHandler:
                 upstream = await self._d.dispatcher.open(dreq)
         except DispatchUnavailable:
             self._m.rejections.labels("no_orchestrator").inc()
-            raise Unavailable("No orchestrator reachable.", retry_after=5) from None
+            raise Unavailable("No orchestrator reachable.", code="no_orchestrator", retry_after=5) from None
         except TimeoutError:
             # The orchestrator may have started the request: leave the reservation for it to settle.
             ex.reserved, ex.handed_over = False, True
             self._m.reservations_open.dec()
-            raise Unavailable("Timed out waiting for a node.", retry_after=5) from None
+            raise Unavailable(
+                "Timed out waiting for a node.", code="dispatch_timeout", retry_after=5
+            ) from None
         self._m.dispatch.labels(chat.model).observe(time.monotonic() - admitted_at)
         queued = _seconds(upstream.headers.get(QUEUE_WAIT_HEADER))
         if queued is not None:
             self._m.queue_wait.labels(chat.model).observe(queued)
         if upstream.status != 200:
             return await self._upstream_error(upstream, ex)
+        self._m.active_streams.inc()  # `_after_relay` ends it (`stream_ended`)
         headers = {"x-request-id": ex.client_id, **ex.headers}
         if chat.stream:
             return RelayResponse(
@@ -318,14 +326,16 @@ class ChatHandler:
             # Something may have run on a node: the orchestrator settles, we must not cancel.
             ex.reserved, ex.handed_over = False, True
             self._m.reservations_open.dec()
+        code: str | None = None
         try:
             envelope = json.loads(raw)
             message = envelope["error"]["message"]
-        except (ValueError, KeyError, TypeError):
+            code = envelope["error"].get("code") or None  # queue_timeout, queue_full...
+        except (ValueError, KeyError, TypeError, AttributeError):
             message = f"upstream answered {upstream.status}"
         exc_cls = {429: RateLimited, 503: Unavailable}.get(upstream.status)
         if exc_cls is not None:
-            raise exc_cls(message, retry_after=float(retry_after) if retry_after else 5.0)
+            raise exc_cls(message, code=code, retry_after=float(retry_after) if retry_after else 5.0)
         if upstream.status in (400, 404, 413, 422):
             raise ForwardedError(
                 message, status=upstream.status, error_type=InvalidRequest.type, code=InvalidRequest.code
@@ -381,6 +391,7 @@ class ChatHandler:
         return body
 
     async def _after_relay(self, ex: Exchange, upstream: Upstream, outcome: RelayOutcome) -> None:
+        ended_at = time.monotonic()
         # Release the stream slot first (one cheap Redis call) so a slow socket close can never
         # eat the cleanup budget and leak the slot; then close upstream so the orchestrator cancels
         # the request on the node and settles what was produced (it owns settlement from here on).
@@ -393,8 +404,18 @@ class ChatHandler:
             self._m.reservations_open.dec()
         ex.status = 200 if outcome.ended == "done" else 499 if outcome.ended == "disconnect" else 502
         self._m.requests.labels(ex.model, str(ex.status)).inc()
-        if outcome.first_byte_at is not None:
-            self._m.ttft.labels(ex.model).observe(outcome.first_byte_at - ex.started)
+        ttft = None if outcome.first_byte_at is None else outcome.first_byte_at - ex.started
+        if ttft is not None:
+            self._m.ttft.labels(ex.model).observe(ttft)
+        self._m.stream_ended(
+            model=ex.model,
+            team=(ex.principal.team_name if ex.principal else None) or "-",
+            ttft_s=ttft,
+            output_s=None if outcome.first_byte_at is None else ended_at - outcome.first_byte_at,
+            completion_tokens=outcome.completion_tokens,
+            done=outcome.ended == "done",
+            slo=self._d.spec.slo,
+        )
         if outcome.completion_tokens is not None:
             self._m.output_tokens.labels(ex.model).inc(outcome.completion_tokens)
         if outcome.direct_chunks:

@@ -1,4 +1,9 @@
-"""The gateway's Prometheus metrics, on a per-app `CollectorRegistry`."""
+"""The gateway's Prometheus metrics, on a per-app `CollectorRegistry`.
+
+Per-stream SLIs are observed once, when a relay ends (`stream_ended`): the stream's own output
+rate (completion tokens over the time from its first byte to its end, not a ratio of totals) and
+whether it met the stack's SLO, per team and model, so attainment is visible per tenant.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +12,11 @@ import asyncio
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from apps.netio.fastpath import PathMetrics
+from apps.core.spec import Slo
+
+TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1, 1.5, 2, 3, 5, 10, 30, 60)
+# 20 tokens/s (the brief's floor) is a bucket boundary, so the SLO share is exact.
+TOKENS_PER_S_BUCKETS = (1, 2, 5, 10, 15, 20, 25, 30, 40, 50, 75, 100, 150, 200, 300, 500, 1000)
 
 
 def _live_tasks() -> float:
@@ -30,7 +40,26 @@ class GatewayMetrics:
             "llmfleet_gateway_ttft_seconds",
             "Time from request to first relayed byte",
             ["model"],
-            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 3, 5, 10, 30, 60),
+            buckets=TTFT_BUCKETS,
+            registry=registry,
+        )
+        self.stream_tokens_per_s = Histogram(
+            "llmfleet_gateway_stream_tokens_per_second",
+            "Output tokens per second of one stream, from its first relayed byte to its end",
+            ["model"],
+            buckets=TOKENS_PER_S_BUCKETS,
+            registry=registry,
+        )
+        self.slo_requests = Counter(
+            "llmfleet_gateway_slo_requests",
+            "Finished requests judged against the stack's SLO (TTFT and tokens/s), by team, model, result",
+            ["team", "model", "result"],
+            registry=registry,
+        )
+        self.refusals = Counter(
+            "llmfleet_gateway_refusals",
+            "429 and 503 answers by model, status and reason",
+            ["model", "status", "reason"],
             registry=registry,
         )
         self.queue_wait = Histogram(
@@ -54,7 +83,9 @@ class GatewayMetrics:
             registry=registry,
         )
         self.active_streams = Gauge(
-            "llmfleet_gateway_active_streams", "Relays in progress", registry=registry
+            "llmfleet_gateway_active_streams",
+            "Upstream streams open (relays and collects in progress)",
+            registry=registry,
         )
         self.rejections = Counter(
             "llmfleet_gateway_rejections", "Requests refused, by reason", ["reason"], registry=registry
@@ -88,3 +119,29 @@ class GatewayMetrics:
         )
         self.redis_errors = Counter("llmfleet_gateway_redis_errors", "Redis failures", registry=registry)
         self.pg_errors = Counter("llmfleet_gateway_postgres_errors", "PostgreSQL failures", registry=registry)
+
+    def refused(self, model: str, status: int, reason: str | None) -> None:
+        if status in (429, 503):
+            self.refusals.labels(model, str(status), reason or "unspecified").inc()
+
+    def stream_ended(
+        self,
+        *,
+        model: str,
+        team: str,
+        ttft_s: float | None,
+        output_s: float | None,
+        completion_tokens: int | None,
+        done: bool,
+        slo: Slo,
+    ) -> None:
+        """One finished stream: its own tokens/s and, when it ran to the end, its SLO verdict."""
+        self.active_streams.dec()
+        rate = None
+        if completion_tokens is not None and completion_tokens > 1 and output_s and output_s > 0:
+            rate = (completion_tokens - 1) / output_s  # the first token is in the TTFT
+            self.stream_tokens_per_s.labels(model).observe(rate)
+        if not done or ttft_s is None:
+            return  # a disconnect or failure says nothing about the SLO
+        met = ttft_s <= slo.ttft_p95_s and (rate is None or rate >= slo.tokens_per_s_per_stream)
+        self.slo_requests.labels(team, model, "met" if met else "missed").inc()

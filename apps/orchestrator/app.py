@@ -108,11 +108,7 @@ def create_app(settings: OrchestratorSettings, deps: OrchestratorDeps) -> web.Ap
         return web.json_response({"ready": not problems, "problems": problems}, status=status)
 
     async def metrics(_: web.Request) -> web.Response:
-        counts = {"ready": 0, "draining": 0}
-        for conn in plane.local.values():
-            counts["draining" if conn.draining else "ready"] += 1
-        for state, n in counts.items():
-            plane.metrics.nodes.labels(state=state).set(n)
+        plane.metrics.observe_nodes(plane.local.values(), plane.deps.monotonic())
         for model in deps.models:
             plane.metrics.queue_depth.labels(model=model).set(plane.queues.depth(model))
         return web.Response(body=plane.metrics.render(), content_type="text/plain", charset="utf-8")

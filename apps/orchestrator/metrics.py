@@ -9,12 +9,23 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterable
+from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from apps.netio.fastpath import PathMetrics
 
 QUEUE_WAIT_BUCKETS = (0.005, 0.025, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60)
+
+
+class NodeState(Protocol):
+    node_id: str
+    location: str
+    gpus: int
+    models: dict[str, int]
+    last_heartbeat: float
+    draining: bool
+    gpu_util: float | None
 
 
 class Metrics:
@@ -97,8 +108,56 @@ class Metrics:
         self.tasks = Gauge(
             "llmfleet_orchestrator_asyncio_tasks", "Live asyncio tasks in this process", registry=r
         )
+        # With `tasks`, the leak alert's denominator: tasks that grow while relays do not leak.
+        self.active_relays = Gauge(
+            "llmfleet_orchestrator_active_relays", "Dispatch relays in progress on this replica", registry=r
+        )
+        # Per node (this replica's sockets): the on-premises board and the cost report's GPU hours
+        # (nobody scrapes a node behind NAT; its heartbeats arrive here).
+        node_labels = ["node_id", "location"]
+        self.heartbeat_age = Gauge(
+            "llmfleet_orchestrator_node_heartbeat_age_seconds",
+            "Seconds since the node's last heartbeat",
+            node_labels,
+            registry=r,
+        )
+        self.node_gpus = Gauge(
+            "llmfleet_orchestrator_node_gpus",
+            "GPUs of a connected node, by model",
+            [*node_labels, "model"],
+            registry=r,
+        )
+        self.node_gpu_util = Gauge(
+            "llmfleet_orchestrator_node_gpu_utilization",
+            "GPU utilisation (0-1) the node's heartbeat reported",
+            node_labels,
+            registry=r,
+        )
+        self.fleet_nodes = Gauge(
+            "llmfleet_orchestrator_fleet_nodes",
+            "Connected nodes by location and state",
+            ["location", "state"],
+            registry=r,
+        )
         for model in models:
             self.queue_depth.labels(model=model).set(0)
+
+    def observe_nodes(self, conns: Iterable[NodeState], now: float) -> None:
+        """Set the node gauges from this replica's connections (called per scrape)."""
+        counts = {"ready": 0, "draining": 0}
+        for gauge in (self.heartbeat_age, self.node_gpus, self.node_gpu_util, self.fleet_nodes):
+            gauge.clear()  # a node that left must not keep its last value
+        for conn in conns:
+            state = "draining" if conn.draining else "ready"
+            counts[state] += 1
+            self.fleet_nodes.labels(location=conn.location, state=state).inc()
+            self.heartbeat_age.labels(conn.node_id, conn.location).set(max(0.0, now - conn.last_heartbeat))
+            for model in conn.models or {"-": 0}:
+                self.node_gpus.labels(conn.node_id, conn.location, model).set(conn.gpus)
+            if conn.gpu_util is not None:
+                self.node_gpu_util.labels(conn.node_id, conn.location).set(conn.gpu_util)
+        for state, n in counts.items():
+            self.nodes.labels(state=state).set(n)
 
     def render(self) -> bytes:
         self.tasks.set(len(asyncio.all_tasks()))

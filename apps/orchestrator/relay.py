@@ -98,6 +98,7 @@ class _Relay:
         queue_limit = min(dreq.deadlines.queue_wait_s, settings.queue_limit_s)
         excluded: set[str] = set()
         last_retry: Retry | None = None
+        plane.metrics.active_relays.inc()
         try:
             for attempt in range(1, MAX_ATTEMPTS + 1):
                 remaining = queue_limit - (plane.deps.monotonic() - self._t0)
@@ -157,6 +158,7 @@ class _Relay:
         finally:
             direct = self._direct.written if self._direct is not None else 0
             plane.metrics.netio.served(fastpath.AIOHTTP_CHUNK, fast=direct, fallback=self._writes)
+            plane.metrics.active_relays.dec()
             plane.metrics.dispatches.labels(model=dreq.model, outcome=self.outcome).inc()
             event(
                 "dispatch",

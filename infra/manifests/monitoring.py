@@ -1,16 +1,18 @@
-"""ServiceMonitors for every component and the PrometheusRule with the brief's SLI alerts."""
+"""ServiceMonitors for every component and the PrometheusRule with the brief's SLIs and alerts."""
 
 from __future__ import annotations
 
+from apps.core.sizing.plan import FleetPlan
+from apps.core.spec import StackSpec
+from infra.config import OfficeHours
+from infra.manifests.alerts import rule_groups
 from infra.manifests.common import (
     MONITORING_NAMESPACE,
     NAMESPACE,
     PROMETHEUS_RELEASE_LABEL,
     Manifest,
     labels,
-    slug,
 )
-from infra.manifests.keda import ORCHESTRATOR_QUEUE_METRIC
 
 
 def service_monitor(
@@ -46,54 +48,8 @@ def service_monitors() -> list[Manifest]:
     ]
 
 
-def _alert(name: str, expr: str, for_: str, severity: str, summary: str) -> Manifest:
-    return {
-        "alert": name,
-        "expr": expr,
-        "for": for_,
-        "labels": {"severity": severity},
-        "annotations": {"summary": summary},
-    }
-
-
-def prometheus_rule(models_at_zero: list[str]) -> Manifest:
-    rules = [
-        _alert(
-            "LlmfleetKvCacheNearlyFull",
-            "max by (model_name, pod) (vllm:kv_cache_usage_perc) > 0.9",
-            "5m",
-            "warning",
-            "KV cache above 90 % for 5 minutes: preemptions and TTFT spikes follow",
-        ),
-        _alert(
-            "LlmfleetGpuIdle",
-            "avg by (Hostname, gpu) (DCGM_FI_PROF_GR_ENGINE_ACTIVE) < 0.2",
-            "1h",
-            "info",
-            "GPU graphics engine active below 20 % for an hour",
-        ),
-        _alert(
-            "LlmfleetGatewayLiveTasksGrowing",
-            # Tasks growing for hours while streams do not: a relay leaks its tasks on disconnect.
-            "deriv(llmfleet_gateway_asyncio_tasks[1h]) > 0"
-            " and llmfleet_gateway_asyncio_tasks > 3 * llmfleet_gateway_active_streams + 100",
-            "2h",
-            "warning",
-            "gateway live tasks grow steadily: a stream is not released on disconnect",
-        ),
-    ]
-    for model in models_at_zero:
-        idle = _alert(
-            "LlmfleetScaleToZeroModelIdle",
-            f'sum(kube_deployment_status_replicas{{namespace="{NAMESPACE}",deployment="vllm-{slug(model)}"}}) > 0'
-            f' and sum({ORCHESTRATOR_QUEUE_METRIC}{{model="{model}"}}) == 0'
-            f' and sum(vllm:num_requests_running{{model_name="{model}"}}) == 0',
-            "2h",
-            "info",
-            f"{model} has run replicas with an empty queue for 2 hours",
-        )
-        idle["labels"]["model"] = model
-        rules.append(idle)
+def prometheus_rule(spec: StackSpec, plan: FleetPlan, hours: OfficeHours) -> Manifest:
+    """The PrometheusRule the operator loads: every group of `infra.manifests.alerts`."""
     return {
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "PrometheusRule",
@@ -102,5 +58,5 @@ def prometheus_rule(models_at_zero: list[str]) -> Manifest:
             "namespace": MONITORING_NAMESPACE,
             "labels": {**labels("llmfleet"), **PROMETHEUS_RELEASE_LABEL},
         },
-        "spec": {"groups": [{"name": "llmfleet.slis", "rules": rules}]},
+        "spec": {"groups": rule_groups(spec, plan, hours)},
     }

@@ -1,0 +1,275 @@
+"""Grafana dashboards as code (grafana-foundation-sdk builders), provisioned as ConfigMaps.
+
+Three boards: the platform overview, per-team usage, the on-premises fleet. Each has the
+Prometheus datasource, `model` and `team` variables (multi-select, "All" = `.*`), and panels
+whose queries read the recording rules of `infra.manifests.alerts` where one exists.
+kube-prometheus-stack's Grafana sidecar loads every ConfigMap labelled `grafana_dashboard: "1"`
+in Grafana's namespace (the chart's `grafana.sidecar.dashboards.label` / `labelValue` defaults).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from grafana_foundation_sdk.builders import dashboard as gd
+from grafana_foundation_sdk.builders import prometheus, stat, timeseries
+from grafana_foundation_sdk.cog.encoder import JSONEncoder
+from grafana_foundation_sdk.models import dashboard as gm
+
+from apps.core.spec import StackSpec
+from infra.manifests.common import MONITORING_NAMESPACE, Manifest, labels
+
+SIDECAR_LABEL = {"grafana_dashboard": "1"}
+DATASOURCE = gm.DataSourceRef(type_val="prometheus", uid="${datasource}")
+M = 'model=~"$model"'
+MN = 'model_name=~"$model"'
+T = 'team=~"$team"'
+RI = "$__rate_interval"
+
+
+@dataclass(frozen=True)
+class Panel:
+    title: str
+    queries: tuple[tuple[str, str], ...]  # (expr, legend)
+    unit: str = "short"
+    kind: str = "timeseries"  # or "stat"
+    description: str = ""
+
+
+def _p(
+    title: str, *queries: tuple[str, str], unit: str = "short", kind: str = "timeseries", desc: str = ""
+) -> Panel:
+    return Panel(title, tuple(queries), unit, kind, desc)
+
+
+def overview_panels(spec: StackSpec) -> list[Panel]:
+    slo = spec.slo
+    return [
+        _p(
+            "Requests per second by status",
+            (f"sum by (model, status) (llmfleet:requests:rate5m{{{M}}})", "{{model}} {{status}}"),
+            unit="reqps",
+        ),
+        _p(
+            "429 and 503 by reason",
+            (f"sum by (status, reason) (llmfleet:refusals:rate5m{{{M}}})", "{{status}} {{reason}}"),
+            unit="reqps",
+        ),
+        _p(
+            "Time to first token p50 / p95",
+            (f"llmfleet:ttft_seconds:p50{{{M}}}", "p50 {{model}}"),
+            (f"llmfleet:ttft_seconds:p95{{{M}}}", "p95 {{model}}"),
+            unit="s",
+            desc=f"Targets: p50 under {slo.ttft_p50_s:g} s, p95 under {slo.ttft_p95_s:g} s (gateway: request to first byte).",
+        ),
+        _p(
+            "Output tokens per second per stream (p05 / p50)",
+            (f"llmfleet:stream_tokens_per_second:p05{{{M}}}", "p05 {{model}}"),
+            (f"llmfleet:stream_tokens_per_second:p50{{{M}}}", "p50 {{model}}"),
+            desc=f"Each stream's own rate, observed when it ends. Target: at least {slo.tokens_per_s_per_stream:g}.",
+        ),
+        _p(
+            "Queue depth per model",
+            (f"sum by (model) (llmfleet_orchestrator_queue_depth{{{M}}})", "{{model}}"),
+        ),
+        _p("Queue wait p95 per model", (f"llmfleet:queue_wait_seconds:p95{{{M}}}", "{{model}}"), unit="s"),
+        _p(
+            "KV-cache use per replica",
+            (
+                f"max by (model_name, instance) (vllm:kv_cache_usage_perc{{{MN}}})",
+                "{{model_name}} {{instance}}",
+            ),
+            unit="percentunit",
+        ),
+        _p("Preemptions per second", (f"llmfleet:preemptions:rate5m{{{MN}}}", "{{model_name}}")),
+        _p(
+            "Running and waiting requests",
+            (f"sum by (model_name) (vllm:num_requests_running{{{MN}}})", "running {{model_name}}"),
+            (f"sum by (model_name) (vllm:num_requests_waiting{{{MN}}})", "waiting {{model_name}}"),
+        ),
+        _p(
+            "GPU graphics engine active (DCGM)",
+            ("avg by (instance, gpu) (DCGM_FI_PROF_GR_ENGINE_ACTIVE)", "{{instance}} gpu {{gpu}}"),
+            unit="percentunit",
+        ),
+        _p("Nodes by state", ("sum by (state) (llmfleet_orchestrator_nodes)", "{{state}}")),
+        _p("Nodes by location", ("sum by (location) (llmfleet_orchestrator_fleet_nodes)", "{{location}}")),
+        _p(
+            "Ledger drift (daily job)",
+            ("max(llmfleet_ledger_drift_ratio) or on() vector(0)", "drift"),
+            unit="percentunit",
+            kind="stat",
+        ),
+        _p(
+            "Measured cost per million output tokens",
+            (f"llmfleet:cost_per_million_tokens_usd{{{MN}}}", "{{model_name}}"),
+            unit="currencyUSD",
+        ),
+        _p("Idle GPU hours (last 7 days)", ("llmfleet:gpus_idle:hours_7d", "GPU hours"), kind="stat"),
+        _p(
+            "Projected monthly cloud GPU spend",
+            ("llmfleet:cloud_gpu_spend_usd:month_projected", "USD"),
+            unit="currencyUSD",
+            kind="stat",
+        ),
+    ]
+
+
+def team_panels(spec: StackSpec) -> list[Panel]:
+    return [
+        _p(
+            "SLO attainment per team",
+            (f"llmfleet:slo_attainment:ratio1h{{{T},{M}}}", "{{team}} {{model}}"),
+            unit="percentunit",
+            desc=f"Share of finished requests with TTFT under {spec.slo.ttft_p95_s:g} s and at least {spec.slo.tokens_per_s_per_stream:g} tokens/s.",
+        ),
+        _p(
+            "Requests per team",
+            (
+                f"sum by (team, model) (rate(llmfleet_gateway_slo_requests_total{{{T},{M}}}[{RI}]))",
+                "{{team}} {{model}}",
+            ),
+            unit="reqps",
+        ),
+        _p(
+            "Requests missing the SLO",
+            (
+                f'sum by (team, model) (rate(llmfleet_gateway_slo_requests_total{{{T},{M},result="missed"}}[{RI}])) or on() vector(0)',
+                "{{team}} {{model}}",
+            ),
+            unit="reqps",
+        ),
+        _p(
+            "Output tokens per model",
+            (f"sum by (model) (rate(llmfleet_gateway_output_tokens_total{{{M}}}[{RI}]))", "{{model}}"),
+        ),
+        _p(
+            "Refusals by reason",
+            (f"sum by (reason) (rate(llmfleet_gateway_rejections_total[{RI}]))", "{{reason}}"),
+            unit="reqps",
+        ),
+    ]
+
+
+def fleet_panels(spec: StackSpec) -> list[Panel]:
+    onprem = 'location="onprem"'
+    return [
+        _p(
+            "Registered on-premises nodes",
+            (f"sum(llmfleet_orchestrator_fleet_nodes{{{onprem}}}) or on() vector(0)", "nodes"),
+            kind="stat",
+        ),
+        _p(
+            "Nodes by location and state",
+            ("sum by (location, state) (llmfleet_orchestrator_fleet_nodes)", "{{location}} {{state}}"),
+        ),
+        _p(
+            "Heartbeat age per node",
+            ("max by (node_id, location) (llmfleet_orchestrator_node_heartbeat_age_seconds)", "{{node_id}}"),
+            unit="s",
+        ),
+        _p(
+            "GPU use per node (heartbeat)",
+            (
+                "max by (node_id, location) (llmfleet_orchestrator_node_gpu_utilization) or on() vector(0)",
+                "{{node_id}}",
+            ),
+            unit="percentunit",
+        ),
+        _p(
+            "Reconnects (registrations) per minute",
+            ("sum(rate(llmfleet_orchestrator_registrations_total[$__rate_interval])) * 60", "registrations"),
+        ),
+        _p(
+            "Registration refusals by reason (rate limit, bad token...)",
+            (
+                "sum by (reason) (rate(llmfleet_orchestrator_registrations_refused_total[$__rate_interval])) or on() vector(0)",
+                "{{reason}}",
+            ),
+            unit="reqps",
+        ),
+        _p(
+            "Node deaths by reason",
+            (
+                "sum by (reason) (rate(llmfleet_orchestrator_node_deaths_total[$__rate_interval])) or on() vector(0)",
+                "{{reason}}",
+            ),
+        ),
+    ]
+
+
+def _variables(board: gd.Dashboard) -> gd.Dashboard:
+    ds = gd.DatasourceVariable("datasource").label("Prometheus").type("prometheus")
+    model = (
+        gd.QueryVariable("model")
+        .label("Model")
+        .datasource(DATASOURCE)
+        .query("label_values(llmfleet_orchestrator_queue_depth, model)")
+        .multi(True)
+        .include_all(True)
+        .all_value(".*")
+        .refresh(gm.VariableRefresh.ON_TIME_RANGE_CHANGED)
+    )
+    team = (
+        gd.QueryVariable("team")
+        .label("Team")
+        .datasource(DATASOURCE)
+        .query("label_values(llmfleet_gateway_slo_requests_total, team)")
+        .multi(True)
+        .include_all(True)
+        .all_value(".*")
+        .refresh(gm.VariableRefresh.ON_TIME_RANGE_CHANGED)
+    )
+    return board.with_variable(ds).with_variable(model).with_variable(team)
+
+
+def _panel(p: Panel) -> timeseries.Panel | stat.Panel:
+    builder: timeseries.Panel | stat.Panel = stat.Panel() if p.kind == "stat" else timeseries.Panel()
+    builder.title(p.title).unit(p.unit).datasource(DATASOURCE).height(8).span(12 if p.kind != "stat" else 6)
+    if p.description:
+        builder.description(p.description)
+    for index, (expr, legend) in enumerate(p.queries):
+        builder.with_target(
+            prometheus.Dataquery().expr(expr).legend_format(legend).ref_id(chr(ord("A") + index))
+        )
+    return builder
+
+
+def build(uid: str, title: str, panels: list[Panel]) -> dict[str, Any]:
+    board = gd.Dashboard(title).uid(uid).tags(["llmfleet"]).refresh("30s").time("now-6h", "now")
+    board = _variables(board)
+    for p in panels:
+        board.with_panel(_panel(p))
+    data: dict[str, Any] = json.loads(json.dumps(board.build(), cls=JSONEncoder))
+    return data
+
+
+def dashboards(spec: StackSpec) -> dict[str, dict[str, Any]]:
+    return {
+        "llmfleet-overview": build("llmfleet-overview", "llmfleet: platform overview", overview_panels(spec)),
+        "llmfleet-teams": build("llmfleet-teams", "llmfleet: usage per team", team_panels(spec)),
+        "llmfleet-fleet": build("llmfleet-fleet", "llmfleet: on-premises fleet", fleet_panels(spec)),
+    }
+
+
+def panel_queries(board: dict[str, Any]) -> list[tuple[str, str]]:
+    """(panel title, expr) of every target of a rendered dashboard."""
+    return [(p["title"], t["expr"]) for p in board.get("panels", []) for t in p.get("targets", [])]
+
+
+def dashboard_config_maps(spec: StackSpec) -> list[Manifest]:
+    return [
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {
+                "name": f"dashboard-{name}",
+                "namespace": MONITORING_NAMESPACE,
+                "labels": {**labels("grafana-dashboards"), **SIDECAR_LABEL},
+            },
+            "data": {f"{name}.json": json.dumps(board, sort_keys=True)},
+        }
+        for name, board in dashboards(spec).items()
+    ]
