@@ -49,9 +49,12 @@ async def test_team_sign_in_sets_a_safe_cookie_and_shows_usage(env: GatewayEnv) 
     await chat(env, key)
     async with browser(env) as c:
         r = await signin(c, env.issuer.mint("alice", team="alpha"))
-        assert r.status_code == 303 and r.headers["location"] == "/console/team"
+        assert r.status_code == 303
+        assert r.headers["location"] == "/console/team"
         cookie = r.headers["set-cookie"].lower()
-        assert "httponly" in cookie and "samesite=lax" in cookie and "path=/console" in cookie
+        assert "httponly" in cookie
+        assert "samesite=lax" in cookie
+        assert "path=/console" in cookie
         assert "secure" not in cookie  # plain HTTP: a Secure cookie would never come back
         page = await c.get("/console/team")
         assert page.status_code == 200
@@ -81,7 +84,8 @@ async def test_markup_in_a_team_name_is_escaped(env: GatewayEnv) -> None:
     async with browser(env) as c:
         await signin(c, env.admin_token)
         admin = (await c.get("/console/admin")).text
-    assert "<script>alert" not in admin and "&lt;script&gt;" in admin
+    assert "<script>alert" not in admin
+    assert "&lt;script&gt;" in admin
 
 
 async def test_a_second_team_cannot_see_or_revoke_the_first_teams_keys(env: GatewayEnv) -> None:
@@ -89,14 +93,16 @@ async def test_a_second_team_cannot_see_or_revoke_the_first_teams_keys(env: Gate
     key_a, _ = await env.deps.keys.create(team="alpha", name="alpha-secret-key")
     await chat(env, key_a)
     await env.team_with_key("beta")
-    key_a_id = [k.id for k in await env.deps.keys.list_keys("alpha") if k.name == "alpha-secret-key"][0]
+    key_a_id = next(k.id for k in await env.deps.keys.list_keys("alpha") if k.name == "alpha-secret-key")
     async with browser(env) as c:
         await signin(c, env.issuer.mint("bob", team="beta"))
         page = await c.get("/console/team")
-        assert "alpha-secret-key" not in page.text and MODEL + "</td><td>1" not in page.text
+        assert "alpha-secret-key" not in page.text
+        assert MODEL + "</td><td>1" not in page.text
         assert "<td>1</td><td>11</td>" not in page.text
         r = await c.post(f"/console/team/keys/{key_a_id}/revoke", data={"csrf": csrf_of(page.text)})
-        assert r.status_code == 404 and "has no key" in r.text
+        assert r.status_code == 404
+        assert "has no key" in r.text
         assert (await c.get("/console/admin")).headers["location"] == "/console/signin"
         # The URL cannot pick another team either: the team id comes from the session only.
         assert "alpha-secret-key" not in (await c.get("/console/team?team=1&team_id=1")).text
@@ -115,7 +121,8 @@ async def test_state_changes_need_the_sessions_csrf_token(env: GatewayEnv) -> No
         before = len(await env.deps.keys.list_keys("alpha"))
         for data in ({"name": "x"}, {"name": "x", "csrf": foreign}, {"name": "x", "csrf": "forged"}):
             r = await c.post("/console/team/keys", data=data)
-            assert r.status_code == 403 and "did not come from this console" in r.text
+            assert r.status_code == 403
+            assert "did not come from this console" in r.text
         assert len(await env.deps.keys.list_keys("alpha")) == before
 
 
@@ -130,10 +137,12 @@ async def test_create_key_shows_the_secret_once_and_revoke_locks_it_out(env: Gat
         assert secret
         assert secret.group(1) not in (await c.get("/console/team")).text
         await chat(env, secret.group(1))
-        new = [k for k in await env.deps.keys.list_keys("alpha") if k.name == "ci"][0]
-        assert new.model_allowlist == (MODEL,) and new.rpm == 60
+        new = next(k for k in await env.deps.keys.list_keys("alpha") if k.name == "ci")
+        assert new.model_allowlist == (MODEL,)
+        assert new.rpm == 60
         r = await c.post(f"/console/team/keys/{new.id}/revoke", data={"csrf": csrf})
-        assert r.status_code == 200 and f"Key {new.id} revoked" in r.text
+        assert r.status_code == 200
+        assert f"Key {new.id} revoked" in r.text
     async with browser(env) as api:
         r = await api.get("/v1/models", headers={"Authorization": f"Bearer {secret.group(1)}"})
         assert r.status_code == 401
@@ -147,11 +156,12 @@ async def test_key_scoped_session_reads_only_its_key_and_changes_nothing(env: Ga
     async with browser(env) as c:
         await signin(c, secret2)
         page = await c.get("/console/team")
-        assert ">two<" in page.text and ">one<" not in page.text
+        assert ">two<" in page.text
+        assert ">one<" not in page.text
         assert "<td>1</td><td>11</td>" not in page.text  # key one's request is not this key's usage
         r = await c.post("/console/team/keys", data={"csrf": csrf_of(page.text), "name": "x"})
         assert r.status_code == 403
-        k2 = [k for k in await env.deps.keys.list_keys("alpha") if k.name == "two"][0]
+        k2 = next(k for k in await env.deps.keys.list_keys("alpha") if k.name == "two")
         await env.deps.keys.revoke(k2.id)
         assert (await c.get("/console/team")).headers["location"] == "/console/signin"
 
@@ -190,10 +200,12 @@ async def test_admin_adds_credits_and_bad_amounts_change_nothing(env: GatewayEnv
             r = await c.post(
                 "/console/admin/credits", data={"csrf": csrf, "team": str(team_id), "amount": amount}
             )
-            assert r.status_code == 400 and message in r.text, r.text
+            assert r.status_code == 400
+            assert message in r.text, r.text
         assert (await env.deps.teams.get_team(team_id)).balance_microcredits == 5_000_000
         r = await c.post("/console/admin/credits", data={"csrf": csrf, "team": str(team_id), "amount": "2.5"})
-        assert r.status_code == 200 and "Added 2.5 credits" in r.text
+        assert r.status_code == 200
+        assert "Added 2.5 credits" in r.text
         assert '<td class="balance">7.5</td>' in r.text
     assert (await env.deps.teams.get_team(team_id)).balance_microcredits == 7_500_000
 
@@ -213,17 +225,20 @@ async def test_one_time_link_works_once(env: GatewayEnv) -> None:
     token = env.issuer.mint("alice", team="alpha")
     async with browser(env) as c:
         r = await c.get("/console/signin", params={"token": token})
-        assert r.status_code == 303 and "lf_console=" in r.headers["set-cookie"]
+        assert r.status_code == 303
+        assert "lf_console=" in r.headers["set-cookie"]
     async with browser(env) as c:
         r = await c.get("/console/signin", params={"token": token})
-        assert r.status_code == 401 and "already used" in r.text
+        assert r.status_code == 401
+        assert "already used" in r.text
         assert "set-cookie" not in r.headers
 
 
 async def test_bad_token_and_forged_cookie_get_no_session(env: GatewayEnv) -> None:
     async with browser(env) as c:
         r = await signin(c, "sk-lf-nope")
-        assert r.status_code == 401 and "Sign-in failed" in r.text
+        assert r.status_code == 401
+        assert "Sign-in failed" in r.text
         c.cookies.set("lf_console", "eyJraW5kIjoiYWRtaW4ifQ.forged", path="/console")
         assert (await c.get("/console/admin")).headers["location"] == "/console/signin"
 
@@ -236,6 +251,8 @@ async def test_admin_drains_a_node(env: GatewayEnv) -> None:
         await signin(c, env.admin_token)
         csrf = csrf_of((await c.get("/console/admin")).text)
         r = await c.post("/console/admin/nodes/n1/drain", data={"csrf": csrf})
-        assert r.status_code == 200 and '<td class="state">draining</td>' in r.text
+        assert r.status_code == 200
+        assert '<td class="state">draining</td>' in r.text
         r = await c.post("/console/admin/nodes/n1/drain", data={"csrf": csrf})
-        assert r.status_code == 409 and "not connected" in r.text
+        assert r.status_code == 409
+        assert "not connected" in r.text
