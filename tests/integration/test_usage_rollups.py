@@ -16,7 +16,7 @@ from psycopg_pool import AsyncConnectionPool
 from apps.core.db.migrate import MIGRATIONS_DIR, migrate_sync
 from apps.core.identity.keys import KeyStore
 from apps.core.ledger.pg import PgLedger
-from apps.core.ledger.rollups import UsageRollups
+from apps.core.ledger.rollups import DailyUsage, UsageRollups
 from apps.core.ledger.teams import TeamStore
 from apps.core.spec import load_spec
 
@@ -93,6 +93,13 @@ def _fold(raw: dict[tuple[str, str, int], list[int]], key_id: int | None) -> dic
     return dict(out)
 
 
+def _rolled(rows: list[DailyUsage]) -> dict[tuple[str, str], list[int]]:
+    return {
+        (r.day.isoformat(), r.model): [r.requests, r.prompt_tokens, r.completion_tokens, r.cost_microcredits]
+        for r in rows
+    }
+
+
 @pytest.mark.parametrize("seed", [1, 2, 3])
 async def test_rollup_equals_the_raw_ledger_for_random_ranges(pool: AsyncConnectionPool, seed: int) -> None:
     rng = random.Random(seed)
@@ -104,15 +111,7 @@ async def test_rollup_equals_the_raw_ledger_for_random_ranges(pool: AsyncConnect
         start, end = DAY0 + timedelta(days=a - 1), DAY0 + timedelta(days=b)
         raw = await _raw(pool, team_id, start, end)
         key_id = rng.choice([None, *{k for (_, _, k) in raw}])
-        got = {
-            (r.day.isoformat(), r.model): [
-                r.requests,
-                r.prompt_tokens,
-                r.completion_tokens,
-                r.cost_microcredits,
-            ]
-            for r in await rollups.daily(team_id, start, end, key_id=key_id)
-        }
+        got = _rolled(await rollups.daily(team_id, start, end, key_id=key_id))
         assert got == _fold(raw, key_id)
         # The JSON endpoint's function (`/v1/usage?group_by=day`) agrees too.
         json_rows = await teams.usage(
@@ -149,13 +148,5 @@ async def test_migration_backfills_rows_settled_before_it(fresh_db_url: str, tmp
         for team_id in team_ids:
             start, end = DAY0, DAY0 + timedelta(days=SPAN_DAYS)
             raw = _fold(await _raw(p, team_id, start, end), None)
-            got = {
-                (r.day.isoformat(), r.model): [
-                    r.requests,
-                    r.prompt_tokens,
-                    r.completion_tokens,
-                    r.cost_microcredits,
-                ]
-                for r in await UsageRollups(p).daily(team_id, start, end)
-            }
+            got = _rolled(await UsageRollups(p).daily(team_id, start, end))
             assert got == raw
