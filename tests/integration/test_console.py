@@ -256,3 +256,18 @@ async def test_admin_drains_a_node(env: GatewayEnv) -> None:
         r = await c.post("/console/admin/nodes/n1/drain", data={"csrf": csrf})
         assert r.status_code == 409
         assert "not connected" in r.text
+
+
+async def test_pages_load_only_same_origin_assets(env: GatewayEnv) -> None:
+    await env.team_with_key("alpha")
+    async with browser(env) as c:
+        r = await c.get("/console/")
+        assert r.status_code == 303
+        assert r.headers["location"] == "/console/signin"
+        await signin(c, env.issuer.mint("alice", team="alpha"))
+        page = (await c.get("/console/team")).text
+        sources = re.findall(r'(?:src|href)="([^"]+)"', page)
+        assert sources
+        assert all(s.startswith(("/console/", "#")) for s in sources), sources
+        for asset in ("uPlot.iife.min.js", "uPlot.min.css", "console.js", "uPlot.LICENSE"):
+            assert (await c.get(f"/console/static/{asset}")).status_code == 200

@@ -37,11 +37,14 @@ def _session(console: Console, principal: Principal) -> Session:
 
 
 def signin_routes(console: Console) -> list[Route]:
-    async def start(request: Request, token: str) -> Response:
+    async def start(request: Request, token: str, *, one_time: bool = False) -> Response:
         try:
             principal = await authenticate_token(token, console.deps, console.settings)
         except LlmfleetError as exc:
             raise Problem(f"Sign-in failed: {exc.message}", 401) from None
+        # Only a verified token is recorded, so junk links cannot fill the table.
+        if one_time and not await console.usage.claim_signin(token):
+            raise Problem("This sign-in link was already used; ask for a new one or paste a token.", 401)
         session = _session(console, principal)
         response = RedirectResponse(
             "/console/admin" if session.is_admin else "/console/team", status_code=303
@@ -56,11 +59,7 @@ def signin_routes(console: Console) -> list[Route]:
         token = request.query_params.get("token", "").strip()
         try:
             if token:
-                if not await console.usage.claim_signin(token):
-                    raise Problem(
-                        "This sign-in link was already used; ask for a new one or paste a token.", 401
-                    )
-                return await start(request, token)
+                return await start(request, token, one_time=True)
             return console.render(request, "signin.html", {})
         except Problem as problem:
             return console.render(request, "signin.html", {"error": problem.message}, problem.status)

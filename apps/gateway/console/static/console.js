@@ -19,6 +19,8 @@
       series.push({ label: m, stroke: colours[i % colours.length], width: 2 });
       columns.push(data.series[m][metric]);
     });
-    new uPlot({ width: 360, height: 220, tzDate: utc, series: series, scales: { x: { time: true } } }, columns, el);
+    var fmt = function (u, vals) { return vals.map(function (v) { return metric === "cost" ? v.toPrecision(2) : v; }); };
+    var axes = [{}, { values: fmt, size: 60 }];
+    new uPlot({ width: 360, height: 220, tzDate: utc, series: series, axes: axes, scales: { x: { time: true } } }, columns, el);
   });
 })();
