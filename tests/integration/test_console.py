@@ -253,6 +253,9 @@ async def test_admin_drains_a_node(env: GatewayEnv) -> None:
         r = await c.post("/console/admin/nodes/n1/drain", data={"csrf": csrf})
         assert r.status_code == 200
         assert '<td class="state">draining</td>' in r.text
+        csv = (await c.get("/console/admin/capacity.csv")).text.splitlines()
+        assert csv[0].startswith("model,ready_nodes,streams_available")
+        assert any(line.startswith("llama-3.1-8b-instruct,0,0,") for line in csv)  # n1 serves no model
         r = await c.post("/console/admin/nodes/n1/drain", data={"csrf": csrf})
         assert r.status_code == 409
         assert "not connected" in r.text

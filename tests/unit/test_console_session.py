@@ -52,3 +52,16 @@ def test_dev_links_carry_distinct_short_lived_tokens() -> None:
     assert claims[0]["jti"] != claims[1]["jti"]
     assert all(c["exp"] - c["iat"] <= 24 * 3600 for c in claims)
     assert links.lines("demo")[1].endswith(links.team)
+
+
+def test_capacity_counts_ready_nodes_against_the_plan() -> None:
+    from apps.gateway.console.admin import capacity
+
+    plan = {"m8": (64, 2, 100), "m70": (16, 0, 0)}
+    nodes: list[dict[str, object]] = [
+        {"models": ["m8"], "state": "ready", "in_flight": 3},
+        {"models": ["m8"], "state": "draining", "in_flight": 2},
+        {"models": ["m8"], "state": "ready", "in_flight": 0},
+        {"models": [], "state": "ready", "in_flight": 0},
+    ]
+    assert capacity(plan, nodes) == [("m70", 0, 0, 0, 0, 0), ("m8", 2, 128, 5, 2, 100)]
