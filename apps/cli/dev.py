@@ -4,7 +4,8 @@ Embedded PostgreSQL and Redis unless `LLMFLEET_DATABASE_URL` / `LLMFLEET_REDIS_U
 set, migrations, one orchestrator, four enginesim engines with their agents (two 8B
 nodes, one of them on premises, one 32B, one 70B), a gateway on the port, a demo team
 with credits and a demo key. Prints `OPENAI_BASE_URL=`, `OPENAI_API_KEY=` and
-`LLMFLEET_ADMIN_TOKEN=` (one per line) and writes them to `DIR/credentials.env`.
+`LLMFLEET_ADMIN_TOKEN=` (one per line) and writes them to `DIR/credentials.env`, then the console's URL
+and one-time sign-in links for the demo team and the admin (`# console...` lines).
 Ctrl-C or SIGTERM stops everything in reverse order; a child that dies on its own stops
 the rest too (exit 1) rather than leaving a half platform running.
 """
@@ -19,7 +20,8 @@ import threading
 from pathlib import Path
 from types import FrameType
 
-from apps.cli.platform import LocalPlatform, PlatformConfig
+from apps.cli.console_links import console_links
+from apps.cli.platform import DEMO_TEAM, LocalPlatform, PlatformConfig
 
 
 class _Interrupted(Exception):
@@ -70,6 +72,8 @@ def run(args: argparse.Namespace) -> int:
         lines = creds.env_lines()
         _write_credentials(platform.data_dir / "credentials.env", lines)
         print("\n".join(lines), flush=True)
+        links = console_links(platform.gateway_url, platform.issuer, DEMO_TEAM)
+        print("\n".join(links.lines(DEMO_TEAM)), flush=True)
         print(
             f"# llmfleet dev: {len(config.nodes)} nodes ready; logs in {platform.supervisor.log_dir}; "
             "Ctrl-C stops everything",

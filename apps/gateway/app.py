@@ -15,6 +15,7 @@ from apps.core.errors import LlmfleetError
 from apps.gateway.admin_routes import admin_routes
 from apps.gateway.auth import authenticate
 from apps.gateway.chat import ChatHandler
+from apps.gateway.console import console_mount
 from apps.gateway.deps import GatewayDeps
 from apps.gateway.errors import error_response
 from apps.gateway.metrics import GatewayMetrics
@@ -67,5 +68,6 @@ def create_app(settings: GatewaySettings, deps: GatewayDeps) -> GatewayApp:
         Route("/readyz", readyz, methods=["GET"]),
         Route("/metrics", metrics_view, methods=["GET"]),
         *admin_routes(settings, deps),
+        console_mount(settings, deps),
     ]
     return GatewayApp(routes=routes, exception_handlers={LlmfleetError: on_error}, lifespan=lifespan)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 from starlette.requests import Request
 
 from apps.core.errors import AuthenticationFailed, NotFound, PermissionDenied
@@ -21,7 +23,11 @@ def bearer(request: Request) -> str:
 
 
 async def authenticate(request: Request, deps: GatewayDeps, settings: GatewaySettings) -> Principal:
-    token = bearer(request)
+    return await authenticate_token(bearer(request), deps, settings)
+
+
+async def authenticate_token(token: str, deps: GatewayDeps, settings: GatewaySettings) -> Principal:
+    """An API key's or a JWT's principal (the console signs in with the same check as the API)."""
     if not looks_like_jwt(token):
         return await deps.keys.authenticate(token)
     if deps.jwt is None:
@@ -48,7 +54,14 @@ async def authenticate(request: Request, deps: GatewayDeps, settings: GatewaySet
             settings.jwt_max_streams or None, settings.jwt_rpm or None, settings.jwt_tokens_per_day or None
         ),
         is_admin=identity.is_admin,
+        expires_at=_exp(identity.claims.get("exp")),
     )
+
+
+def _exp(value: object) -> datetime | None:
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return datetime.fromtimestamp(float(value), UTC)
+    return None
 
 
 async def require_admin(request: Request, deps: GatewayDeps, settings: GatewaySettings) -> Principal:

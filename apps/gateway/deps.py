@@ -12,6 +12,7 @@ from apps.core.clock import SYSTEM
 from apps.core.identity.jwt_verify import JwtVerifier
 from apps.core.identity.keys import KeyStore
 from apps.core.ledger.pg import PgLedger
+from apps.core.ledger.rollups import UsageRollups
 from apps.core.ledger.teams import TeamStore
 from apps.core.quota.admission import QuotaStore
 from apps.core.spec import StackSpec
@@ -30,6 +31,7 @@ class GatewayDeps:
     health: Health
     resolver: Resolver
     jwt: JwtVerifier | None = None
+    usage: UsageRollups | None = None  # the console's rollups (None: the console answers 503)
     registry: CollectorRegistry = field(default_factory=CollectorRegistry)
     clock: Callable[[], datetime] = SYSTEM.now  # apps.core.clock
     # Closed in order at shutdown (pools, clients, sessions).

@@ -44,6 +44,10 @@ class NodeAdmin(Protocol):
 
     async def list_nodes(self) -> list[dict[str, object]]: ...
 
+    async def request_drain(self, node_id: str) -> bool:
+        """Ask the orchestrator owning the node's socket to drain it; False if none owns it."""
+        ...
+
 
 class Resolver(Protocol):
     async def resolve(self, host: str) -> list[str]:

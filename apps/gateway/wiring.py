@@ -11,6 +11,7 @@ from psycopg_pool import AsyncConnectionPool
 from apps.core.identity.jwt_verify import JwtVerifier
 from apps.core.identity.keys import KeyStore
 from apps.core.ledger.pg import PgLedger
+from apps.core.ledger.rollups import UsageRollups
 from apps.core.ledger.teams import TeamStore
 from apps.core.nodes.store import NodeStore
 from apps.core.quota.admission import QuotaStore
@@ -112,5 +113,6 @@ async def build_deps(settings: GatewaySettings) -> GatewayDeps:
         health=StoreHealth(pool, redis),
         resolver=SystemResolver(),
         jwt=jwt,
+        usage=UsageRollups(pool),
         closers=[dispatcher.aclose, close_redis, pool.close, node_pool.close],
     )

@@ -18,6 +18,7 @@ from apps.core.identity.jwt_verify import JwtVerifier
 from apps.core.identity.keys import KeyStore
 from apps.core.identity.local_issuer import LocalIssuer
 from apps.core.ledger.pg import PgLedger
+from apps.core.ledger.rollups import UsageRollups
 from apps.core.ledger.teams import TeamStore
 from apps.core.quota.admission import QuotaStore
 from apps.core.spec import load_spec
@@ -100,6 +101,7 @@ async def gateway_env(
         health=StoreHealth(pool, redis),
         resolver=resolver or StaticResolver(),
         jwt=JwtVerifier(jwks_url, issuer=issuer.issuer, audience=issuer.audience),
+        usage=UsageRollups(pool),
     )
     app = create_app(settings, deps)
     env = GatewayEnv(app, deps, settings, issuer, issuer.mint("ops", admin=True), dispatcher, redis, pool)

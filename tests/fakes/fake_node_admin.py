@@ -27,3 +27,10 @@ class FakeNodeAdmin:
 
     async def list_nodes(self) -> list[dict[str, object]]:
         return list(self.nodes.values())
+
+    async def request_drain(self, node_id: str) -> bool:
+        node = self.nodes.get(node_id)
+        if node is None or node.get("state") != "ready":
+            return False
+        node["state"] = "draining"
+        return True

@@ -1,0 +1,166 @@
+"""Usage rollups for the console: daily per team/model/key totals, recent requests, key last use.
+
+`usage_daily` (migration 0005) is maintained by a trigger on the ledger row's
+`reserved -> settled` update, in the settle's own transaction, so for any whole-UTC-day
+range its totals equal the settled ledger rows' totals (tested property-style against the
+raw ledger). A year of a team's usage is then at most 366 x models x keys rows, which is
+what makes the console's pages fast on a million ledger rows. Every query is scoped by a
+team id the caller verified (or none, for the admin's all-teams view).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from datetime import date, datetime, timedelta
+from typing import Any
+
+from psycopg_pool import AsyncConnectionPool
+
+# Keys of `usage_daily` rows made without a key (JWT callers).
+NO_KEY = 0
+
+
+@dataclass(frozen=True)
+class DailyUsage:
+    day: date
+    model: str
+    requests: int
+    prompt_tokens: int
+    completion_tokens: int
+    cost_microcredits: int
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "day": self.day.isoformat(),
+            "model": self.model,
+            "requests": self.requests,
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "total_tokens": self.total_tokens,
+            "cost_microcredits": self.cost_microcredits,
+        }
+
+
+@dataclass(frozen=True)
+class RecentRequest:
+    request_id: str
+    created_at: datetime
+    model: str
+    key_id: int | None
+    status: str
+    prompt_tokens: int
+    completion_tokens: int
+    cost_microcredits: int
+    latency_s: float | None
+
+
+def _scope(team_id: int | None, key_id: int | None) -> tuple[str, list[Any]]:
+    where, params = [], []
+    if team_id is not None:
+        where.append("team_id = %s")
+        params.append(team_id)
+    if key_id is not None:
+        where.append("key_id = %s")
+        params.append(key_id)
+    return " AND ".join(where) or "TRUE", params
+
+
+class UsageRollups:
+    def __init__(self, pool: AsyncConnectionPool) -> None:
+        self._pool = pool
+
+    async def daily(
+        self,
+        team_id: int | None,
+        start: date,
+        end: date,
+        *,
+        key_id: int | None = None,
+        model: str | None = None,
+    ) -> list[DailyUsage]:
+        """Per UTC day and model in `[start, end)` (days), summed over keys unless `key_id` is given."""
+        where, params = _scope(team_id, key_id)
+        if model is not None:
+            where += " AND model = %s"
+            params.append(model)
+        query = (
+            "SELECT day, model, SUM(requests), SUM(prompt_tokens), SUM(completion_tokens), "  # noqa: S608 (constant)
+            f"SUM(cost_microcredits) FROM usage_daily WHERE {where} AND day >= %s AND day < %s "
+            "GROUP BY 1, 2 ORDER BY 1, 2"
+        )
+        async with self._pool.connection() as conn:
+            cur = await conn.execute(query.encode(), (*params, start, end))
+            rows = await cur.fetchall()
+        return [DailyUsage(r[0], str(r[1]), int(r[2]), int(r[3]), int(r[4]), int(r[5])) for r in rows]
+
+    async def key_last_used(self, team_id: int | None) -> dict[int, datetime]:
+        where, params = _scope(team_id, None)
+        query = f"SELECT key_id, max(last_at) FROM usage_daily WHERE {where} AND key_id <> 0 GROUP BY 1"  # noqa: S608
+        async with self._pool.connection() as conn:
+            cur = await conn.execute(query.encode(), params)
+            return {int(r[0]): r[1] for r in await cur.fetchall()}
+
+    async def recent(
+        self, team_id: int, *, key_id: int | None = None, limit: int = 50
+    ) -> list[RecentRequest]:
+        """The newest ledger rows (metadata only: the ledger holds no prompt or completion)."""
+        where, params = _scope(team_id, key_id)
+        query = (
+            "SELECT request_id, created_at, model, key_id, status::text, prompt_tokens, completion_tokens, "  # noqa: S608
+            "cost_microcredits, EXTRACT(EPOCH FROM finalized_at - created_at) "
+            f"FROM usage_ledger WHERE {where} ORDER BY created_at DESC LIMIT %s"
+        )
+        async with self._pool.connection() as conn:
+            cur = await conn.execute(query.encode(), (*params, limit))
+            rows = await cur.fetchall()
+        return [
+            RecentRequest(
+                str(r[0]),
+                r[1],
+                str(r[2]),
+                r[3],
+                str(r[4]),
+                int(r[5]),
+                int(r[6]),
+                int(r[7]),
+                float(r[8]) if r[8] is not None else None,
+            )
+            for r in rows
+        ]
+
+    async def status_counts(
+        self, team_id: int, since: datetime, *, key_id: int | None = None
+    ) -> dict[str, int]:
+        """Ledger rows per status since `since` (a cancelled row: admitted, then nothing served it)."""
+        where, params = _scope(team_id, key_id)
+        query = (
+            f"SELECT status::text, count(*) FROM usage_ledger WHERE {where} AND created_at >= %s GROUP BY 1"  # noqa: S608
+        )
+        async with self._pool.connection() as conn:
+            cur = await conn.execute(query.encode(), (*params, since))
+            return {str(r[0]): int(r[1]) for r in await cur.fetchall()}
+
+    async def claim_signin(self, token: str) -> bool:
+        """True the first time a sign-in link's token is used, False ever after."""
+        digest = hashlib.sha256(token.encode()).hexdigest()
+        async with self._pool.connection() as conn:
+            cur = await conn.execute(
+                "INSERT INTO console_signin_used (token_sha256) VALUES (%s) ON CONFLICT DO NOTHING RETURNING 1",
+                (digest,),
+            )
+            return await cur.fetchone() is not None
+
+
+def burn_rate(rows: list[DailyUsage], today: date, days: int = 7) -> float:
+    """Average microcredits per day over the last `days` days up to and including `today`."""
+    since = today - timedelta(days=days - 1)
+    return sum(r.cost_microcredits for r in rows if since <= r.day <= today) / days
+
+
+def days_left(balance_microcredits: int, burn_per_day: float) -> float | None:
+    return balance_microcredits / burn_per_day if burn_per_day > 0 else None

@@ -1,0 +1,141 @@
+"""The admin view: teams and balances (add credits), every key (revoke), nodes (drain), capacity vs plan.
+
+Every action calls the store the admin API calls (`TeamStore.add_credits`,
+`KeyStore.revoke`, `NodeAdmin.request_drain`); the credit amount is parsed by the admin
+API's own `amount_microcredits`, and the console accepts only positive amounts (a credit).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from apps.core.errors import LlmfleetError
+from apps.core.sizing.plan import plan_fleet
+from apps.gateway.admin_routes import amount_microcredits
+from apps.gateway.console.forms import Problem, first
+from apps.gateway.console.session import Session
+from apps.gateway.console.views import Console, csv_response, to_signin
+
+CAPACITY_HEADER = (
+    "model",
+    "ready_nodes",
+    "streams_available",
+    "in_flight",
+    "planned_replicas",
+    "planned_peak_streams",
+)
+
+
+def capacity(plan: dict[str, tuple[int, int, int]], nodes: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
+    """Per model: ready nodes x the plan's streams per replica, in flight, vs the plan's replicas and peak."""
+    ready: dict[str, int] = defaultdict(int)
+    in_flight: dict[str, int] = defaultdict(int)
+    for node in nodes:
+        for model in node.get("models") or []:
+            in_flight[model] += int(node.get("in_flight") or 0)
+            if node.get("state") == "ready":
+                ready[model] += 1
+    return [
+        (name, ready[name], ready[name] * seqs, in_flight[name], replicas, peak)
+        for name, (seqs, replicas, peak) in sorted(plan.items())
+    ]
+
+
+def admin_routes(console: Console) -> list[Route]:
+    deps = console.deps
+    plan = {n: (m.max_num_seqs, m.replicas, m.peak_streams) for n, m in plan_fleet(deps.spec).models.items()}
+
+    async def admin_session(request: Request) -> Session | None:
+        session = await console.session(request)
+        return session if session is not None and session.is_admin else None
+
+    async def page(request: Request, session: Session, extra: dict[str, Any], status: int = 200) -> Response:
+        nodes = await deps.nodes.list_nodes()
+        ctx = {
+            "teams": await deps.teams.list_teams(),
+            "keys": await deps.keys.list_keys(None),
+            "last_used": await console.usage.key_last_used(None),
+            "nodes": nodes,
+            "capacity": capacity(plan, nodes),
+            **extra,
+        }
+        return console.render(request, "admin.html", ctx, status, session)
+
+    async def admin_view(request: Request) -> Response:
+        session = await admin_session(request)
+        if session is None:
+            return to_signin()
+        return await page(request, session, {})
+
+    async def capacity_csv(request: Request) -> Response:
+        if await admin_session(request) is None:
+            return to_signin()
+        return csv_response("capacity.csv", CAPACITY_HEADER, capacity(plan, await deps.nodes.list_nodes()))
+
+    async def add_credits(request: Request) -> Response:
+        session = await admin_session(request)
+        if session is None:
+            return to_signin()
+        try:
+            form = await console.checked_form(request, session)
+            team = first(form, "team")
+            if not team.isdigit():
+                raise Problem("Pick a team.")
+            try:
+                micro = amount_microcredits({"amount": first(form, "amount")})
+            except LlmfleetError as exc:
+                raise Problem(exc.message) from None
+            if micro <= 0:
+                raise Problem("The amount must be a positive number of credits.")
+            entry = await deps.teams.add_credits(int(team), micro, first(form, "reason")[:200] or "console")
+        except Problem as problem:
+            return await page(request, session, {"error": problem.message}, problem.status)
+        except LlmfleetError as exc:
+            return await page(request, session, {"error": exc.message}, exc.status)
+        return await page(
+            request, session, {"notice": f"Added {first(form, 'amount')} credits to {entry['team']}."}
+        )
+
+    async def revoke_key(request: Request) -> Response:
+        session = await admin_session(request)
+        if session is None:
+            return to_signin()
+        try:
+            await console.checked_form(request, session)
+            raw = str(request.path_params["key_id"])
+            if not raw.isdigit():
+                raise Problem(f"No key {raw[:20]}.", 404)
+            await deps.keys.revoke(int(raw))
+        except Problem as problem:
+            return await page(request, session, {"error": problem.message}, problem.status)
+        except LlmfleetError as exc:
+            return await page(request, session, {"error": exc.message}, exc.status)
+        return await page(request, session, {"notice": f"Key {raw} revoked."})
+
+    async def drain(request: Request) -> Response:
+        session = await admin_session(request)
+        if session is None:
+            return to_signin()
+        node_id = str(request.path_params["node_id"])
+        try:
+            await console.checked_form(request, session)
+            if not await deps.nodes.request_drain(node_id):
+                raise Problem(
+                    f"Node {node_id[:128]} is not connected to any orchestrator; nothing to drain.", 409
+                )
+        except Problem as problem:
+            return await page(request, session, {"error": problem.message}, problem.status)
+        return await page(request, session, {"notice": f"Drain requested for {node_id}."})
+
+    return [
+        Route("/admin", admin_view, methods=["GET"]),
+        Route("/admin/capacity.csv", capacity_csv, methods=["GET"]),
+        Route("/admin/credits", add_credits, methods=["POST"]),
+        Route("/admin/keys/{key_id}/revoke", revoke_key, methods=["POST"]),
+        Route("/admin/nodes/{node_id}/drain", drain, methods=["POST"]),
+    ]

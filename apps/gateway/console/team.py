@@ -1,0 +1,184 @@
+"""The team view: balance, burn and forecast, usage charts with tables and CSV, keys, recent requests.
+
+Every query is scoped by the session's team id (set at sign-in from the verified
+principal); a key-scoped session sees only its own key's usage and cannot change keys.
+Keys are created and revoked through the same `KeyStore` calls as the admin API.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from apps.core.errors import LlmfleetError
+from apps.core.ledger.rollups import DailyUsage, burn_rate, days_left
+from apps.gateway.console.forms import Problem, UsageQuery, expiry, first, positive_int, usage_query
+from apps.gateway.console.session import Session
+from apps.gateway.console.views import Console, csv_response, to_signin
+
+USAGE_HEADER = (
+    "day_utc",
+    "model",
+    "requests",
+    "prompt_tokens",
+    "completion_tokens",
+    "total_tokens",
+    "cost_credits",
+)
+
+
+def chart_data(query: UsageQuery, rows: list[DailyUsage]) -> dict[str, Any]:
+    """One series per model over every day of the range (zero-filled), for the three charts."""
+    days = query.days()
+    index = {d: i for i, d in enumerate(days)}
+    models = sorted({r.model for r in rows})
+    series: dict[str, dict[str, list[float]]] = {
+        m: {k: [0.0] * len(days) for k in ("tokens", "requests", "cost")} for m in models
+    }
+    for r in rows:
+        i = index[r.day]
+        series[r.model]["tokens"][i] = r.total_tokens
+        series[r.model]["requests"][i] = r.requests
+        series[r.model]["cost"][i] = r.cost_microcredits / 1_000_000
+    stamps = [int(datetime.combine(d, datetime.min.time(), UTC).timestamp()) for d in days]
+    return {"days": stamps, "models": models, "series": series}
+
+
+def _usage_rows(rows: list[DailyUsage]) -> list[tuple[Any, ...]]:
+    return [
+        (r.day.isoformat(), r.model, r.requests, r.prompt_tokens, r.completion_tokens, r.total_tokens,
+         f"{r.cost_microcredits / 1_000_000:.6f}")
+        for r in rows
+    ]  # fmt: skip
+
+
+def team_routes(console: Console) -> list[Route]:
+    deps = console.deps
+
+    async def team_session(request: Request) -> Session | None:
+        session = await console.session(request)
+        if session is None or session.team_id is None:
+            return None
+        return session
+
+    async def query_of(request: Request) -> UsageQuery:
+        return usage_query(dict(request.query_params), deps.spec.models, deps.clock().date())
+
+    async def context(session: Session, query: UsageQuery | None) -> dict[str, Any]:
+        assert session.team_id is not None
+        team = await deps.teams.get_team(session.team_id)
+        today = deps.clock().date()
+        usage = console.usage
+        week = await usage.daily(
+            team.id, today - timedelta(days=6), today + timedelta(days=1), key_id=session.key_id
+        )
+        burn = burn_rate(week, today)
+        rows = (
+            await usage.daily(
+                team.id, query.start, query.end_exclusive, key_id=session.key_id, model=query.model
+            )
+            if query
+            else []
+        )
+        keys = await deps.keys.list_keys(team.id)
+        if session.kind == "key":
+            keys = [k for k in keys if k.id == session.key_id]
+        return {
+            "team": team,
+            "burn": burn,
+            "days_left": days_left(team.balance_microcredits, burn),
+            "query": query,
+            "models": sorted(deps.spec.models),
+            "rows": _usage_rows(rows),
+            "chart": chart_data(query, rows) if query else None,
+            "keys": keys,
+            "last_used": await usage.key_last_used(team.id),
+            "recent": await usage.recent(team.id, key_id=session.key_id),
+            "counts": await usage.status_counts(
+                team.id, deps.clock() - timedelta(days=1), key_id=session.key_id
+            ),
+        }
+
+    async def page(request: Request, session: Session, extra: dict[str, Any], status: int = 200) -> Response:
+        query: UsageQuery | None = None
+        error = extra.pop("error", None)
+        try:
+            query = await query_of(request)
+        except Problem as problem:
+            error, status = problem.message, problem.status
+        ctx = {**await context(session, query), "error": error, **extra}
+        return console.render(request, "team.html", ctx, status, session)
+
+    async def team_view(request: Request) -> Response:
+        session = await team_session(request)
+        if session is None:
+            return to_signin()
+        return await page(request, session, {})
+
+    async def usage_csv(request: Request) -> Response:
+        session = await team_session(request)
+        if session is None:
+            return to_signin()
+        assert session.team_id is not None
+        try:
+            query = await query_of(request)
+        except Problem as problem:
+            return console.problem(request, problem, session)
+        rows = await console.usage.daily(
+            session.team_id, query.start, query.end_exclusive, key_id=session.key_id, model=query.model
+        )
+        return csv_response(f"usage-{query.start}-{query.end}.csv", USAGE_HEADER, _usage_rows(rows))
+
+    async def create_key(request: Request) -> Response:
+        session = await team_session(request)
+        if session is None:
+            return to_signin()
+        try:
+            if not session.manages_keys:
+                raise Problem(
+                    "A key-scoped session cannot create keys; sign in with your team's identity.", 403
+                )
+            form = await console.checked_form(request, session)
+            allow = [m for m in form.get("model", []) if m]
+            unknown = [m for m in allow if m not in deps.spec.models]
+            if unknown:
+                raise Problem(f"Unknown model in the allowlist: {', '.join(unknown)[:200]}.")
+            name = first(form, "name")[:200] or None
+            secret, record = await deps.keys.create(
+                team=session.team_id or 0, model_allowlist=allow, rpm=positive_int(form, "rpm"),
+                tokens_per_day=positive_int(form, "tokens_per_day"), max_streams=positive_int(form, "max_streams"),
+                expires_at=expiry(form, deps.clock()), name=name,
+            )  # fmt: skip
+        except Problem as problem:
+            return await page(request, session, {"error": problem.message}, problem.status)
+        except LlmfleetError as exc:
+            return await page(request, session, {"error": exc.message}, exc.status)
+        return await page(request, session, {"created": {"secret": secret, "record": record}}, 201)
+
+    async def revoke_key(request: Request) -> Response:
+        session = await team_session(request)
+        if session is None:
+            return to_signin()
+        try:
+            if not session.manages_keys:
+                raise Problem("A key-scoped session cannot revoke keys.", 403)
+            await console.checked_form(request, session)
+            raw = str(request.path_params["key_id"])
+            mine = {k.id for k in await deps.keys.list_keys(session.team_id or 0)}
+            if not raw.isdigit() or int(raw) not in mine:
+                raise Problem(f"Your team has no key {raw[:20]}.", 404)
+            await deps.keys.revoke(int(raw))
+        except Problem as problem:
+            return await page(request, session, {"error": problem.message}, problem.status)
+        return await page(request, session, {"notice": f"Key {raw} revoked."})
+
+    return [
+        Route("/team", team_view, methods=["GET"]),
+        Route("/team/usage.csv", usage_csv, methods=["GET"]),
+        Route("/team/keys", create_key, methods=["POST"]),
+        Route("/team/keys/{key_id}/revoke", revoke_key, methods=["POST"]),
+    ]

@@ -1,0 +1,204 @@
+"""The console in Debian's Chromium against `llmfleet dev`'s processes, with real OpenAI SDK traffic."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+
+import openai
+import pytest
+from selenium import webdriver
+from selenium.webdriver.common.by import By
+
+from apps.cli.console_links import console_links
+from apps.cli.platform import DEMO_TEAM, MODEL_8B, LocalPlatform
+
+pytestmark = [pytest.mark.browser, pytest.mark.timeout(240)]
+T = TypeVar("T")
+
+
+def until(what: str, probe: Callable[[], T | None], timeout_s: float = 20.0) -> T:
+    """Poll `probe` with a deadline (the page is re-read by the probe itself)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        got = probe()
+        if got:
+            return got
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.2)
+
+
+def text(driver: webdriver.Chrome, css: str) -> str:
+    return str(driver.find_element(By.CSS_SELECTOR, css).text)
+
+
+def sdk(platform: LocalPlatform, key: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=platform.gateway_url + "/v1", api_key=key, max_retries=0)
+
+
+def chat(client: openai.OpenAI) -> None:
+    client.chat.completions.create(model=MODEL_8B, messages=[{"role": "user", "content": "hi"}], max_tokens=5)
+
+
+def admin_api(platform: LocalPlatform, path: str, body: dict[str, object]) -> dict[str, object]:
+    req = urllib.request.Request(
+        platform.gateway_url + path,
+        data=json.dumps(body).encode(),
+        headers={"Authorization": f"Bearer {platform.admin_token}", "Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        data: dict[str, object] = json.loads(resp.read())
+        return data
+
+
+def usage_requests(driver: webdriver.Chrome) -> int:
+    cells = [
+        r.find_elements(By.TAG_NAME, "td")
+        for r in driver.find_elements(By.CSS_SELECTOR, "#usage-table tbody tr")
+    ]
+    return sum(int(c[2].text) for c in cells if len(c) == 7 and c[1].text == MODEL_8B)
+
+
+def signed_in(driver: webdriver.Chrome, url: str) -> None:
+    driver.delete_all_cookies()
+    driver.get(url)
+
+
+def test_team_sees_usage_creates_and_revokes_a_key(
+    platform: LocalPlatform, chrome: webdriver.Chrome, artifacts: Path
+) -> None:
+    assert platform.credentials is not None
+    demo = sdk(platform, platform.credentials.api_key)
+    for _ in range(3):
+        chat(demo)
+    links = console_links(platform.gateway_url, platform.issuer, DEMO_TEAM)
+    chrome.get(platform.gateway_url + "/console/signin")
+    chrome.save_screenshot(str(artifacts / "signin.png"))
+    signed_in(chrome, links.team)
+    assert chrome.current_url.endswith("/console/team")  # the token left the address bar
+    assert text(chrome, "#team-name") == DEMO_TEAM
+
+    def seen() -> int | None:
+        chrome.get(platform.gateway_url + "/console/team")
+        return usage_requests(chrome) if usage_requests(chrome) >= 3 else None
+
+    assert until("3 requests in the usage table", seen) == 3
+    until("the charts drawn", lambda: len(chrome.find_elements(By.CSS_SELECTOR, ".chart canvas")) == 3)
+    assert chrome.find_element(By.ID, "usage-csv").get_attribute("href")
+    chrome.save_screenshot(str(artifacts / "team.png"))
+
+    # Times are shown in the viewer's zone (the script rewrote the ISO text; the title keeps it).
+    first_time = chrome.find_element(By.CSS_SELECTOR, "#recent-table time")
+    assert first_time.text != first_time.get_attribute("datetime")
+
+    chrome.find_element(By.ID, "key-name").send_keys("browser-key")
+    chrome.find_element(By.ID, "create-key-button").click()
+    secret = text(chrome, "#new-key")
+    assert secret.startswith("sk-lf-")
+    chrome.save_screenshot(str(artifacts / "key-created.png"))
+    chat(sdk(platform, secret))
+
+    row = next(
+        r for r in chrome.find_elements(By.CSS_SELECTOR, "#keys-table tbody tr") if "browser-key" in r.text
+    )
+    row.find_element(By.CSS_SELECTOR, "button.revoke").click()
+    assert "revoked" in text(chrome, "#notice")
+
+    def refused() -> bool:
+        try:
+            chat(sdk(platform, secret))
+        except openai.AuthenticationError:
+            return True
+        return False
+
+    assert until("the revoked key to get 401", refused, timeout_s=10)
+
+    # Bad input: a message on the page, nothing else.
+    chrome.get(platform.gateway_url + "/console/team?from=2026-03-10&to=2026-03-01")
+    assert "range is empty" in text(chrome, "#error")
+
+
+def test_second_team_cannot_see_or_act_on_the_first(
+    platform: LocalPlatform, chrome: webdriver.Chrome, artifacts: Path
+) -> None:
+    assert platform.credentials is not None
+    admin_api(platform, "/admin/teams", {"name": "rival", "credits": 10})
+    demo_keys = [k for k in platform_keys(platform) if k["team"] == DEMO_TEAM and not k["revoked_at"]]
+    signed_in(chrome, platform.gateway_url + "/console/signin")
+    chrome.find_element(By.ID, "token").send_keys(platform.issuer.mint("rival-user", team="rival"))
+    chrome.find_element(By.ID, "signin").click()
+    assert text(chrome, "#team-name") == "rival"
+    page = chrome.page_source
+    for key in demo_keys:
+        assert str(key["prefix"]) not in page
+    assert usage_requests(chrome) == 0
+    chrome.save_screenshot(str(artifacts / "team-rival.png"))
+    # A forged form with this session's own CSRF token, aimed at the demo team's key.
+    chrome.execute_script(
+        "var f = document.createElement('form'); f.method = 'post'; f.action = arguments[0];"
+        "var i = document.createElement('input'); i.name = 'csrf';"
+        "i.value = document.querySelector('input[name=csrf]').value; f.appendChild(i);"
+        "document.body.appendChild(f); f.submit();",
+        f"/console/team/keys/{demo_keys[0]['id']}/revoke",
+    )
+    assert "has no key" in until("the refusal", lambda: chrome.find_elements(By.ID, "error"))[0].text
+    chat(sdk(platform, platform.credentials.api_key))  # the demo key still works
+
+
+def test_admin_adds_credits_and_drains_a_node(
+    platform: LocalPlatform, chrome: webdriver.Chrome, artifacts: Path
+) -> None:
+    links = console_links(platform.gateway_url, platform.issuer, DEMO_TEAM)
+    signed_in(chrome, links.admin)
+    assert chrome.current_url.endswith("/console/admin")
+    demo_row = next(
+        r
+        for r in chrome.find_elements(By.CSS_SELECTOR, "#teams-table tbody tr")
+        if r.find_element(By.CLASS_NAME, "team-name").text == DEMO_TEAM
+    )
+    team_id = demo_row.get_attribute("id")
+    before = float(demo_row.find_element(By.CLASS_NAME, "balance").text.replace(",", ""))
+    chrome.save_screenshot(str(artifacts / "admin.png"))
+
+    def credit(amount: str) -> None:
+        chrome.find_element(
+            By.CSS_SELECTOR, f"#credit-team option[value='{str(team_id).split('-')[1]}']"
+        ).click()
+        chrome.find_element(By.ID, "credit-amount").send_keys(amount)
+        chrome.find_element(By.ID, "add-credits").click()
+
+    def balance() -> float:
+        return float(text(chrome, f"#{team_id} .balance").replace(",", ""))
+
+    credit("-5")
+    assert "positive" in text(chrome, "#error")
+    assert balance() == before
+    credit("1000")
+    assert "Added 1000 credits" in text(chrome, "#notice")
+    assert 999 <= balance() - before <= 1000  # a request of the other tests may settle meanwhile
+
+    node_id = platform.config.nodes[1].node_id
+    chrome.find_element(By.ID, f"drain-{node_id}").click()
+    assert "Drain requested" in text(chrome, "#notice")
+
+    def state() -> str | None:
+        chrome.get(platform.gateway_url + "/console/admin")
+        now = text(chrome, f"[id='node-{node_id}'] .state")
+        # Draining while it finishes; a drained agent then leaves (its heartbeat key expires: dead).
+        return now if now in ("draining", "dead") else None
+
+    until("the node to drain", state)
+    chrome.save_screenshot(str(artifacts / "admin-drained.png"))
+
+
+def platform_keys(platform: LocalPlatform) -> list[dict[str, object]]:
+    req = urllib.request.Request(
+        platform.gateway_url + "/admin/keys", headers={"Authorization": f"Bearer {platform.admin_token}"}
+    )
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        data: list[dict[str, object]] = json.loads(resp.read())["data"]
+        return data

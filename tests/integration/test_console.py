@@ -1,0 +1,276 @@
+"""The console in-process (httpx ASGI) on real PostgreSQL and Redis: sessions, CSRF, scoping, bad input."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import AsyncIterator
+
+import httpx
+import pytest
+
+from tests.fakes.fake_gateway import GatewayEnv, gateway_env
+
+MODEL = "llama-3.1-8b-instruct"
+MARKUP = '<script>alert("x")</script>&team'
+
+
+@pytest.fixture
+async def env(migrated_db_url: str, redis_url: str) -> AsyncIterator[GatewayEnv]:
+    async with gateway_env(migrated_db_url, redis_url) as e:
+        yield e
+
+
+def browser(env: GatewayEnv, scheme: str = "http") -> httpx.AsyncClient:
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=env.app), base_url=f"{scheme}://gw")
+
+
+async def signin(c: httpx.AsyncClient, token: str) -> httpx.Response:
+    return await c.post("/console/signin", data={"token": token})
+
+
+def csrf_of(html: str) -> str:
+    found = re.search(r'name="csrf" value="([^"]+)"', html)
+    assert found, "no CSRF token on the page"
+    return found.group(1)
+
+
+async def chat(env: GatewayEnv, key: str) -> None:
+    async with browser(env) as c:
+        r = await c.post(
+            "/v1/chat/completions",
+            json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4},
+            headers={"Authorization": f"Bearer {key}"},
+        )
+        assert r.status_code == 200, r.text
+
+
+async def test_team_sign_in_sets_a_safe_cookie_and_shows_usage(env: GatewayEnv) -> None:
+    _, key = await env.team_with_key("alpha")
+    await chat(env, key)
+    async with browser(env) as c:
+        r = await signin(c, env.issuer.mint("alice", team="alpha"))
+        assert r.status_code == 303
+        assert r.headers["location"] == "/console/team"
+        cookie = r.headers["set-cookie"].lower()
+        assert "httponly" in cookie
+        assert "samesite=lax" in cookie
+        assert "path=/console" in cookie
+        assert "secure" not in cookie  # plain HTTP: a Secure cookie would never come back
+        page = await c.get("/console/team")
+        assert page.status_code == 200
+        assert "content-security-policy" in page.headers
+        # 11 prompt + 4 completion tokens from the fake engine, in the usage table and the chart data.
+        assert f"<td>{MODEL}</td><td>1</td><td>11</td><td>4</td><td>15</td>" in page.text
+        assert '"tokens": [15' in page.text or '"tokens": [0' in page.text
+        csv = await c.get("/console/team/usage.csv")
+        assert csv.headers["content-type"].startswith("text/csv")
+        assert f",{MODEL},1,11,4,15," in csv.text
+
+
+async def test_cookie_is_secure_behind_tls(env: GatewayEnv) -> None:
+    await env.team_with_key("alpha")
+    async with browser(env, "https") as c:
+        r = await signin(c, env.issuer.mint("alice", team="alpha"))
+        assert "secure" in r.headers["set-cookie"].lower()
+
+
+async def test_markup_in_a_team_name_is_escaped(env: GatewayEnv) -> None:
+    await env.team_with_key(MARKUP)
+    async with browser(env) as c:
+        await signin(c, env.issuer.mint("mallory", team=MARKUP))
+        page = (await c.get("/console/team")).text
+    assert MARKUP not in page
+    assert "&lt;script&gt;alert(&#34;x&#34;)&lt;/script&gt;&amp;team" in page
+    async with browser(env) as c:
+        await signin(c, env.admin_token)
+        admin = (await c.get("/console/admin")).text
+    assert "<script>alert" not in admin
+    assert "&lt;script&gt;" in admin
+
+
+async def test_a_second_team_cannot_see_or_revoke_the_first_teams_keys(env: GatewayEnv) -> None:
+    await env.team_with_key("alpha")
+    key_a, _ = await env.deps.keys.create(team="alpha", name="alpha-secret-key")
+    await chat(env, key_a)
+    await env.team_with_key("beta")
+    key_a_id = next(k.id for k in await env.deps.keys.list_keys("alpha") if k.name == "alpha-secret-key")
+    async with browser(env) as c:
+        await signin(c, env.issuer.mint("bob", team="beta"))
+        page = await c.get("/console/team")
+        assert "alpha-secret-key" not in page.text
+        assert MODEL + "</td><td>1" not in page.text
+        assert "<td>1</td><td>11</td>" not in page.text
+        r = await c.post(f"/console/team/keys/{key_a_id}/revoke", data={"csrf": csrf_of(page.text)})
+        assert r.status_code == 404
+        assert "has no key" in r.text
+        assert (await c.get("/console/admin")).headers["location"] == "/console/signin"
+        # The URL cannot pick another team either: the team id comes from the session only.
+        assert "alpha-secret-key" not in (await c.get("/console/team?team=1&team_id=1")).text
+    assert all(k.revoked_at is None for k in await env.deps.keys.list_keys("alpha"))
+    await chat(env, key_a)
+
+
+async def test_state_changes_need_the_sessions_csrf_token(env: GatewayEnv) -> None:
+    await env.team_with_key("alpha")
+    await env.team_with_key("beta")
+    async with browser(env) as other:
+        await signin(other, env.issuer.mint("bob", team="beta"))
+        foreign = csrf_of((await other.get("/console/team")).text)
+    async with browser(env) as c:
+        await signin(c, env.issuer.mint("alice", team="alpha"))
+        before = len(await env.deps.keys.list_keys("alpha"))
+        for data in ({"name": "x"}, {"name": "x", "csrf": foreign}, {"name": "x", "csrf": "forged"}):
+            r = await c.post("/console/team/keys", data=data)
+            assert r.status_code == 403
+            assert "did not come from this console" in r.text
+        assert len(await env.deps.keys.list_keys("alpha")) == before
+
+
+async def test_create_key_shows_the_secret_once_and_revoke_locks_it_out(env: GatewayEnv) -> None:
+    await env.team_with_key("alpha")
+    async with browser(env) as c:
+        await signin(c, env.issuer.mint("alice", team="alpha"))
+        csrf = csrf_of((await c.get("/console/team")).text)
+        r = await c.post("/console/team/keys", data={"csrf": csrf, "name": "ci", "model": MODEL, "rpm": "60"})
+        assert r.status_code == 201
+        secret = re.search(r'<code id="new-key">(sk-lf-[^<]+)</code>', r.text)
+        assert secret
+        assert secret.group(1) not in (await c.get("/console/team")).text
+        await chat(env, secret.group(1))
+        new = next(k for k in await env.deps.keys.list_keys("alpha") if k.name == "ci")
+        assert new.model_allowlist == (MODEL,)
+        assert new.rpm == 60
+        r = await c.post(f"/console/team/keys/{new.id}/revoke", data={"csrf": csrf})
+        assert r.status_code == 200
+        assert f"Key {new.id} revoked" in r.text
+    async with browser(env) as api:
+        r = await api.get("/v1/models", headers={"Authorization": f"Bearer {secret.group(1)}"})
+        assert r.status_code == 401
+
+
+async def test_key_scoped_session_reads_only_its_key_and_changes_nothing(env: GatewayEnv) -> None:
+    await env.team_with_key("alpha", credits=10**9)
+    key1, _ = await env.deps.keys.create(team="alpha", name="one")
+    secret2, _ = await env.deps.keys.create(team="alpha", name="two")
+    await chat(env, key1)
+    async with browser(env) as c:
+        await signin(c, secret2)
+        page = await c.get("/console/team")
+        assert ">two<" in page.text
+        assert ">one<" not in page.text
+        assert "<td>1</td><td>11</td>" not in page.text  # key one's request is not this key's usage
+        r = await c.post("/console/team/keys", data={"csrf": csrf_of(page.text), "name": "x"})
+        assert r.status_code == 403
+        k2 = next(k for k in await env.deps.keys.list_keys("alpha") if k.name == "two")
+        await env.deps.keys.revoke(k2.id)
+        assert (await c.get("/console/team")).headers["location"] == "/console/signin"
+
+
+@pytest.mark.parametrize(
+    ("query", "message"),
+    [
+        ("from=2026-03-10&to=2026-03-01", "the range is empty"),
+        ("from=2020-01-01&to=2026-01-01", "the range is too long"),
+        ("from=yesterday", "must be a date"),
+        ("model=gpt-4o", "unknown model"),
+    ],
+)
+async def test_bad_ranges_and_filters_get_a_message(env: GatewayEnv, query: str, message: str) -> None:
+    await env.team_with_key("alpha")
+    async with browser(env) as c:
+        await signin(c, env.issuer.mint("alice", team="alpha"))
+        r = await c.get(f"/console/team?{query}")
+        assert r.status_code == 400
+        assert message in r.text.lower()
+        assert 'id="error"' in r.text
+        assert (await c.get(f"/console/team/usage.csv?{query}")).status_code == 400
+
+
+async def test_admin_adds_credits_and_bad_amounts_change_nothing(env: GatewayEnv) -> None:
+    team_id, _ = await env.team_with_key("alpha", credits=5_000_000)
+    async with browser(env) as c:
+        r = await signin(c, env.admin_token)
+        assert r.headers["location"] == "/console/admin"
+        csrf = csrf_of((await c.get("/console/admin")).text)
+        for amount, message in (
+            ("-5", "must be a positive"),
+            ("abc", "must be a number"),
+            ("0", "must be a positive"),
+        ):
+            r = await c.post(
+                "/console/admin/credits", data={"csrf": csrf, "team": str(team_id), "amount": amount}
+            )
+            assert r.status_code == 400
+            assert message in r.text, r.text
+        assert (await env.deps.teams.get_team(team_id)).balance_microcredits == 5_000_000
+        r = await c.post("/console/admin/credits", data={"csrf": csrf, "team": str(team_id), "amount": "2.5"})
+        assert r.status_code == 200
+        assert "Added 2.5 credits" in r.text
+        assert '<td class="balance">7.5</td>' in r.text
+    assert (await env.deps.teams.get_team(team_id)).balance_microcredits == 7_500_000
+
+
+async def test_team_session_cannot_act_as_admin(env: GatewayEnv) -> None:
+    team_id, _ = await env.team_with_key("alpha", credits=1_000_000)
+    async with browser(env) as c:
+        await signin(c, env.issuer.mint("alice", team="alpha"))
+        csrf = csrf_of((await c.get("/console/team")).text)
+        r = await c.post("/console/admin/credits", data={"csrf": csrf, "team": str(team_id), "amount": "100"})
+        assert r.status_code == 303
+    assert (await env.deps.teams.get_team(team_id)).balance_microcredits == 1_000_000
+
+
+async def test_one_time_link_works_once(env: GatewayEnv) -> None:
+    await env.team_with_key("alpha")
+    token = env.issuer.mint("alice", team="alpha")
+    async with browser(env) as c:
+        r = await c.get("/console/signin", params={"token": token})
+        assert r.status_code == 303
+        assert "lf_console=" in r.headers["set-cookie"]
+    async with browser(env) as c:
+        r = await c.get("/console/signin", params={"token": token})
+        assert r.status_code == 401
+        assert "already used" in r.text
+        assert "set-cookie" not in r.headers
+
+
+async def test_bad_token_and_forged_cookie_get_no_session(env: GatewayEnv) -> None:
+    async with browser(env) as c:
+        r = await signin(c, "sk-lf-nope")
+        assert r.status_code == 401
+        assert "Sign-in failed" in r.text
+        c.cookies.set("lf_console", "eyJraW5kIjoiYWRtaW4ifQ.forged", path="/console")
+        assert (await c.get("/console/admin")).headers["location"] == "/console/signin"
+
+
+async def test_admin_drains_a_node(env: GatewayEnv) -> None:
+    fake = env.deps.nodes
+    await fake.issue_token("n1", "cloud")
+    fake.nodes["n1"]["state"] = "ready"  # type: ignore[attr-defined]
+    async with browser(env) as c:
+        await signin(c, env.admin_token)
+        csrf = csrf_of((await c.get("/console/admin")).text)
+        r = await c.post("/console/admin/nodes/n1/drain", data={"csrf": csrf})
+        assert r.status_code == 200
+        assert '<td class="state">draining</td>' in r.text
+        csv = (await c.get("/console/admin/capacity.csv")).text.splitlines()
+        assert csv[0].startswith("model,ready_nodes,streams_available")
+        assert any(line.startswith("llama-3.1-8b-instruct,0,0,") for line in csv)  # n1 serves no model
+        r = await c.post("/console/admin/nodes/n1/drain", data={"csrf": csrf})
+        assert r.status_code == 409
+        assert "not connected" in r.text
+
+
+async def test_pages_load_only_same_origin_assets(env: GatewayEnv) -> None:
+    await env.team_with_key("alpha")
+    async with browser(env) as c:
+        r = await c.get("/console/")
+        assert r.status_code == 303
+        assert r.headers["location"] == "/console/signin"
+        await signin(c, env.issuer.mint("alice", team="alpha"))
+        page = (await c.get("/console/team")).text
+        sources = re.findall(r'(?:src|href)="([^"]+)"', page)
+        assert sources
+        assert all(s.startswith(("/console/", "#")) for s in sources), sources
+        for asset in ("uPlot.iife.min.js", "uPlot.min.css", "console.js", "uPlot.LICENSE"):
+            assert (await c.get(f"/console/static/{asset}")).status_code == 200
