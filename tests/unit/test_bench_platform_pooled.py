@@ -1,16 +1,12 @@
-"""`tools/bench_platform.py --repeat` (`tools/platform_report.py`): the pooled row takes its percentiles over every run's samples."""
+"""`python -m tools.bench platform --repeat` (`tools/bench/platform_report.py`): the pooled row takes its percentiles over every run's samples."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
-
-import platform_report as bp
+from tools.bench import platform_report as bp
 
 
 def _report(ttfts: list[float], transits: list[float], tokens: int, errors: int = 0) -> dict[str, Any]:
@@ -48,6 +44,6 @@ def test_pooled_percentiles_are_over_all_samples_not_an_average_of_runs() -> Non
     assert via.cpu_s == 3.0
     assert via.report["requests"] == {"ok": 4, "error": 1}
     assert via.report["errors_by_status"] == {"503": 1}
-    row = bp._row(direct, via)
+    row = bp.row(direct, via)
     assert row.startswith("| pooled | 2 | steady | 250.0 / ")
     assert "**305.0 / " in row  # added p50 = 555 - 250

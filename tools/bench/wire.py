@@ -1,37 +1,27 @@
 """Raw-protocol pieces of the gateway benchmark: a fake zero-latency orchestrator that streams
 pre-encoded vLLM-like SSE frames, and a keep-alive streaming client that timestamps the first
 content chunk. Both are bare asyncio protocols (uvloop when available), so that the benchmark's
-own processes cost little next to the gateway they measure (see tools/bench_gateway.py).
+own processes cost little next to the gateway they measure (`tools.bench.gateway`, `tools.bench.dispatch`).
+
+The fake runs as a child process: `start_fake_orchestrator` (or `python -m tools.bench.wire --port P ...`).
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import re
-import socket
 import time
 import uuid
-from collections.abc import Callable
 from typing import cast
+
+from tools.bench.common import Child, Supervisor, free_port, loop_factory, module_argv
 
 MODEL = "llama-3.1-8b-instruct"
 MARK = b'"content":"t'  # present in content chunks only (the role chunk's content is "")
 CHUNKED_END = b"\r\n0\r\n\r\n"
 _CONTENT_LENGTH = re.compile(rb"content-length:\s*(\d+)")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def loop_factory() -> Callable[[], asyncio.AbstractEventLoop]:
-    import uvloop
-
-    factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
-    return factory
 
 
 # ---------------------------------------------------------------- fake orchestrator
@@ -241,4 +231,29 @@ async def one_round(
     return ttfts, errors, chunks
 
 
-# ---------------------------------------------------------------- process bookkeeping
+# ---------------------------------------------------------------- the fake as a child process
+def start_fake_orchestrator(
+    supervisor: Supervisor, tokens: int, interval_ms: float, loop: str = "uvloop"
+) -> tuple[Child, int]:
+    """The fake orchestrator in its own process, listening; returns it and its port."""
+    port = free_port()
+    argv = module_argv("tools.bench.wire", "--port", str(port), "--tokens", str(tokens))
+    argv += ["--interval-ms", str(interval_ms), "--loop", loop]
+    child = supervisor.start("fake-orchestrator", argv)
+    supervisor.wait_http_ok(child, f"http://127.0.0.1:{port}/", timeout_s=20)
+    return child, port
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="the fake zero-latency orchestrator (a benchmark's child)")
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--tokens", type=int, required=True, help="content chunks per response")
+    parser.add_argument("--interval-ms", type=float, required=True, help="0: the whole response at once")
+    parser.add_argument("--loop", choices=["uvloop", "asyncio"], default="uvloop")
+    args = parser.parse_args()
+    with asyncio.Runner(loop_factory=loop_factory(args.loop)) as runner:
+        runner.run(serve_fake(args.port, args.tokens, args.interval_ms))
+
+
+if __name__ == "__main__":
+    main()

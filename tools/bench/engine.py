@@ -1,8 +1,8 @@
-"""Engine benchmarks for docs/bench/engine.md: enginesim's 8B profile, loadgen's own overhead, real vLLM.
+"""Engine benchmarks: enginesim's 8B profile, loadgen's own overhead, real vLLM (docs/performance.md).
 
 Usage (from the repository root):
 
-    .venv/bin/python tools/bench_engine.py [--vllm-python /var/cache/llmfleet/vllm-venv/bin/python] [--skip-vllm]
+    .venv/bin/python -m tools.bench engine [--vllm-python /var/cache/llmfleet/vllm-venv/bin/python] [--skip-vllm]
 
 Prints one JSON document. Every figure is a ratio or a side-by-side comparison taken in the same
 run on the same machine (never a fixed threshold):
@@ -19,23 +19,22 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import resource
 import subprocess
-import sys
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from apps.cli.procs import llmfleet_argv
+from apps.loadgen.config import LoadConfig
+from apps.loadgen.runner import run_load
+from tools.bench.common import Child, Supervisor, free_port, repo_root
 
-from apps.loadgen.config import LoadConfig  # noqa: E402
-from apps.loadgen.runner import run_load  # noqa: E402
-from tests.conformance.procs import ServerProcess, free_port  # noqa: E402
+REPO = repo_root()
 
 EIGHT_B = "llama-3.1-8b-instruct"
 
@@ -45,23 +44,13 @@ def _metric_sum(url: str, name: str) -> float:
     return sum(s.value for fam in text_string_to_metric_families(text) for s in fam.samples if s.name == name)
 
 
-def _enginesim(work: Path, *extra: str) -> tuple[ServerProcess, str]:
+def _enginesim(sup: Supervisor, *extra: str) -> tuple[Child, str]:
     port = free_port()
-    argv = [
-        sys.executable,
-        "-m",
-        "apps.cli.main",
-        "enginesim",
-        "--model",
-        EIGHT_B,
-        "--port",
-        str(port),
-        *extra,
-    ]
-    proc = ServerProcess("enginesim", argv, work / f"enginesim-{port}.log", cwd=REPO)
-    proc.start()
-    proc.wait_ready(f"http://127.0.0.1:{port}/health", 30)
-    return proc, f"http://127.0.0.1:{port}"
+    child = sup.start(
+        f"enginesim-{port}", llmfleet_argv("enginesim", "--model", EIGHT_B, "--port", str(port), *extra)
+    )
+    sup.wait_http_ok(child, f"http://127.0.0.1:{port}/health", 30)
+    return child, f"http://127.0.0.1:{port}"
 
 
 def _summary(j: dict[str, Any]) -> dict[str, Any]:
@@ -77,10 +66,10 @@ def _summary(j: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-async def bench_enginesim(work: Path) -> dict[str, Any]:
+async def bench_enginesim(sup: Supervisor) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for streams in (1, 32, 64):
-        proc, url = _enginesim(work)
+        proc, url = _enginesim(sup)
         try:
             cfg = LoadConfig(
                 base_url=f"{url}/v1", model=EIGHT_B, concurrency=streams, requests=streams,
@@ -88,12 +77,12 @@ async def bench_enginesim(work: Path) -> dict[str, Any]:
             )  # fmt: skip
             out[str(streams)] = _summary((await run_load(cfg)).to_json())
         finally:
-            proc.stop()
+            sup.stop(proc)
     return out
 
 
-async def bench_overhead(work: Path, streams: int = 200) -> dict[str, Any]:
-    proc, url = _enginesim(work, "--max-num-seqs", "256")
+async def bench_overhead(sup: Supervisor, streams: int = 200) -> dict[str, Any]:
+    proc, url = _enginesim(sup, "--max-num-seqs", "256")
     try:
         itl_sum0 = _metric_sum(url, "vllm:inter_token_latency_seconds_sum")
         itl_cnt0 = _metric_sum(url, "vllm:inter_token_latency_seconds_count")
@@ -108,7 +97,7 @@ async def bench_overhead(work: Path, streams: int = 200) -> dict[str, Any]:
             1.0, _metric_sum(url, "vllm:inter_token_latency_seconds_count") - itl_cnt0
         )
     finally:
-        proc.stop()
+        sup.stop(proc)
     gaps = [g for r in report.results for g in r.itls_s]
     chunks = sum(r.token_chunks for r in report.results)
     cpu_s = (cpu1.ru_utime - cpu0.ru_utime) + (cpu1.ru_stime - cpu0.ru_stime)
@@ -126,29 +115,28 @@ async def bench_overhead(work: Path, streams: int = 200) -> dict[str, Any]:
     }
 
 
-async def bench_vllm(work: Path, python: str) -> dict[str, Any]:
+async def bench_vllm(sup: Supervisor, work: Path, python: str) -> dict[str, Any]:
     model_dir = work / "tiny-llama"
     build = [python, str(REPO / "tools" / "build_tiny_llama.py"), str(model_dir)]
     await asyncio.to_thread(subprocess.run, build, check=True)
     for sub in ("tmpdir", "cache"):
         (work / sub).mkdir(exist_ok=True)
-    env = {k: v for k, v in os.environ.items() if k != "VLLM_CPU_KVCACHE_SPACE"}
-    env.update(
+    env = dict(
         HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TMPDIR=str(work / "tmpdir"),
         VLLM_CACHE_ROOT=str(work / "cache"), HF_HOME=str(work / "cache" / "hf"),
         VLLM_HOST_IP="127.0.0.1", VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1",
     )  # fmt: skip
     port = free_port()
     argv = [
+        "env", "-u", "VLLM_CPU_KVCACHE_SPACE", "--chdir", str(work),
         python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir), "--served-model-name",
         "tiny", "--host", "127.0.0.1", "--port", str(port), "--max-model-len", "1024", "--max-num-seqs", "8",
         "--enforce-eager", "--dtype", "float32", "--kv-cache-memory-bytes", "64M",
     ]  # fmt: skip
-    proc = ServerProcess("vllm", argv, work / "vllm.log", env=env, cwd=work)
-    proc.start()
+    proc = sup.start("vllm", argv, env)
     out: dict[str, Any] = {}
     try:
-        proc.wait_ready(f"http://127.0.0.1:{port}/health", 180)
+        sup.wait_http_ok(proc, f"http://127.0.0.1:{port}/health", 180)
         for streams in (1, 8):
             cfg = LoadConfig(
                 base_url=f"http://127.0.0.1:{port}/v1", model="tiny", concurrency=streams, requests=streams * 3,
@@ -156,27 +144,31 @@ async def bench_vllm(work: Path, python: str) -> dict[str, Any]:
             )  # fmt: skip
             out[str(streams)] = _summary((await run_load(cfg)).to_json())
     finally:
-        proc.stop()
+        sup.stop(proc)
     return out
 
 
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="llmfleet-bench-") as tmp:
         work = Path(tmp)
-        result: dict[str, Any] = {
-            "enginesim_8b": await bench_enginesim(work),
-            "loadgen_overhead": await bench_overhead(work),
-        }
-        if not args.skip_vllm:
-            result["vllm_cpu"] = await bench_vllm(work, args.vllm_python)
+        sup = Supervisor(work / "logs")
+        try:
+            result: dict[str, Any] = {
+                "enginesim_8b": await bench_enginesim(sup),
+                "loadgen_overhead": await bench_overhead(sup),
+            }
+            if not args.skip_vllm:
+                result["vllm_cpu"] = await bench_vllm(sup, work, args.vllm_python)
+        finally:
+            sup.stop_all()
         return result
 
 
-def main() -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--vllm-python", default="/var/cache/llmfleet/vllm-venv/bin/python")
     parser.add_argument("--skip-vllm", action="store_true")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     print(json.dumps(asyncio.run(main_async(args)), indent=2))
     return 0
 

@@ -1,6 +1,6 @@
 """The gateway's upstream client, old (aiohttp) against new (raw protocol + httptools), side by side.
 
-Method: one fake orchestrator in a child process (`bench_wire.serve_fake`: a raw asyncio protocol,
+Method: one fake orchestrator in a child process (`tools.bench.wire`: a raw asyncio protocol,
 keep-alive, that answers each dispatch POST with the head and the first two chunks at once and then
 one chunk every `--spacing-ms`); in THIS process both dispatchers take turns, alternating rounds
 (old, new, old, new, ...) after one unmeasured warm-up round each (connections pooled). A round is
@@ -10,8 +10,8 @@ divided by the HTTP chunks the server sent, and per request the latency of `open
 Reported: the median over rounds of CPU seconds per 1,000 chunks, and p50/p99 latency over all
 requests of the variant. The machine is shared: compare the two columns of the same run only.
 
-    .venv/bin/python tools/bench_dispatch.py [--streams 200] [--chunks 64] [--spacing-ms 20] [--rounds 6]
-    .venv/bin/python tools/bench_dispatch.py --chunks 2 --spacing-ms 0      # per-request cost
+    .venv/bin/python -m tools.bench dispatch [--streams 200] [--chunks 64] [--spacing-ms 20] [--rounds 6]
+    .venv/bin/python -m tools.bench dispatch --chunks 2 --spacing-ms 0      # per-request cost
 """
 
 from __future__ import annotations
@@ -19,11 +19,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
-import resource
-import socket
 import statistics
-import subprocess
-import sys
+import tempfile
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
@@ -31,13 +28,11 @@ from typing import Any, Protocol
 
 import aiohttp
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench_wire import free_port, serve_fake
-
 from apps.core.protocol.dispatch import DISPATCH_PATH, DispatchRequest
 from apps.gateway.dispatcher import HttpDispatcher
 from apps.gateway.ports import DispatchUnavailable
+from tools.bench.common import Supervisor, loop_factory, pct, self_cpu_seconds
+from tools.bench.wire import start_fake_orchestrator
 
 
 # ------------------------------------------------------------------ baseline: the aiohttp dispatcher
@@ -151,21 +146,11 @@ async def _one(dispatcher: _Dispatcher, request: DispatchRequest, latencies: lis
     return pieces
 
 
-def _cpu() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
-
-
 async def _round(dispatcher: _Dispatcher, streams: int, latencies: list[float]) -> tuple[float, int]:
     requests = [_request(i) for i in range(streams)]
-    cpu0 = _cpu()
+    cpu0 = self_cpu_seconds()
     pieces = await asyncio.gather(*(_one(dispatcher, r, latencies) for r in requests))
-    return _cpu() - cpu0, sum(pieces)
-
-
-def _pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+    return self_cpu_seconds() - cpu0, sum(pieces)
 
 
 async def bench(url: str, args: argparse.Namespace) -> None:
@@ -205,34 +190,13 @@ async def bench(url: str, args: argparse.Namespace) -> None:
         reads = pieces[name] / (args.rounds * args.streams)
         print(
             f"{name:20s} {med:16.4f} {min(cpu[name]):7.4f}..{max(cpu[name]):7.4f} "
-            f"{_pct(latency[name], 0.5) * 1000:16.3f} {_pct(latency[name], 0.99) * 1000:8.3f} {reads:10.1f}"
+            f"{pct(latency[name], 0.5) * 1000:16.3f} {pct(latency[name], 0.99) * 1000:8.3f} {reads:10.1f}"
         )
     old, new = (statistics.median(cpu[n]) for n in variants)
     print(f"new/old CPU per chunk: {new / old:.2f}")
 
 
-def _wait_listening(port: int, proc: subprocess.Popen[bytes], timeout_s: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"the fake orchestrator exited with {proc.returncode}")
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        time.sleep(0.05)
-    raise SystemExit("the fake orchestrator did not start")
-
-
-def _loop_factory(name: str) -> Callable[[], asyncio.AbstractEventLoop]:
-    if name == "uvloop":
-        import uvloop
-
-        factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
-        return factory
-    return asyncio.new_event_loop
-
-
-def main() -> None:
+def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--streams", type=int, default=200)
     parser.add_argument("--chunks", type=int, default=64, help="HTTP chunks per response (>= 2)")
@@ -241,29 +205,19 @@ def main() -> None:
     parser.add_argument(
         "--loop", choices=["uvloop", "asyncio"], default="uvloop", help="the gateway runs uvloop"
     )
-    parser.add_argument(
-        "--serve", type=int, default=0, help=argparse.SUPPRESS
-    )  # child: the fake orchestrator
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.chunks < 2:
         parser.error("--chunks must be at least 2 (role chunk and the final chunk)")
-    tokens = args.chunks - 2  # bench_wire.sse_frames: role, tokens, finish + [DONE]
-    if args.serve:
-        with asyncio.Runner(loop_factory=_loop_factory(args.loop)) as runner:
-            runner.run(serve_fake(args.serve, tokens, args.spacing_ms))
-        return
+    tokens = args.chunks - 2  # wire.sse_frames: role, tokens, finish + [DONE]
     print(__doc__)
-    port = free_port()
-    child = [sys.executable, __file__, "--serve", str(port), "--chunks", str(args.chunks)]
-    child += ["--spacing-ms", str(args.spacing_ms), "--loop", args.loop]
-    proc = subprocess.Popen(child)
-    try:
-        _wait_listening(port, proc)
-        with asyncio.Runner(loop_factory=_loop_factory(args.loop)) as runner:
-            runner.run(bench(f"http://127.0.0.1:{port}", args))
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+    with tempfile.TemporaryDirectory(prefix="llmfleet-bench-") as tmp:
+        supervisor = Supervisor(Path(tmp))
+        try:
+            _, port = start_fake_orchestrator(supervisor, tokens, args.spacing_ms, args.loop)
+            with asyncio.Runner(loop_factory=loop_factory(args.loop)) as runner:
+                runner.run(bench(f"http://127.0.0.1:{port}", args))
+        finally:
+            supervisor.stop_all()
 
 
 if __name__ == "__main__":

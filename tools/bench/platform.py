@@ -1,7 +1,10 @@
 """The platform's own cost, side by side in one run (issue 5's benchmark).
 
-  .venv/bin/python tools/bench_platform.py [--streams 200,1000] [--arrivals steady,burst] [--repeat 3]
-      [--max-tokens 64] [--out docs/bench/platform.md]
+  .venv/bin/python -m tools.bench platform [--streams 200,1000] [--arrivals steady,burst] [--repeat 3]
+      [--max-tokens 64] [--out platform-bench.md]
+
+It prints the page (method, machine, one row per run) and writes it to `--out`; the current numbers
+go to docs/performance.md by hand, with their date, machine and command.
 
 One enginesim engine (8B profile, room for 1,024 sequences so the engine is never the
 bottleneck) behind the whole platform (gateway -> orchestrator -> agent, real PostgreSQL
@@ -25,34 +28,26 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import datetime as dt
 import os
-import platform as pyplatform
-import sys
 import tempfile
 import threading
 import time
 import urllib.request
 import uuid
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import psutil
-import psycopg
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from platform_report import TRANSIT_SAMPLES, TTFT_SAMPLES, Run, _row, pooled, render
 
 from apps.cli.platform import MODEL_8B, LocalPlatform, NodeSpec, PlatformConfig
 from apps.loadgen.config import LoadConfig
 from apps.loadgen.runner import run_load
 from apps.loadgen.transit import TransitStats, join_transit, read_timing_log
+from tools.bench.common import DEFAULT_REDIS, admin_pg_url, fresh_database, machine, tree, tree_cpu_seconds
+from tools.bench.platform_report import TRANSIT_SAMPLES, TTFT_SAMPLES, Run, pooled, render, row
 
-DEFAULT_PG = "postgresql://postgres@127.0.0.1:5432/postgres"
-DEFAULT_REDIS = "redis://127.0.0.1:6379/12"
 TIMING_LOG = "engine-timing.jsonl"  # in the platform's data dir: the engine's --timing-log
 
 
@@ -66,7 +61,7 @@ class RssSampler:
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def rss(self) -> int:
-        return sum(p.memory_info().rss for p in _tree(self.procs))
+        return sum(p.memory_info().rss for p in tree(self.procs))
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -82,24 +77,7 @@ class RssSampler:
         self._thread.join(5)
 
 
-def _tree(procs: list[psutil.Process]) -> list[psutil.Process]:
-    """The processes and their live descendants (a gateway with `--workers N` serves from children)."""
-    out: list[psutil.Process] = []
-    for p in procs:
-        out.append(p)
-        out.extend(p.children(recursive=True))
-    return out
-
-
-def _cpu(procs: list[psutil.Process]) -> float:
-    total = 0.0
-    for p in _tree(procs):
-        t = p.cpu_times()
-        total += t.user + t.system + t.children_user + t.children_system
-    return total
-
-
-def _load(
+def load(
     base_url: str,
     api_key: str,
     streams: int,
@@ -208,11 +186,11 @@ def _platform_run(
     label: str = "",
 ) -> Run:
     assert platform.credentials is not None
-    idle_rss = sum(p.memory_info().rss for p in _tree(relay))
-    cpu0 = _cpu(relay)
+    idle_rss = sum(p.memory_info().rss for p in tree(relay))
+    cpu0 = tree_cpu_seconds(relay)
     waits0 = _waits(platform)
     with RssSampler(relay) as sampler:
-        via = _load(
+        via = load(
             platform.gateway_url + "/v1",
             platform.credentials.api_key,
             streams,
@@ -221,7 +199,7 @@ def _platform_run(
             ramp_s,
             (platform.data_dir / TIMING_LOG, _tag("platform", streams, arrivals)),
         )
-    run = Run("platform", streams, via, arrivals, label, cpu_s=_cpu(relay) - cpu0)
+    run = Run("platform", streams, via, arrivals, label, cpu_s=tree_cpu_seconds(relay) - cpu0)
     run.rss_per_stream_kib = max(0, sampler.peak - idle_rss) / 1024 / streams
     means = [
         (s1 - s0) / (c1 - c0) * 1000 if c1 > c0 else float("nan")
@@ -231,84 +209,84 @@ def _platform_run(
     return run
 
 
-def _with_db(url: str, name: str) -> str:
-    return urlunsplit(urlsplit(url)._replace(path="/" + name))
-
-
-def bench(args: argparse.Namespace) -> tuple[list[Run], dict[str, str]]:
-    admin_url = os.environ.get("LLMFLEET_DATABASE_URL", DEFAULT_PG)
+@contextmanager
+def bench_platform(
+    speed: float, gateway_workers: int = 1
+) -> Iterator[tuple[LocalPlatform, dict[str, psutil.Process]]]:
+    """The benchmark's platform on a fresh database, and its processes by role (engine, gateway,
+    orchestrator, agent). Shared with `tools.bench.hotpath`."""
     redis_url = os.environ.get("LLMFLEET_REDIS_URL", DEFAULT_REDIS)
-    dbname = f"llmfleet_platbench_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(admin_url, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{dbname}"')
+    with (
+        fresh_database(admin_pg_url(), "llmfleet_platbench") as db_url,
+        tempfile.TemporaryDirectory(prefix="llmfleet-bench-") as tmp,
+    ):
+        config = bench_platform_config(Path(tmp), db_url, redis_url, speed, gateway_workers)
+        node = config.nodes[0]
+        with LocalPlatform(config) as platform:
+            assert platform.credentials is not None
+            children = {c.name: psutil.Process(c.pid) for c in platform.supervisor.children}
+            procs = {
+                "gateway": children["gateway"],
+                "orchestrator": children["orchestrator-0"],
+                "agent": children[f"agent-{node.node_id}"],
+            }
+            engines = [p for name, p in children.items() if name.startswith(("engine", "enginesim"))]
+            if engines:
+                procs["engine"] = engines[0]
+            # Warm-up: connection pools, cache-warm paths, JWKS/key caches.
+            load(platform.engines[node.node_id].url + "/v1", "", 20, 8, 128)
+            load(platform.gateway_url + "/v1", platform.credentials.api_key, 20, 8, 128)
+            yield platform, procs
+
+
+def _direct(
+    platform: LocalPlatform, streams: int, args: argparse.Namespace, ramp: float, arrivals: str
+) -> Run:
+    engine = next(iter(platform.engines.values()))
+    log = platform.data_dir / TIMING_LOG
+    report = load(
+        engine.url + "/v1", "", streams, args.max_tokens, args.prompt_tokens, ramp,
+        (log, _tag("direct", streams, arrivals)),
+    )  # fmt: skip
+    return Run("direct", streams, report, arrivals)
+
+
+def _group(
+    platform: LocalPlatform, relay: list[psutil.Process], streams: int, args: argparse.Namespace, ramp: float,
+    arrivals: str, first_direct: Run | None,
+) -> list[Run]:  # fmt: skip
+    """`--repeat` alternating direct/platform pairs at one concurrency and arrival pattern, then pooled."""
+    pairs: list[tuple[Run, Run]] = []
+    for i in range(args.repeat):
+        direct = first_direct if (first_direct is not None and i == 0) else None
+        direct = direct or _direct(platform, streams, args, ramp, arrivals)
+        direct.label = str(i + 1) if args.repeat > 1 else ""
+        pair = (direct, _platform_run(platform, relay, streams, args, ramp, arrivals, direct.label))
+        pairs.append(pair)
+        print(row(*pair), flush=True)
+    runs = [run for pair in pairs for run in pair]
+    if args.repeat > 1:
+        runs.extend(pooled(pairs))
+        print(row(runs[-2], runs[-1]), flush=True)
+    return runs
+
+
+def bench(args: argparse.Namespace) -> list[Run]:
     runs: list[Run] = []
-    try:
-        with tempfile.TemporaryDirectory(prefix="llmfleet-bench-") as tmp:
-            config = bench_platform_config(
-                Path(tmp), _with_db(admin_url, dbname), redis_url, args.speed, args.gateway_workers
-            )
-            node = config.nodes[0]
-            with LocalPlatform(config) as platform:
-                assert platform.credentials is not None
-                engine = platform.engines[node.node_id]
-                children = {c.name: psutil.Process(c.pid) for c in platform.supervisor.children}
-                relay = [children["gateway"], children["orchestrator-0"], children[f"agent-{node.node_id}"]]
-                # Warm-up: connection pools, JIT-less but cache-warm paths, JWKS/key caches.
-                _load(engine.url + "/v1", "", 20, 8, args.prompt_tokens)
-                _load(platform.gateway_url + "/v1", platform.credentials.api_key, 20, 8, args.prompt_tokens)
-                log = Path(tmp) / TIMING_LOG
-                for streams in args.streams:
-                    burst_direct = _load(
-                        engine.url + "/v1",
-                        "",
-                        streams,
-                        args.max_tokens,
-                        args.prompt_tokens,
-                        timing=(log, _tag("direct", streams, "burst")),
-                    )
-                    # Steady arrivals: the streams' starts spread over one request's duration (direct, burst).
-                    ramp_s = float(burst_direct["e2e_ms"]["p50"] or 0.0) / 1000
-                    for arrivals in args.arrivals:
-                        ramp = ramp_s if arrivals == "steady" else 0.0
-                        pairs: list[tuple[Run, Run]] = []
-                        for i in range(args.repeat):
-                            direct = burst_direct
-                            if ramp or i:
-                                direct = _load(
-                                    engine.url + "/v1",
-                                    "",
-                                    streams,
-                                    args.max_tokens,
-                                    args.prompt_tokens,
-                                    ramp,
-                                    (log, _tag("direct", streams, arrivals)),
-                                )
-                            label = str(i + 1) if args.repeat > 1 else ""
-                            pair = (
-                                Run("direct", streams, direct, arrivals, label),
-                                _platform_run(platform, relay, streams, args, ramp, arrivals, label),
-                            )
-                            pairs.append(pair)
-                            runs.extend(pair)
-                            print(_row(*pair), flush=True)
-                        if args.repeat > 1:
-                            runs.extend(pooled(pairs))
-                            print(_row(runs[-2], runs[-1]), flush=True)
-    finally:
-        with psycopg.connect(admin_url, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{dbname}" WITH (FORCE)')
-    machine = {
-        "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        "cpu": f"{pyplatform.processor() or pyplatform.machine()}, {psutil.cpu_count()} logical CPUs",
-        "memory": f"{psutil.virtual_memory().total / 2**30:.1f} GiB",
-        "os": f"{pyplatform.system()} {pyplatform.release()}",
-        "python": pyplatform.python_version(),
-        "loop": "uvloop (gateway) / asyncio (orchestrator, agent)",
-    }
-    return runs, machine
+    with bench_platform(args.speed, args.gateway_workers) as (platform, procs):
+        relay = [procs["gateway"], procs["orchestrator"], procs["agent"]]
+        for streams in args.streams:
+            burst_direct = _direct(platform, streams, args, 0.0, "burst")
+            # Steady arrivals: the streams' starts spread over one request's duration (direct, burst).
+            ramp_s = float(burst_direct.report["e2e_ms"]["p50"] or 0.0) / 1000
+            for arrivals in args.arrivals:
+                steady = arrivals == "steady"
+                first = None if steady else burst_direct
+                runs += _group(platform, relay, streams, args, ramp_s if steady else 0.0, arrivals, first)
+    return runs
 
 
-def main() -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -327,16 +305,16 @@ def main() -> int:
         help="direct/platform pairs per concurrency and arrivals, alternating; with more than one, "
         "a pooled row (percentiles over every pair's samples) follows them",
     )
-    parser.add_argument("--out", type=Path, default=Path("docs/bench/platform.md"))
-    args = parser.parse_args()
+    parser.add_argument("--out", type=Path, default=Path("platform-bench.md"))
+    args = parser.parse_args(argv)
     args.streams = [int(s) for s in args.streams.split(",")]
     args.arrivals = [a.strip() for a in args.arrivals.split(",") if a.strip()]
     if not args.arrivals or set(args.arrivals) - {"burst", "steady"}:
         parser.error("--arrivals takes burst and/or steady")
     if args.repeat < 1:
         parser.error("--repeat must be at least 1")
-    runs, machine = bench(args)
-    text = render(runs, machine, args)
+    about = machine() | {"loop": "uvloop (gateway) / asyncio (orchestrator, agent)"}
+    text = render(bench(args), about, args)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(text)
     print(text)

@@ -1,0 +1,56 @@
+"""tools/bench: one entry point whose benchmarks all start, and no tool imports `tests`."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tools.bench.__main__ import BENCHMARKS
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _imported(path: Path) -> set[str]:
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            names |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+    return names
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "tools").rglob("*.py")), ids=lambda p: p.name)
+def test_no_tool_imports_tests(path: Path) -> None:
+    assert not {n for n in _imported(path) if n == "tests" or n.startswith("tests.")}
+
+
+def test_every_benchmark_module_exists_and_is_listed() -> None:
+    modules = {p.stem for p in (ROOT / "tools" / "bench").glob("*.py")}
+    assert set(BENCHMARKS) <= modules
+    assert modules - set(BENCHMARKS) == {"__init__", "__main__", "common", "wire", "platform_report"}
+
+
+@pytest.mark.parametrize("name", list(BENCHMARKS))
+def test_each_benchmark_parses_its_options(name: str) -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "tools.bench", name, "--help"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "usage:" in out.stdout
+
+
+def test_unknown_benchmark_is_exit_2_with_the_list() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "tools.bench", "nope"], cwd=ROOT, capture_output=True, text=True
+    )
+    assert out.returncode == 2
+    assert all(name in out.stderr for name in BENCHMARKS)
