@@ -10,8 +10,9 @@ from prometheus_client import CollectorRegistry
 
 from apps.core.clock import SYSTEM
 from apps.core.identity.jwt_verify import JwtVerifier
+from apps.core.ledger.api import Ledger
 from apps.core.spec import StackSpec
-from apps.gateway.ports import Dispatcher, Health, Keys, Ledger, NodeAdmin, Quota, Resolver, Teams
+from apps.gateway.ports import Dispatcher, Health, Keys, NodeAdmin, Quota, Resolver, Teams
 
 
 @dataclass

@@ -8,7 +8,6 @@ from typing import Any, Protocol
 
 from apps.core.identity.keys import KeyRecord
 from apps.core.identity.principal import Principal
-from apps.core.ledger.api import Reservation
 from apps.core.ledger.teams import Team
 from apps.core.protocol.dispatch import DispatchRequest
 from apps.core.quota.admission import Admission, Limits
@@ -59,24 +58,6 @@ class Health(Protocol):
     async def postgres_ok(self) -> bool: ...
 
     async def redis_ok(self) -> bool: ...
-
-
-class Ledger(Protocol):
-    """The reservation side of the ledger (`apps.core.ledger.pg.PgLedger`); raises the platform's
-    errors only (`InsufficientBalance`, `DuplicateRequestId`, `StoreUnavailable`)."""
-
-    async def reserve(
-        self,
-        *,
-        request_id: str,
-        team_id: int,
-        key_id: int | None,
-        model: str,
-        estimated_prompt_tokens: int,
-        max_tokens: int,
-    ) -> Reservation: ...
-
-    async def cancel(self, request_id: str) -> bool: ...
 
 
 class Quota(Protocol):

@@ -3,7 +3,6 @@ chat handler without PostgreSQL or Redis. Each records what it was asked."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -52,17 +51,7 @@ class FakeKeys:
             raise AuthenticationFailed("Incorrect API key provided.")
         return self.principals[secret]
 
-    async def create(
-        self,
-        *,
-        team: str | int,
-        model_allowlist: Sequence[str] = (),
-        rpm: int | None = None,
-        tokens_per_day: int | None = None,
-        max_streams: int | None = None,
-        expires_at: datetime | None = None,
-        name: str | None = None,
-    ) -> tuple[str, KeyRecord]:
+    async def create(self, **options: Any) -> tuple[str, KeyRecord]:
         raise NotImplementedError("admin routes are tested against PostgreSQL")
 
     async def list_keys(self, team: str | int | None = None) -> list[KeyRecord]:
