@@ -19,7 +19,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from apps.core.protocol.vllm import chunk_event, delta_choice, usage_block
+from apps.core.protocol.openai import sse_event
+from apps.core.protocol.vllm import chunk_payload, delta_choice, usage_block
 from apps.enginesim import textgen
 
 VLLM_VERSION = "0.32.0"
@@ -240,7 +241,7 @@ def fingerprint() -> str:
 
 
 def chunk(job: ChatJob, choices: list[dict[str, Any]], extra: dict[str, Any] | None = None) -> bytes:
-    return chunk_event(job.request_id, job.model, job.created, choices, extra)
+    return sse_event(chunk_payload(job.request_id, job.model, job.created, choices, extra))
 
 
 def role_chunk(job: ChatJob, index: int) -> bytes:

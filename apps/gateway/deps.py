@@ -10,22 +10,19 @@ from prometheus_client import CollectorRegistry
 
 from apps.core.clock import SYSTEM
 from apps.core.identity.jwt_verify import JwtVerifier
-from apps.core.identity.keys import KeyStore
-from apps.core.ledger.pg import PgLedger
+from apps.core.ledger.api import Ledger
 from apps.core.ledger.rollups import UsageRollups
-from apps.core.ledger.teams import TeamStore
-from apps.core.quota.admission import QuotaStore
 from apps.core.spec import StackSpec
-from apps.gateway.ports import Dispatcher, Health, NodeAdmin, Resolver
+from apps.gateway.ports import Dispatcher, Health, Keys, NodeAdmin, Quota, Resolver, Teams
 
 
 @dataclass
 class GatewayDeps:
     spec: StackSpec
-    ledger: PgLedger
-    teams: TeamStore
-    keys: KeyStore
-    quota: QuotaStore
+    ledger: Ledger
+    teams: Teams
+    keys: Keys
+    quota: Quota
     dispatcher: Dispatcher
     nodes: NodeAdmin
     health: Health

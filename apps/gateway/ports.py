@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping, Sequence
-from typing import Protocol
+from datetime import datetime
+from typing import Any, Protocol
 
+from apps.core.identity.keys import KeyRecord
+from apps.core.identity.principal import Principal
+from apps.core.ledger.teams import Team
 from apps.core.protocol.dispatch import DispatchRequest
+from apps.core.quota.admission import Admission, Limits
 
 
 class Upstream(Protocol):
@@ -59,3 +64,51 @@ class Health(Protocol):
     async def postgres_ok(self) -> bool: ...
 
     async def redis_ok(self) -> bool: ...
+
+
+class Quota(Protocol):
+    """Admission (`apps.core.quota.admission.QuotaStore`); `StoreUnavailable` when Redis fails."""
+
+    async def admit(self, subject: str, request_id: str, limits: Limits, now: datetime) -> Admission: ...
+
+    async def release(self, subject: str, request_id: str) -> None: ...
+
+
+class Keys(Protocol):
+    """API keys (`apps.core.identity.keys.KeyStore`)."""
+
+    async def authenticate(self, secret: str) -> Principal: ...
+
+    async def create(
+        self,
+        *,
+        team: str | int,
+        model_allowlist: Sequence[str] = (),
+        rpm: int | None = None,
+        tokens_per_day: int | None = None,
+        max_streams: int | None = None,
+        expires_at: datetime | None = None,
+        name: str | None = None,
+    ) -> tuple[str, KeyRecord]: ...
+
+    async def list_keys(self, team: str | int | None = None) -> list[KeyRecord]: ...
+
+    async def revoke(self, key_id: int) -> bool: ...
+
+
+class Teams(Protocol):
+    """Teams and credits (`apps.core.ledger.teams.TeamStore`)."""
+
+    async def create_team(self, name: str) -> Team: ...
+
+    async def list_teams(self) -> list[Team]: ...
+
+    async def get_team(self, ref: str | int) -> Team: ...
+
+    async def add_credits(
+        self, team: str | int, amount_microcredits: int, reason: str = "admin"
+    ) -> dict[str, Any]: ...
+
+    async def usage(
+        self, team_id: int, start: datetime, end: datetime, *, by_day: bool = False
+    ) -> list[dict[str, Any]]: ...

@@ -14,22 +14,25 @@ the fleet view noticing the owner's heartbeats stopped.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections.abc import Callable
-from typing import Any
 
+from pydantic import ValidationError
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from apps.core.nodes import keys
+from apps.core.protocol import bus as msgs
 from apps.orchestrator.logs import event
 
-Handler = Callable[[str, dict[str, Any]], None]
+NodeHandler = Callable[[str, msgs.NodeMessage], None]
+ReplicaHandler = Callable[[str, msgs.ReplicaMessage], None]
 
 
 class Bus:
-    def __init__(self, redis: Redis, orchestrator_id: str, on_node: Handler, on_replica: Handler) -> None:
+    def __init__(
+        self, redis: Redis, orchestrator_id: str, on_node: NodeHandler, on_replica: ReplicaHandler
+    ) -> None:
         self._redis = redis
         self._id = orchestrator_id
         self._on_node = on_node
@@ -56,13 +59,12 @@ class Bus:
                 continue
             channel = msg["channel"].decode() if isinstance(msg["channel"], bytes) else str(msg["channel"])
             try:
-                payload = json.loads(msg["data"])
-            except ValueError:
-                continue
-            if channel == self._own:
-                self._on_replica(channel, payload)
-            elif channel.startswith("nodech:"):
-                self._on_node(channel.removeprefix("nodech:"), payload)
+                if channel == self._own:
+                    self._on_replica(channel, msgs.decode_replica_message(msg["data"]))
+                elif channel.startswith("nodech:"):
+                    self._on_node(channel.removeprefix("nodech:"), msgs.decode_node_message(msg["data"]))
+            except ValidationError:
+                continue  # not a message this replica knows
 
     async def close(self) -> None:
         await self._pubsub.aclose()  # type: ignore[no-untyped-call]
@@ -73,8 +75,8 @@ class Bus:
     async def unsubscribe_node(self, node_id: str) -> None:
         await self._pubsub.unsubscribe(keys.node_channel(node_id))
 
-    async def to_node(self, node_id: str, message: dict[str, Any]) -> int:
-        return int(await self._redis.publish(keys.node_channel(node_id), json.dumps(message)))
+    async def to_node(self, node_id: str, message: msgs.NodeMessage) -> int:
+        return int(await self._redis.publish(keys.node_channel(node_id), msgs.encode(message)))
 
-    async def to_replica(self, orchestrator_id: str, message: dict[str, Any]) -> int:
-        return int(await self._redis.publish(keys.replica_channel(orchestrator_id), json.dumps(message)))
+    async def to_replica(self, orchestrator_id: str, message: msgs.ReplicaMessage) -> int:
+        return int(await self._redis.publish(keys.replica_channel(orchestrator_id), msgs.encode(message)))

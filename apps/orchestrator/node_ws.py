@@ -22,9 +22,11 @@ from pydantic import ValidationError
 
 from apps.core.aio import shielded, until_first_ends
 from apps.core.nodes.store import NodeIdentity
+from apps.core.protocol import bus as msgs
 from apps.core.protocol.node import (
     BATCHING_VERSION,
     CLOSE_AUTH_FAILED,
+    CLOSE_HEARTBEAT_TIMEOUT,
     CLOSE_NORMAL,
     CLOSE_PROTOCOL_ERROR,
     CLOSE_REGISTRATION_REFUSED,
@@ -54,7 +56,6 @@ from apps.orchestrator.ratelimit import TokenBucket
 from apps.orchestrator.settle import SettleJob, Settler
 from apps.orchestrator.streams import ChunkEv, LostReason, RequestStream
 
-CLOSE_HEARTBEAT_TIMEOUT = 4008  # missed heartbeats: the node is treated as dead
 CLOSE_GOING_AWAY = 1001
 
 
@@ -157,7 +158,7 @@ class NodeSockets:
         self._ws[conn.conn_id] = ws
         await plane.bus.subscribe_node(frame.node_id)
         # Another replica that still holds an older socket of this node lets it go.
-        await plane.bus.to_node(frame.node_id, {"op": "supersede", "conn": conn.conn_id})
+        await plane.bus.to_node(frame.node_id, msgs.SupersedeMsg(conn=conn.conn_id))
         await plane.fleet.write_heartbeat(
             frame.node_id, conn.conn_id, conn.hash_fields(plane.id), register=True
         )
@@ -306,9 +307,7 @@ class NodeSockets:
         plane.fleet.forget(conn.node_id)
         reason = LostReason.SHUTDOWN if plane.stopping else LostReason.NODE_GONE
         for request_id, origin in plane.fail_routes(conn, reason):
-            await plane.bus.to_replica(
-                origin, {"op": "lost", "request_id": request_id, "reason": reason.value}
-            )
+            await plane.bus.to_replica(origin, msgs.LostMsg(request_id=request_id, reason=reason.value))
         if conn.drained or (code == CLOSE_NORMAL and conn.draining):
             death = None
         elif code in (CLOSE_REVOKED, CLOSE_SUPERSEDED):

@@ -20,6 +20,7 @@ from apps.core.clock import SYSTEM
 from apps.core.ledger.api import Ledger, SettleResult
 from apps.core.nodes.state import NodeState
 from apps.core.nodes.store import NodeStore
+from apps.core.protocol import bus as msgs
 from apps.core.protocol.dispatch import DispatchRequest
 from apps.core.protocol.node import (
     CLOSE_REVOKED,
@@ -114,13 +115,7 @@ class ControlPlane:
             return conn.send(Assign(request_id=dreq.request_id, model=dreq.model, body=dreq.body))
         stream.owner = node.owner
         self.remote_streams[dreq.request_id] = stream
-        message: dict[str, Any] = {
-            "op": "assign",
-            "origin": self.id,
-            "request_id": dreq.request_id,
-            "model": dreq.model,
-            "body": dreq.body,
-        }
+        message = msgs.AssignMsg(origin=self.id, request_id=dreq.request_id, model=dreq.model, body=dreq.body)
         self.metrics.forwarded.labels(op="assign").inc()
         return await self.bus.to_node(node.node_id, message) > 0
 
@@ -130,7 +125,7 @@ class ControlPlane:
             conn.send(Cancel(request_id=request_id))
             return
         self.metrics.forwarded.labels(op="cancel").inc()
-        await self.bus.to_node(node_id, {"op": "cancel", "request_id": request_id})
+        await self.bus.to_node(node_id, msgs.CancelMsg(request_id=request_id))
 
     async def finish(self, node_id: str, request_id: str, stream: RequestStream) -> None:
         """Forget the relay's routes and free its slot (called shielded when the relay ends)."""
@@ -169,9 +164,7 @@ class ControlPlane:
             else:
                 route.deliver(ErrorEv(frame))
         elif isinstance(route, RemoteRoute):
-            await self.bus.to_replica(
-                route.origin, {"op": "frame", "request_id": frame.request_id, "frame": raw}
-            )
+            await self.bus.to_replica(route.origin, msgs.FrameMsg(request_id=frame.request_id, frame=raw))
         elif isinstance(frame, Chunk):
             # Output for a request nobody relays any more: stop the engine working for nothing.
             conn.send(Cancel(request_id=frame.request_id))
@@ -190,53 +183,45 @@ class ControlPlane:
 
     # -- bus handlers -----------------------------------------------------------------
 
-    def on_node_message(self, node_id: str, msg: dict[str, Any]) -> None:
-        op = msg.get("op")
+    def on_node_message(self, node_id: str, msg: msgs.NodeMessage) -> None:
         conn = self.local.get(node_id)
-        if op == "assign":
-            request_id, origin = str(msg.get("request_id")), str(msg.get("origin"))
-            if conn is None or conn.closing.is_set() or conn.draining:
-                self._spawn(
-                    self.bus.to_replica(
-                        origin, {"op": "lost", "request_id": request_id, "reason": "unreachable"}
-                    )
-                )
-                return
-            conn.routes[request_id] = RemoteRoute(origin)
-            frame = Assign(
-                request_id=request_id, model=str(msg.get("model")), body=dict(msg.get("body") or {})
-            )
-            if not conn.send(frame):
-                conn.routes.pop(request_id, None)
-                self._spawn(
-                    self.bus.to_replica(
-                        origin, {"op": "lost", "request_id": request_id, "reason": "unreachable"}
-                    )
-                )
+        if isinstance(msg, msgs.AssignMsg):
+            self._assign_forwarded(conn, msg)
         elif conn is None:
             return
-        elif op == "cancel":
-            conn.send(Cancel(request_id=str(msg.get("request_id"))))
-        elif op == "drain":
+        elif isinstance(msg, msgs.CancelMsg):
+            conn.send(Cancel(request_id=msg.request_id))
+        elif isinstance(msg, msgs.DrainMsg):
             self._spawn(self.drain_local(node_id))
-        elif op == "load_model":
-            conn.send(LoadModel(name=str(msg.get("name"))))
-        elif op == "revoke":
+        elif isinstance(msg, msgs.LoadModelMsg):
+            conn.send(LoadModel(name=msg.name))
+        elif isinstance(msg, msgs.RevokeMsg):
             conn.close(CLOSE_REVOKED, "node token revoked")
-        elif op == "supersede" and msg.get("conn") != conn.conn_id:
+        elif isinstance(msg, msgs.SupersedeMsg) and msg.conn != conn.conn_id:
             conn.close(CLOSE_SUPERSEDED, "node registered again on another connection")
 
-    def on_replica_message(self, _channel: str, msg: dict[str, Any]) -> None:
-        stream = self.remote_streams.get(str(msg.get("request_id")))
+    def _assign_forwarded(self, conn: NodeConnection | None, msg: msgs.AssignMsg) -> None:
+        request_id = msg.request_id
+        if conn is not None and not conn.closing.is_set() and not conn.draining:
+            conn.routes[request_id] = RemoteRoute(msg.origin)
+            if conn.send(Assign(request_id=request_id, model=msg.model, body=dict(msg.body))):
+                return
+            conn.routes.pop(request_id, None)
+        self._spawn(
+            self.bus.to_replica(msg.origin, msgs.LostMsg(request_id=request_id, reason="unreachable"))
+        )
+
+    def on_replica_message(self, _channel: str, msg: msgs.ReplicaMessage) -> None:
+        stream = self.remote_streams.get(msg.request_id)
         if stream is None:
             return
-        if msg.get("op") == "lost":
+        if isinstance(msg, msgs.LostMsg):
             stream.deliver(
-                LostEv(LostReason.UNREACHABLE if msg.get("reason") == "unreachable" else LostReason.NODE_GONE)
+                LostEv(LostReason.UNREACHABLE if msg.reason == "unreachable" else LostReason.NODE_GONE)
             )
             return
         try:
-            frame = decode_node_frame(str(msg.get("frame")))
+            frame = decode_node_frame(msg.frame)
         except ValidationError:
             return
         if isinstance(frame, Chunk):
@@ -258,7 +243,7 @@ class ControlPlane:
         conn = self.local.get(node_id)
         if conn is not None:
             return conn.send(LoadModel(name=name))
-        return await self.bus.to_node(node_id, {"op": "load_model", "name": name}) > 0
+        return await self.bus.to_node(node_id, msgs.LoadModelMsg(name=name)) > 0
 
     async def drain_local(self, node_id: str) -> bool:
         conn = self.local.get(node_id)

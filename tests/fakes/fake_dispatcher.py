@@ -18,7 +18,7 @@ from apps.core.ledger.api import Ledger
 from apps.core.metering import settle_usage
 from apps.core.protocol.dispatch import DispatchRequest
 from apps.core.protocol.openai import SSE_DONE, error_body, sse_event
-from apps.core.protocol.vllm import chunk_event, delta_choice
+from apps.core.protocol.vllm import chunk_payload, delta_choice, usage_block
 
 
 class FakeUpstream:
@@ -37,8 +37,10 @@ class FakeUpstream:
         self._closed = False
 
     def _chunk(self, delta: dict[str, Any], finish: str | None = None) -> bytes:
-        return chunk_event(
-            self._req.request_id, self._req.model, int(time.time()), [delta_choice(delta, finish)]
+        return sse_event(
+            chunk_payload(
+                self._req.request_id, self._req.model, int(time.time()), [delta_choice(delta, finish)]
+            )
         )
 
     async def chunks(self) -> AsyncIterator[bytes]:
@@ -59,13 +61,9 @@ class FakeUpstream:
                 yield self._chunk({"content": f"t{i} "})
             yield self._chunk({}, "length" if self._owner.tokens is None else "stop")
             if self._req.client_wants_usage:
-                usage = {
-                    "prompt_tokens": self.prompt_tokens,
-                    "completion_tokens": self.produced,
-                    "total_tokens": self.prompt_tokens + self.produced,
-                }
-                yield chunk_event(
-                    self._req.request_id, self._req.model, int(time.time()), [], {"usage": usage}
+                usage = {"usage": usage_block(self.prompt_tokens, self.produced)}
+                yield sse_event(
+                    chunk_payload(self._req.request_id, self._req.model, int(time.time()), [], usage)
                 )
             await self._settle()
             yield SSE_DONE

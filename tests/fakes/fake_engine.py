@@ -23,7 +23,8 @@ from typing import Any
 
 from aiohttp import web
 
-from apps.core.protocol.vllm import chunk_event, delta_choice, usage_block
+from apps.core.protocol.openai import sse_event
+from apps.core.protocol.vllm import chunk_payload, delta_choice, usage_block
 
 MODEL = "fake-8b"
 CREATED = 1730000000
@@ -35,7 +36,7 @@ def _chunk(cid: str, model: str, delta: dict[str, Any], finish: str | None = Non
         choice["token_ids"] = None
     if finish is not None:
         choice["stop_reason"] = None
-    return chunk_event(cid, model, CREATED, [choice])
+    return sse_event(chunk_payload(cid, model, CREATED, [choice]))
 
 
 def _error_body(shape: str, status: int, message: str) -> dict[str, Any]:
@@ -209,7 +210,7 @@ class FakeEngine:
                 return resp
             if include_usage:
                 usage = {"usage": usage_block(prompt_tokens, written)}
-                await resp.write(chunk_event(rid, self.model, CREATED, [], usage))
+                await resp.write(sse_event(chunk_payload(rid, self.model, CREATED, [], usage)))
             await resp.write(b"data: [DONE]\n\n")
             await resp.write_eof()
         except (ConnectionError, asyncio.CancelledError):

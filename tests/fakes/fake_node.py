@@ -22,11 +22,14 @@ from typing import Any
 import aiohttp
 
 from apps.core.protocol import node as proto
-from apps.core.protocol.vllm import chunk_event, chunk_payload, delta_choice, usage_block
+from apps.core.protocol.openai import sse_event
+from apps.core.protocol.vllm import chunk_payload, delta_choice, usage_block
 
 
 def vllm_chunk(request_id: str, model: str, text: str, finish: str | None = None) -> str:
-    return chunk_event(f"chatcmpl-{request_id}", model, 1, [delta_choice({"content": text}, finish)]).decode()
+    return sse_event(
+        chunk_payload(f"chatcmpl-{request_id}", model, 1, [delta_choice({"content": text}, finish)])
+    ).decode()
 
 
 def usage_payload(request_id: str, model: str, prompt: int, completion: int) -> str:

@@ -10,6 +10,7 @@ instead of raising into the socket callback that called it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -184,15 +185,14 @@ def test_aiohttp_chunk_writer_that_breaks_declines_instead_of_raising() -> None:
 # -- aiohttp client WebSocket -------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("switch", ["on", "off"])
-async def test_aiohttp_ws_frame_writer_sends_a_text_message(
-    switch: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv(fastpath.ENV, switch)
-    got: asyncio.Queue[str] = asyncio.Queue()
+@contextlib.asynccontextmanager
+async def _ws_client(
+    got: asyncio.Queue[str], *, compress: bool = False
+) -> AsyncIterator[aiohttp.ClientWebSocketResponse]:
+    """A client WebSocket to an aiohttp server that puts every text message it gets into `got`."""
 
     async def ws_handler(request: web.Request) -> web.WebSocketResponse:
-        ws = web.WebSocketResponse()
+        ws = web.WebSocketResponse(compress=compress)
         await ws.prepare(request)
         async for msg in ws:
             await got.put(msg.data)
@@ -204,35 +204,29 @@ async def test_aiohttp_ws_frame_writer_sends_a_text_message(
     try:
         async with (
             aiohttp.ClientSession() as session,
-            session.ws_connect(f"http://127.0.0.1:{port}/ws") as ws,
+            session.ws_connect(f"http://127.0.0.1:{port}/ws", compress=15 if compress else 0) as ws,
         ):
-            write = frame_writer(ws)
-            assert (write is not None) is (switch == "on")
-            if write is not None:
-                assert write('{"type":"chunk"}') is True
-                assert await asyncio.wait_for(got.get(), 5) == '{"type":"chunk"}'
-                await ws.close()
-                assert write("late") is False  # a closed socket declines
+            yield ws
     finally:
         await runner.cleanup()
+
+
+@pytest.mark.parametrize("switch", ["on", "off"])
+async def test_aiohttp_ws_frame_writer_sends_a_text_message(
+    switch: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(fastpath.ENV, switch)
+    got: asyncio.Queue[str] = asyncio.Queue()
+    async with _ws_client(got) as ws:
+        write = frame_writer(ws)
+        assert (write is not None) is (switch == "on")
+        if write is not None:
+            assert write('{"type":"chunk"}') is True
+            assert await asyncio.wait_for(got.get(), 5) == '{"type":"chunk"}'
+            await ws.close()
+            assert write("late") is False  # a closed socket declines
 
 
 async def test_aiohttp_ws_frame_writer_is_not_used_when_the_connection_compresses() -> None:
-    async def ws_handler(request: web.Request) -> web.WebSocketResponse:
-        ws = web.WebSocketResponse(compress=True)
-        await ws.prepare(request)
-        async for _ in ws:
-            pass
-        return ws
-
-    app = web.Application()
-    app.router.add_get("/ws", ws_handler)
-    runner, port = await _serve_aiohttp(app)
-    try:
-        async with (
-            aiohttp.ClientSession() as session,
-            session.ws_connect(f"http://127.0.0.1:{port}/ws", compress=15) as ws,
-        ):
-            assert frame_writer(ws) is None
-    finally:
-        await runner.cleanup()
+    async with _ws_client(asyncio.Queue(), compress=True) as ws:
+        assert frame_writer(ws) is None

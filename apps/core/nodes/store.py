@@ -14,7 +14,6 @@ message on the node's channel (on every known member's channel) cuts it at once.
 from __future__ import annotations
 
 import enum
-import json
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -36,6 +35,7 @@ from apps.core.nodes.ids import (
     validate_token_id,
 )
 from apps.core.nodes.state import NodeState, derive_state
+from apps.core.protocol import bus
 from apps.core.secrets import hash_secret, new_secret, secret_matches
 
 TOKEN_PREFIX = "nt-lf"
@@ -229,7 +229,7 @@ class NodeStore:
         # member that registers or heartbeats after this line is refused; the messages below
         # only make the cut immediate for the sockets open now.
         await self._redis.sadd(keys.NODES_REVOKED, node_id)
-        message = json.dumps({"op": "revoke"})
+        message = bus.encode(bus.RevokeMsg())
         pipe = self._redis.pipeline(transaction=False)
         for target in [node_id, *members]:
             pipe.publish(keys.node_channel(target), message)
@@ -263,7 +263,7 @@ class NodeStore:
 
     async def request_drain(self, node_id: str) -> bool:
         """Ask the replica owning the node's socket to drain it; False if no replica owns it."""
-        receivers = await self._redis.publish(keys.node_channel(node_id), json.dumps({"op": "drain"}))
+        receivers = await self._redis.publish(keys.node_channel(node_id), bus.encode(bus.DrainMsg()))
         return int(receivers) > 0
 
     # -- registry events (orchestrator) -------------------------------------------

@@ -43,6 +43,7 @@ CLOSE_REGISTRATION_REFUSED = 4029  # rate limited: retry after `retry_after_s`
 CLOSE_REVOKED = 4010
 CLOSE_PROTOCOL_ERROR = 4002
 CLOSE_SUPERSEDED = 4009  # the same node_id registered again elsewhere
+CLOSE_HEARTBEAT_TIMEOUT = 4008  # missed heartbeats: the orchestrator treats the node as dead
 
 
 class _Frame(BaseModel):

@@ -1,7 +1,8 @@
 """The one builder of vLLM-shaped `chat.completion.chunk` events (enginesim and every test fake).
 
 Field order and separators are vLLM's (compact JSON, `id, object, created, model, choices`, then
-`usage` or other top-level fields), so a stand-in's bytes look like the engine's.
+`usage` or other top-level fields), so a stand-in's bytes look like the engine's. An event is
+`apps.core.protocol.openai.sse_event(chunk_payload(...))`.
 """
 
 from __future__ import annotations
@@ -27,17 +28,6 @@ def chunk_payload(
     if extra:
         obj.update(extra)
     return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode()
-
-
-def chunk_event(
-    chunk_id: str,
-    model: str,
-    created: int,
-    choices: list[dict[str, Any]],
-    extra: dict[str, Any] | None = None,
-) -> bytes:
-    """`data: <chunk>\\n\\n`."""
-    return b"data: " + chunk_payload(chunk_id, model, created, choices, extra) + b"\n\n"
 
 
 def delta_choice(delta: dict[str, Any], finish: str | None = None, index: int = 0) -> dict[str, Any]:

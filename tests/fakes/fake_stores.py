@@ -1,0 +1,98 @@
+"""In-memory stand-ins for the gateway's store Protocols (`apps.gateway.ports`): unit tests of the
+chat handler without PostgreSQL or Redis. Each records what it was asked."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from apps.core.errors import AuthenticationFailed, LlmfleetError, NotFound
+from apps.core.identity.keys import KeyRecord
+from apps.core.identity.principal import Principal
+from apps.core.ledger.teams import Team
+from apps.core.quota.admission import Admission, Limits, Verdict
+
+
+@dataclass
+class FakeQuota:
+    verdict: Verdict = Verdict.ADMITTED
+    fail: LlmfleetError | None = None  # raised by `admit` (e.g. `StoreUnavailable("redis")`)
+    held: set[str] = field(default_factory=set)
+    released: list[str] = field(default_factory=list)
+
+    async def admit(self, subject: str, request_id: str, limits: Limits, now: datetime) -> Admission:
+        if self.fail is not None:
+            raise self.fail
+        if self.verdict is Verdict.ADMITTED:
+            self.held.add(request_id)
+        return Admission(
+            self.verdict, limits, len(self.held), 7.0 if self.verdict else 0.0, 1, 60.0, 0, 3600.0
+        )
+
+    async def release(self, subject: str, request_id: str) -> None:
+        self.held.discard(request_id)
+        self.released.append(request_id)
+
+
+@dataclass
+class FakeKeys:
+    principals: dict[str, Principal] = field(default_factory=dict)
+
+    def add(self, secret: str, team_id: int = 1, limits: Limits | None = None) -> Principal:
+        principal = Principal(
+            "api_key", f"key-{len(self.principals) + 1}", team_id, "t", 1, (), limits or Limits()
+        )
+        self.principals[secret] = principal
+        return principal
+
+    async def authenticate(self, secret: str) -> Principal:
+        if secret not in self.principals:
+            raise AuthenticationFailed("Incorrect API key provided.")
+        return self.principals[secret]
+
+    async def create(self, **options: Any) -> tuple[str, KeyRecord]:
+        raise NotImplementedError("admin routes are tested against PostgreSQL")
+
+    async def list_keys(self, team: str | int | None = None) -> list[KeyRecord]:
+        return []
+
+    async def revoke(self, key_id: int) -> bool:
+        return False
+
+
+@dataclass
+class FakeTeams:
+    teams: dict[int, Team] = field(default_factory=dict)
+
+    async def create_team(self, name: str) -> Team:
+        team = Team(len(self.teams) + 1, name, 0)
+        self.teams[team.id] = team
+        return team
+
+    async def list_teams(self) -> list[Team]:
+        return list(self.teams.values())
+
+    async def get_team(self, ref: str | int) -> Team:
+        for team in self.teams.values():
+            if ref in (team.id, team.name, str(team.id)):
+                return team
+        raise NotFound(f"no team {ref!r}", param="team")
+
+    async def add_credits(
+        self, team: str | int, amount_microcredits: int, reason: str = "admin"
+    ) -> dict[str, Any]:
+        raise NotImplementedError("credits are tested against PostgreSQL")
+
+    async def usage(
+        self, team_id: int, start: datetime, end: datetime, *, by_day: bool = False
+    ) -> list[dict[str, Any]]:
+        return []
+
+
+class StaticHealth:
+    async def postgres_ok(self) -> bool:
+        return True
+
+    async def redis_ok(self) -> bool:
+        return True

@@ -1,0 +1,124 @@
+"""The chat handler with every store faked (`apps.gateway.ports` Protocols): no PostgreSQL, Redis
+or server. Errors come from the one mapping (`apps.core.errors.http_error`), storage failures are
+the stores' `StoreUnavailable`, and a refused request gives back what it took."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import pytest
+
+from apps.core.errors import DuplicateRequestId, LlmfleetError, StoreUnavailable
+from apps.core.ledger.api import Reservation
+from apps.core.quota.admission import Verdict
+from apps.core.spec import load_spec
+from apps.gateway.app import create_app
+from apps.gateway.deps import GatewayDeps
+from apps.gateway.settings import GatewaySettings
+from tests.fakes.fake_dispatcher import FakeDispatcher
+from tests.fakes.fake_gateway import StaticResolver
+from tests.fakes.fake_ledger import FakeLedger
+from tests.fakes.fake_node_admin import FakeNodeAdmin
+from tests.fakes.fake_stores import FakeKeys, FakeQuota, FakeTeams, StaticHealth
+
+MODEL = "llama-3.1-8b-instruct"
+KEY = "sk-test-chat"
+BODY = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+
+
+@dataclass
+class RefusingLedger(FakeLedger):
+    refusal: LlmfleetError | None = None
+
+    async def reserve(self, **kwargs: Any) -> Reservation:
+        if self.refusal is not None:
+            raise self.refusal
+        return await super().reserve(**kwargs)
+
+
+@dataclass
+class Env:
+    client: httpx.AsyncClient
+    ledger: RefusingLedger
+    quota: FakeQuota
+    dispatcher: FakeDispatcher
+
+    async def chat(self, **extra: Any) -> httpx.Response:
+        headers = {"Authorization": f"Bearer {KEY}"}
+        return await self.client.post("/v1/chat/completions", json={**BODY, **extra}, headers=headers)
+
+
+@pytest.fixture
+async def env() -> AsyncIterator[Env]:
+    ledger = RefusingLedger()
+    quota = FakeQuota()
+    keys = FakeKeys()
+    keys.add(KEY)
+    dispatcher = FakeDispatcher(ledger, None, tokens=3)
+    deps = GatewayDeps(
+        spec=load_spec("dev"),
+        ledger=ledger,
+        teams=FakeTeams(),
+        keys=keys,
+        quota=quota,
+        dispatcher=dispatcher,
+        nodes=FakeNodeAdmin(),
+        health=StaticHealth(),
+        resolver=StaticResolver(),
+    )
+    app = create_app(GatewaySettings(secret_key="test-secret"), deps)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw") as client:
+        yield Env(client, ledger, quota, dispatcher)
+
+
+async def test_a_request_is_answered_and_gives_back_its_slot(env: Env) -> None:
+    resp = await env.chat()
+    assert resp.status_code == 200, resp.text
+    assert resp.json()["choices"][0]["message"]["content"] == "t0 t1 t2 "
+    request_id = resp.headers["x-request-id"]
+    assert env.quota.released == [request_id]
+    assert env.quota.held == set()
+    assert [r.request_id for r in env.dispatcher.requests] == [request_id]
+
+
+async def test_a_quota_store_outage_fails_closed_with_retry_after_and_no_reservation_left(env: Env) -> None:
+    env.quota.fail = StoreUnavailable("redis")
+    resp = await env.chat()
+    assert resp.status_code == 503
+    assert resp.headers["retry-after"] == "5"
+    assert resp.json()["error"]["type"] == "service_unavailable"
+    assert env.dispatcher.requests == []
+    request_id = resp.headers["x-request-id"]
+    assert request_id in env.ledger.cancel_calls or request_id not in env.ledger.rows
+
+
+async def test_a_ledger_outage_is_a_503_and_the_slot_is_released(env: Env) -> None:
+    env.ledger.refusal = StoreUnavailable("postgres")
+    resp = await env.chat()
+    assert resp.status_code == 503
+    assert resp.json()["error"]["message"] == "The ledger is unavailable."
+    assert env.quota.held == set()
+    assert env.dispatcher.requests == []
+
+
+async def test_a_duplicate_request_id_is_a_400_naming_the_header(env: Env) -> None:
+    env.ledger.refusal = DuplicateRequestId()
+    resp = await env.chat()
+    assert resp.status_code == 400
+    error = resp.json()["error"]
+    assert (error["param"], error["code"]) == ("x-request-id", "duplicate_request_id")
+    assert env.quota.held == set()
+
+
+async def test_a_rate_limited_request_gets_429_retry_after_and_its_reservation_cancelled(env: Env) -> None:
+    env.quota.verdict = Verdict.RPM
+    resp = await env.chat()
+    assert resp.status_code == 429
+    assert resp.headers["retry-after"] == "7"
+    assert resp.json()["error"]["code"] == "rpm"
+    request_id = resp.headers["x-request-id"]
+    assert request_id in env.ledger.cancel_calls or request_id not in env.ledger.rows
+    assert env.dispatcher.requests == []
