@@ -68,6 +68,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     pool.add_argument("--pool", required=True, help="pool id; members register as <pool>/<instance>")
     pool.add_argument("--location", required=True, choices=LOCATIONS)
+    pool.add_argument(
+        "--model",
+        action="append",
+        default=None,
+        help="a model the pool's nodes may register (repeat); none = any",
+    )
 
 
 def _team_args(parser: argparse.ArgumentParser) -> None:
@@ -134,7 +140,7 @@ async def _register_node_pool(
     redis = Redis.from_url(os.environ.get("LLMFLEET_REDIS_URL", DEFAULT_REDIS))
     try:
         result = await NodeStore(pool, redis, secret_key.encode()).register_pool(
-            args.pool, args.location, token
+            args.pool, args.location, token, models=args.model
         )
     finally:
         await redis.aclose()

@@ -3,24 +3,19 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
-import httpx
 import pytest
 
-from tests.fakes.fake_gateway import GatewayEnv, gateway_env
+from tests.fakes.fake_gateway import GatewayEnv
+from tests.integration.gateway_fixtures import client, gateway
+
+__all__ = ["gateway"]  # the fixture, imported for pytest
 
 MODEL = "llama-3.1-8b-instruct"
 
 
 @pytest.fixture
-async def env(migrated_db_url: str, redis_url: str) -> AsyncIterator[GatewayEnv]:
-    async with gateway_env(migrated_db_url, redis_url) as e:
-        yield e
-
-
-def client(env: GatewayEnv) -> httpx.AsyncClient:
-    return httpx.AsyncClient(transport=httpx.ASGITransport(app=env.app), base_url="http://gw")
+def env(gateway: GatewayEnv) -> GatewayEnv:
+    return gateway
 
 
 @pytest.mark.parametrize(

@@ -9,14 +9,15 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 
-import httpx
 import pytest
 
 from apps.gateway.validate import estimate_prompt_tokens
-from tests.fakes.fake_gateway import GatewayEnv, gateway_env
+from tests.fakes.fake_gateway import GatewayEnv
+from tests.integration.gateway_fixtures import client, gateway
+
+__all__ = ["gateway"]  # the fixture, imported for pytest
 
 MODEL = "llama-3.1-8b-instruct"
 MESSAGES = [{"role": "user", "content": "hi"}]
@@ -31,13 +32,8 @@ def auth(key: str) -> dict[str, str]:
 
 
 @pytest.fixture
-async def env(migrated_db_url: str, redis_url: str) -> AsyncIterator[GatewayEnv]:
-    async with gateway_env(migrated_db_url, redis_url) as e:
-        yield e
-
-
-def client(env: GatewayEnv) -> httpx.AsyncClient:
-    return httpx.AsyncClient(transport=httpx.ASGITransport(app=env.app), base_url="http://gw")
+def env(gateway: GatewayEnv) -> GatewayEnv:
+    return gateway
 
 
 def worst_case_cost(env: GatewayEnv, completion_tokens: int) -> int:

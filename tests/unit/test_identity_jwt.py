@@ -16,6 +16,8 @@ from cryptography.hazmat.primitives import serialization
 from apps.core.errors import AuthenticationFailed
 from apps.core.identity.jwt_verify import JwtVerifier, looks_like_jwt
 from apps.core.identity.local_issuer import LocalIssuer
+from apps.core.identity.principal import Principal
+from apps.core.quota.admission import Limits
 
 
 @pytest.fixture(scope="module")
@@ -112,3 +114,33 @@ def test_issuer_key_persists(tmp_path: Path) -> None:
     second = LocalIssuer.load_or_create(path)
     assert first.kid == second.kid
     assert oct(path.stat().st_mode & 0o777) == "0o600"
+
+
+async def test_models_claim_gives_jwt_callers_an_allowlist(issuer: tuple[LocalIssuer, str]) -> None:
+    """Issue 21: on main every JWT caller could use every model."""
+    iss, url = issuer
+    v = verifier(url, iss)
+    listed = await v.verify(iss.mint("u", team="ml", extra={"models": ["a", "b"]}))
+    assert listed.models == ("a", "b")
+    spaced = await v.verify(iss.mint("u", team="ml", extra={"models": "a c"}))
+    assert spaced.models == ("a", "c")
+    assert (await v.verify(iss.mint("u", team="ml"))).models is None
+    none_allowed = await v.verify(iss.mint("u", team="ml", extra={"models": []}))
+    assert none_allowed.models == ()
+    restricted = Principal("jwt", "jwt-u", 1, "ml", None, (), Limits(), models_restricted=True)
+    assert not restricted.may_use("a")
+    assert Principal("jwt", "jwt-u", 1, "ml", None, ("a",), Limits(), models_restricted=True).may_use("a")
+    with pytest.raises(AuthenticationFailed):
+        await v.verify(iss.mint("u", extra={"models": [1, 2]}))
+
+
+async def test_team_claims_are_typed_never_guessed(issuer: tuple[LocalIssuer, str]) -> None:
+    iss, url = issuer
+    v = verifier(url, iss)
+    by_name = await v.verify(iss.mint("u", team="2"))
+    assert (by_name.team, by_name.team_id) == ("2", None)
+    by_id = await v.verify(iss.mint("u", extra={"team_id": 2}))
+    assert (by_id.team, by_id.team_id) == (None, 2)
+    for extra in ({"team_id": "2"}, {"team_id": True}, {"team": 2}, {"team": "a", "team_id": 1}):
+        with pytest.raises(AuthenticationFailed):
+            await v.verify(iss.mint("u", extra=extra))

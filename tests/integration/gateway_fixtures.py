@@ -1,0 +1,20 @@
+"""The in-process gateway (real PostgreSQL and Redis, fake orchestrator) as a fixture, and its client."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import httpx
+import pytest
+
+from tests.fakes.fake_gateway import GatewayEnv, gateway_env
+
+
+@pytest.fixture
+async def gateway(migrated_db_url: str, redis_url: str) -> AsyncIterator[GatewayEnv]:
+    async with gateway_env(migrated_db_url, redis_url) as e:
+        yield e
+
+
+def client(env: GatewayEnv) -> httpx.AsyncClient:
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=env.app), base_url="http://gw")
