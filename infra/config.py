@@ -36,14 +36,13 @@ class InfraConfig:
     api_host: str = "api.llmfleet.example.com"
     nodes_host: str = "nodes.llmfleet.example.com"
     certificate_arn: str = "arn:aws:acm:us-east-1:123456789012:certificate/replace-me"
-    image_tag: str = "0.1.0"
+    image_tag: str | None = None  # None: the build context's content digest (artifacts.content_tag)
     # Pinned AL2023 alias: `@latest` drifts every AMI release (kubernetes-facts §2).
     ami_alias: str = "al2023@v20251120"
     system_instance_type: str = "m6i.xlarge"
     system_nodes_min: int = 2
     system_nodes_desired: int = 2
     system_nodes_max: int = 4
-    gpu_limit: int = 16
     aurora_instance_class: str = "db.r6g.large"
     aurora_instances: int = 2
     redis_node_type: str = "cache.r7g.large"
@@ -51,6 +50,9 @@ class InfraConfig:
     gateway_min_replicas: int = 2
     gateway_max_replicas: int = 6
     orchestrator_replicas: int = 2
+    # Off on the first `up` (the bucket is empty): GPU Deployments stay at 0 replicas. Set
+    # `llmfleet:scaleModels true` after uploading the weights (docs/deploy.md).
+    scale_models: bool = False
     office_hours: OfficeHours = field(default_factory=OfficeHours)
 
     @classmethod
@@ -75,13 +77,11 @@ class InfraConfig:
             api_host=text("apiHost", base.api_host),
             nodes_host=text("nodesHost", base.nodes_host),
             certificate_arn=text("certificateArn", base.certificate_arn),
-            image_tag=text("imageTag", base.image_tag),
             ami_alias=text("amiAlias", base.ami_alias),
             system_instance_type=text("systemInstanceType", base.system_instance_type),
             system_nodes_min=number("systemNodesMin", base.system_nodes_min),
             system_nodes_desired=number("systemNodesDesired", base.system_nodes_desired),
             system_nodes_max=number("systemNodesMax", base.system_nodes_max),
-            gpu_limit=number("gpuLimit", base.gpu_limit),
             aurora_instance_class=text("auroraInstanceClass", base.aurora_instance_class),
             aurora_instances=number("auroraInstances", base.aurora_instances),
             redis_node_type=text("redisNodeType", base.redis_node_type),
@@ -89,6 +89,7 @@ class InfraConfig:
             gateway_min_replicas=number("gatewayMinReplicas", base.gateway_min_replicas),
             gateway_max_replicas=number("gatewayMaxReplicas", base.gateway_max_replicas),
             orchestrator_replicas=number("orchestratorReplicas", base.orchestrator_replicas),
+            scale_models=text("scaleModels", "false").lower() == "true",
             office_hours=OfficeHours(
                 timezone=text("officeHoursTimezone", base.office_hours.timezone),
                 start=text("officeHoursStart", base.office_hours.start),

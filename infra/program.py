@@ -12,7 +12,7 @@ import pulumi_aws as aws
 from apps.core.sizing.plan import plan_fleet
 from apps.core.spec import StackSpec, load_spec
 from infra.components.addons import Addons, AddonsArgs
-from infra.components.artifacts import ArtifactsArgs, Images, ModelBucket
+from infra.components.artifacts import ArtifactsArgs, Images, ModelBucket, content_tag
 from infra.components.cluster import Cluster, ClusterArgs
 from infra.components.datastores import Cache, Database, DatastoreArgs
 from infra.components.karpenter import Karpenter, KarpenterArgs
@@ -61,8 +61,9 @@ def define(config: InfraConfig, spec: StackSpec | None = None) -> None:
             oidc_provider_arn=cluster.oidc_provider_arn,
             oidc_provider_url=cluster.oidc_provider_url,
             provider=cluster.provider,
-            pools=gpu_pool_spec(spec, config.gpu_limit),
+            pools=gpu_pool_spec(spec),
             ami_alias=config.ami_alias,
+            depends_on=cluster.ready,
         ),
     )
     addons = Addons(
@@ -74,9 +75,10 @@ def define(config: InfraConfig, spec: StackSpec | None = None) -> None:
             oidc_provider_arn=cluster.oidc_provider_arn,
             oidc_provider_url=cluster.oidc_provider_url,
             provider=cluster.provider,
+            depends_on=cluster.ready,
         ),
     )
-    artifacts = ArtifactsArgs(name=f"llmfleet-{spec.name}", image_tag=config.image_tag)
+    artifacts = ArtifactsArgs(name=f"llmfleet-{spec.name}", image_tag=config.image_tag or content_tag())
     bucket = ModelBucket("models", artifacts)
     images = Images("images", artifacts)
     stores = DatastoreArgs(
@@ -91,7 +93,12 @@ def define(config: InfraConfig, spec: StackSpec | None = None) -> None:
     )
     database = Database("database", stores)
     cache = Cache("cache", stores)
-    crds: list[pulumi.Resource] = [addons.releases["keda"], addons.releases["kube-prometheus-stack"]]
+    # The KEDA and Prometheus-operator CRDs, and the namespaces our objects live in.
+    crds: list[pulumi.Resource] = [
+        addons.releases["keda"],
+        addons.releases["kube-prometheus-stack"],
+        *addons.namespaces,
+    ]
     ModelServing(
         "serving",
         ServingArgs(
@@ -105,6 +112,7 @@ def define(config: InfraConfig, spec: StackSpec | None = None) -> None:
             oidc_provider_arn=cluster.oidc_provider_arn,
             oidc_provider_url=cluster.oidc_provider_url,
             office_hours=config.office_hours,
+            scale_models=config.scale_models,
             provider=cluster.provider,
             depends_on=crds,
         ),
@@ -128,7 +136,12 @@ def define(config: InfraConfig, spec: StackSpec | None = None) -> None:
             database_url=database.url,
             redis_url=cache.url,
             provider=cluster.provider,
-            depends_on=[addons.releases["aws-load-balancer-controller"]],
+            depends_on=[
+                addons.releases["aws-load-balancer-controller"],
+                *addons.namespaces,
+                *database.instances,
+                cache.group,
+            ],
         ),
     )
     Observability(
@@ -139,7 +152,7 @@ def define(config: InfraConfig, spec: StackSpec | None = None) -> None:
             office_hours=config.office_hours,
             ops_image=images.refs["gateway"],
             provider=cluster.provider,
-            depends_on=[addons.releases["kube-prometheus-stack"]],
+            depends_on=[addons.releases["kube-prometheus-stack"], *addons.namespaces],
         ),
     )
     pulumi.export("cluster", name)
@@ -159,13 +172,11 @@ def config_from_pulumi() -> InfraConfig:
         "apiHost",
         "nodesHost",
         "certificateArn",
-        "imageTag",
         "amiAlias",
         "systemInstanceType",
         "systemNodesMin",
         "systemNodesDesired",
         "systemNodesMax",
-        "gpuLimit",
         "auroraInstanceClass",
         "auroraInstances",
         "redisNodeType",
@@ -173,6 +184,7 @@ def config_from_pulumi() -> InfraConfig:
         "gatewayMinReplicas",
         "gatewayMaxReplicas",
         "orchestratorReplicas",
+        "scaleModels",
         "officeHoursTimezone",
         "officeHoursStart",
         "officeHoursEnd",

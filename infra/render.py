@@ -8,6 +8,7 @@ and a golden snapshot diff shows exactly what a change does to the infrastructur
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import warnings
 from dataclasses import dataclass
@@ -26,6 +27,8 @@ from infra.config import InfraConfig
 SECRET_SIG = "4dabf18193072939515e22adb298388d"
 MASK = "[secret]"
 ACCOUNT = "123456789012"
+RENDER_IMAGE_TAG = "c-render"
+EKS_CLUSTER_SG = "sg-0eks0cluster0"  # the security group EKS creates with the cluster
 PROJECT_DIR = Path(__file__).resolve().parents[1]
 
 
@@ -56,6 +59,7 @@ class Mocks(pulumi.runtime.Mocks):
                 "oidcProviderArn": f"arn:aws:iam::{ACCOUNT}:oidc-provider/oidc.eks.us-east-1.amazonaws.com/id/MOCK",
                 "oidcProviderUrl": "https://oidc.eks.us-east-1.amazonaws.com/id/MOCK",
                 "nodeSecurityGroupId": "sg-mock-nodes",
+                "clusterSecurityGroupId": EKS_CLUSTER_SG,
             },
             "random:index/randomPassword:RandomPassword": {"result": "mock-" + _fake_id(args.typ, args.name)},
             "aws:ecr/repository:Repository": {
@@ -107,22 +111,36 @@ def config_for(stack: str, project_dir: Path = PROJECT_DIR) -> InfraConfig:
     """The stack's `llmfleet:*` settings from `Pulumi.<stack>.yaml`, as `pulumi up` would see them."""
     path = project_dir / f"Pulumi.{stack}.yaml"
     if not path.is_file():
-        return InfraConfig(stack=stack)
+        return InfraConfig(stack=stack, image_tag=RENDER_IMAGE_TAG)
     raw = (yaml.safe_load(path.read_text(encoding="utf-8")) or {}).get("config", {})
     values = {k.split(":", 1)[1]: str(v) for k, v in raw.items() if k.startswith("llmfleet:")}
-    return InfraConfig.from_mapping(stack, values, region=raw.get("aws:region"))
+    config = InfraConfig.from_mapping(stack, values, region=raw.get("aws:region"))
+    # A stable stand-in for the content digest, so the golden snapshot does not change with apps/.
+    return dataclasses.replace(config, image_tag=RENDER_IMAGE_TAG)
+
+
+def _urn_key(urn: str) -> str:
+    """`urn:pulumi:stack::project::a$b::name` -> `b::name` (type token and name)."""
+    parts = urn.split("::")
+    return f"{parts[2].split('$')[-1]}::{parts[3]}"
 
 
 class _ParentRecordingMonitor(MockMonitor):
-    """Records each resource's parent type so tests can check that components parent their children."""
+    """Records each resource's parent type and its dependencies (explicit `depends_on` and the
+    resources whose outputs it takes), so the render and its golden diff show ordering."""
 
     def __init__(self, mocks: Mocks) -> None:
         super().__init__(mocks)
         self.parents: dict[tuple[str, str], str] = {}
+        self.dependencies: dict[tuple[str, str], list[str]] = {}
 
     def RegisterResource(self, request: Any) -> Any:
-        parent_type = str(request.parent).split("::")[2].split("$")[-1] if request.parent else ""
-        self.parents[(str(request.type), str(request.name))] = parent_type
+        key = (str(request.type), str(request.name))
+        self.parents[key] = str(request.parent).split("::")[2].split("$")[-1] if request.parent else ""
+        deps = {_urn_key(str(u)) for u in request.dependencies}
+        for prop in request.propertyDependencies.values():
+            deps.update(_urn_key(str(u)) for u in prop.urns)
+        self.dependencies[key] = sorted(deps)
         return super().RegisterResource(request)  # type: ignore[no-untyped-call]
 
 
@@ -162,5 +180,14 @@ def _render_on_current_loop(stack: str, config: InfraConfig | None) -> RenderRes
         from infra.program import define  # imported late: the mocks must be set first
 
         _sync_await(run_pulumi_func(lambda: define(config, spec)))
-    rows = [{"type": r["type"], "name": r["name"], "inputs": _clean(r["inputs"])} for r in mocks.resources]
+    rows = [
+        {
+            "type": r["type"],
+            "name": r["name"],
+            "inputs": _clean(r["inputs"]),
+            "parent": monitor.parents.get((r["type"], r["name"]), ""),
+            "dependsOn": monitor.dependencies.get((r["type"], r["name"]), []),
+        }
+        for r in mocks.resources
+    ]
     return RenderResult(sorted(rows, key=lambda r: (r["type"], r["name"])), dict(monitor.parents))

@@ -157,7 +157,7 @@ class StackSpec(_Strict):
     name: str
     region: str = "us-east-1"
     cluster_name: str = "inference"
-    kubernetes_version: str = "1.31"
+    kubernetes_version: str = "1.35"
     gpu_types: dict[str, GpuType]
     sizing: SizingDefaults = SizingDefaults()
     models: dict[str, ModelSpec]
@@ -167,6 +167,9 @@ class StackSpec(_Strict):
     slo: Slo = Slo()
     request_limits: RequestLimits = RequestLimits()
     alerting: Alerting = Alerting()
+    # Optional ceiling per GPU NodePool (e.g. `gpu-l40s: 32`); `llmfleet plan` fails when the
+    # replica maxima need more (apps.core.sizing.pools).
+    gpu_pool_caps: dict[str, PositiveInt] = {}
 
     @model_validator(mode="after")
     def _references(self) -> StackSpec:

@@ -7,6 +7,7 @@ import json
 
 from apps.core.errors import SpecError
 from apps.core.sizing.plan import plan_fleet, with_overrides
+from apps.core.sizing.pools import check_pool_caps, pool_demand
 from apps.core.spec import load_spec
 from apps.planner.render import render_plan
 
@@ -48,8 +49,15 @@ def run(args: argparse.Namespace) -> int:
             context_tokens=args.context,
         )
     plan = plan_fleet(spec)
+    pools = pool_demand(spec, plan)
+    check_pool_caps(pools)
     if args.json:
-        print(json.dumps(plan.to_json(), indent=2, sort_keys=True))
+        out = plan.to_json()
+        out["gpu_pools"] = {d.pool: {"gpus": d.gpus, "cap": d.cap, "per_model": d.per_model} for d in pools}
+        print(json.dumps(out, indent=2, sort_keys=True))
     else:
         print(render_plan(plan))
+        for d in pools:
+            cap = "no cap" if d.cap is None else f"cap {d.cap}, headroom {d.headroom}"
+            print(f"NodePool {d.pool}: nvidia.com/gpu limit {d.gpus} at the replica maxima ({cap})")
     return 0

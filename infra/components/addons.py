@@ -4,18 +4,35 @@ Balancer Controller (IRSA) that turns the ingresses into an ALB."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+from dataclasses import dataclass, field
 from typing import Any
 
 import pulumi
+import pulumi_aws as aws
 import pulumi_kubernetes as k8s
+import pulumi_random as random
 
 from infra.components.irsa import irsa_role
 from infra.components.kube import KubeObject
-from infra.manifests.common import GPU_TAINT, MONITORING_NAMESPACE, NAMESPACE, labels
-from infra.manifests.iam import load_balancer_controller
+from infra.manifests.common import (
+    GPU_PRESENT_LABEL,
+    GPU_TAINT,
+    MONITORING_NAMESPACE,
+    NAMESPACE,
+    SPOT_TAINT_KEY,
+    labels,
+)
+from infra.manifests.iam import assume_role_with_oidc, load_balancer_controller
 
-GPU_TOLERATION = {"key": GPU_TAINT["key"], "operator": "Exists", "effect": GPU_TAINT["effect"]}
+# GPU DaemonSets run on every GPU pool: the GPU taint and the spot pool's extra taint.
+GPU_TOLERATIONS = [
+    {"key": GPU_TAINT["key"], "operator": "Exists", "effect": GPU_TAINT["effect"]},
+    {"key": SPOT_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"},
+]
+GRAFANA_ADMIN_SECRET = "grafana-admin"
+STORAGE_CLASS = "gp3"
+EBS_CSI_POLICY = "arn:aws:iam::aws:policy/service-role/AmazonEBSCSIDriverPolicy"
 SYSTEM = {"llmfleet.io/pool": "system"}
 CHARTS: dict[str, tuple[str, str, str, str]] = {
     # release: (namespace, repository, chart, version)
@@ -55,14 +72,63 @@ class AddonsArgs:
     oidc_provider_arn: pulumi.Input[str]
     oidc_provider_url: pulumi.Input[str]
     provider: pulumi.ProviderResource
+    # The cluster and its system node group: every release's pods run there.
+    depends_on: list[pulumi.Resource] = field(default_factory=list)
+
+
+def _ebs_csi(name: str, args: AddonsArgs, parent: pulumi.Resource) -> aws.eks.Addon:
+    """EBS CSI driver (Prometheus' persistent volume) with its IRSA role and AWS's managed policy."""
+    child = pulumi.ResourceOptions(parent=parent)
+    trust = pulumi.Output.all(args.oidc_provider_arn, args.oidc_provider_url).apply(
+        lambda v: json.dumps(
+            assume_role_with_oidc(str(v[0]), str(v[1]), "kube-system", "ebs-csi-controller-sa")
+        )
+    )
+    role = aws.iam.Role(f"{name}-ebs-csi", assume_role_policy=trust, opts=child)
+    aws.iam.RolePolicyAttachment(f"{name}-ebs-csi", role=role.name, policy_arn=EBS_CSI_POLICY, opts=child)
+    return aws.eks.Addon(
+        f"{name}-ebs-csi",
+        cluster_name=args.cluster_name,
+        addon_name="aws-ebs-csi-driver",
+        service_account_role_arn=role.arn,
+        opts=pulumi.ResourceOptions(parent=parent, depends_on=args.depends_on),
+    )
+
+
+def _monitoring_values(system: dict[str, str]) -> dict[str, Any]:
+    storage = {
+        "volumeClaimTemplate": {
+            "spec": {
+                "storageClassName": STORAGE_CLASS,
+                "accessModes": ["ReadWriteOnce"],
+                "resources": {"requests": {"storage": "100Gi"}},
+            }
+        }
+    }
+    return {
+        # prometheusSpec.storageSpec: without it the TSDB is an emptyDir (weekly SLIs die on restart).
+        "prometheus": {
+            "prometheusSpec": {"nodeSelector": system, "retention": "15d", "storageSpec": storage}
+        },
+        # grafana chart values.yaml: admin.existingSecret with userKey/passwordKey.
+        "grafana": {
+            "nodeSelector": system,
+            "admin": {
+                "existingSecret": GRAFANA_ADMIN_SECRET,
+                "userKey": "admin-user",
+                "passwordKey": "admin-password",
+            },
+        },
+    }
 
 
 class Addons(pulumi.ComponentResource):
     def __init__(self, name: str, args: AddonsArgs, opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("llmfleet:infra:Addons", name, None, opts)
-        k8s_opts = pulumi.ResourceOptions(parent=self, provider=args.provider)
+        k8s_opts = pulumi.ResourceOptions(parent=self, provider=args.provider, depends_on=args.depends_on)
+        self.namespaces: list[pulumi.Resource] = []
         for namespace in (NAMESPACE, MONITORING_NAMESPACE):
-            KubeObject(
+            ns = KubeObject(
                 {
                     "apiVersion": "v1",
                     "kind": "Namespace",
@@ -70,6 +136,39 @@ class Addons(pulumi.ComponentResource):
                 },
                 k8s_opts,
             )
+            self.namespaces.append(ns)
+        ebs = _ebs_csi(name, args, self)
+        storage_class = KubeObject(
+            {
+                "apiVersion": "storage.k8s.io/v1",
+                "kind": "StorageClass",
+                "metadata": {"name": STORAGE_CLASS, "labels": labels("storage")},
+                "provisioner": "ebs.csi.aws.com",
+                "parameters": {"type": "gp3", "encrypted": "true"},
+                "volumeBindingMode": "WaitForFirstConsumer",
+                "reclaimPolicy": "Retain",
+            },
+            pulumi.ResourceOptions.merge(k8s_opts, pulumi.ResourceOptions(depends_on=[ebs])),
+        )
+        grafana_password = random.RandomPassword(
+            f"{name}-grafana-admin", length=32, special=False, opts=pulumi.ResourceOptions(parent=self)
+        )
+        grafana_secret = KubeObject(
+            {
+                "apiVersion": "v1",
+                "kind": "Secret",
+                "metadata": {
+                    "name": GRAFANA_ADMIN_SECRET,
+                    "namespace": MONITORING_NAMESPACE,
+                    "labels": labels("grafana"),
+                },
+                "type": "Opaque",
+                "stringData": pulumi.Output.secret(
+                    grafana_password.result.apply(lambda p: {"admin-user": "admin", "admin-password": p})
+                ),
+            },
+            pulumi.ResourceOptions.merge(k8s_opts, pulumi.ResourceOptions(depends_on=self.namespaces)),
+        )
         lbc_role = irsa_role(
             f"{name}-lb-controller",
             oidc_provider_arn=args.oidc_provider_arn,
@@ -81,19 +180,16 @@ class Addons(pulumi.ComponentResource):
         )
         values: dict[str, dict[str, Any]] = {
             "nvidia-device-plugin": {
-                "tolerations": [GPU_TOLERATION],
-                "nodeSelector": {"nvidia.com/gpu.present": "true"},
+                "tolerations": GPU_TOLERATIONS,
+                "nodeSelector": {GPU_PRESENT_LABEL: "true"},
             },
             "dcgm-exporter": {
-                "tolerations": [GPU_TOLERATION],
-                "nodeSelector": {"nvidia.com/gpu.present": "true"},
+                "tolerations": GPU_TOLERATIONS,
+                "nodeSelector": {GPU_PRESENT_LABEL: "true"},
                 "serviceMonitor": {"enabled": False},  # ours is in the Observability component
             },
             "keda": {"nodeSelector": SYSTEM, "prometheus": {"operator": {"enabled": True}}},
-            "kube-prometheus-stack": {
-                "prometheus": {"prometheusSpec": {"nodeSelector": SYSTEM, "retention": "15d"}},
-                "grafana": {"nodeSelector": SYSTEM},
-            },
+            "kube-prometheus-stack": _monitoring_values(SYSTEM),
             "aws-load-balancer-controller": {
                 "clusterName": args.cluster_name,
                 "region": args.region,
@@ -103,7 +199,9 @@ class Addons(pulumi.ComponentResource):
             },
         }
         self.releases: dict[str, k8s.helm.v3.Release] = {}
+        needs = {"kube-prometheus-stack": [storage_class, grafana_secret]}
         for release, (namespace, repo, chart, version) in CHARTS.items():
+            opts = pulumi.ResourceOptions(depends_on=[*self.namespaces, *needs.get(release, [])])
             self.releases[release] = k8s.helm.v3.Release(
                 f"{name}-{release}",
                 name=release,
@@ -113,6 +211,6 @@ class Addons(pulumi.ComponentResource):
                 version=version,
                 repository_opts={"repo": repo},
                 values=values[release],
-                opts=k8s_opts,
+                opts=pulumi.ResourceOptions.merge(k8s_opts, opts),
             )
         self.register_outputs({})

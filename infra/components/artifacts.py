@@ -3,6 +3,7 @@ container images built and pushed by `pulumi up` (pulumi-docker-build)."""
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -13,6 +14,25 @@ import pulumi_docker_build as docker_build
 REPO_ROOT = Path(__file__).resolve().parents[2]
 # modelsync: the vLLM pods' init container (`llmfleet model-sync`), the only image with boto3.
 IMAGES = ("gateway", "orchestrator", "agent", "modelsync")
+
+
+# What the Dockerfiles COPY into the build: a change to any of these is a new image tag.
+BUILD_INPUTS = ("pyproject.toml", "README.md", "apps", "stacks", "docker")
+
+
+def content_tag(root: Path = REPO_ROOT) -> str:
+    """`c-<12 hex>`: SHA-256 over the path and bytes of every build input (ECR repositories are
+    IMMUTABLE, so a fixed tag fails the second push; this one changes exactly when the image does)."""
+    digest = hashlib.sha256()
+    for top in BUILD_INPUTS:
+        base = root / top
+        files = [base] if base.is_file() else sorted(p for p in base.rglob("*") if p.is_file())
+        for path in files:
+            if "__pycache__" in path.parts or path.suffix == ".pyc":
+                continue
+            digest.update(path.relative_to(root).as_posix().encode() + b"\0")
+            digest.update(hashlib.sha256(path.read_bytes()).digest())
+    return "c-" + digest.hexdigest()[:12]
 
 
 @dataclass(frozen=True)

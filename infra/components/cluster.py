@@ -69,7 +69,20 @@ class Cluster(pulumi.ComponentResource):
             authentication_mode=eks.AuthenticationMode.API,
             skip_default_node_group=True,
             create_oidc_provider=True,
+            # No pulumi-eks node groups: use the EKS-created cluster security group for everything
+            # (the managed node group sits in it; it admits all traffic from itself).
+            skip_default_security_groups=True,
             tags={"karpenter.sh/discovery": args.name},
+            opts=child,
+        )
+        # Cluster tags do not reach the cluster security group (EKS TagResource API); Karpenter's
+        # EC2NodeClass selects security groups by this tag, so GPU nodes join the same group as
+        # the system nodes and the two reach each other (sec-group-reqs.html).
+        self.discovery_tag = aws.ec2.Tag(
+            f"{name}-cluster-sg-discovery",
+            resource_id=self.cluster.cluster_security_group_id,
+            key="karpenter.sh/discovery",
+            value=args.name,
             opts=child,
         )
         system_role = node_role(f"{name}-system-node", self)
@@ -92,7 +105,9 @@ class Cluster(pulumi.ComponentResource):
         )
         self.oidc_provider_arn = self.cluster.oidc_provider_arn
         self.oidc_provider_url = self.cluster.oidc_provider_url
-        self.node_security_group_id = self.cluster.node_security_group_id
+        self.cluster_security_group_id = self.cluster.cluster_security_group_id
+        # What every in-cluster release needs first: the API, the system nodes, the SG tag.
+        self.ready: list[pulumi.Resource] = [self.cluster, self.system_nodes, self.discovery_tag]
         self.provider = k8s.Provider(
             f"{name}-k8s",
             kubeconfig=self.cluster.kubeconfig_json,

@@ -59,8 +59,10 @@ class Database(pulumi.ComponentResource):
             final_snapshot_identifier=f"{args.name}-final",
             opts=child,
         )
+        # The migrate Job waits for these: a cluster without an instance accepts no connection.
+        self.instances: list[pulumi.Resource] = []
         for i in range(args.aurora_instances):
-            aws.rds.ClusterInstance(
+            instance = aws.rds.ClusterInstance(
                 f"{name}-aurora-{i}",
                 cluster_identifier=cluster.id,
                 instance_class=args.aurora_instance_class,
@@ -69,6 +71,7 @@ class Database(pulumi.ComponentResource):
                 db_subnet_group_name=subnets.name,
                 opts=child,
             )
+            self.instances.append(instance)
         self.url: pulumi.Output[str] = pulumi.Output.secret(
             pulumi.Output.concat(
                 "postgresql://llmfleet:",
@@ -114,6 +117,7 @@ class Cache(pulumi.ComponentResource):
             port=6379,
             opts=child,
         )
+        self.group = group
         self.url: pulumi.Output[str] = pulumi.Output.secret(
             pulumi.Output.concat("rediss://:", token.result, "@", group.primary_endpoint_address, ":6379/0")
         )

@@ -36,6 +36,9 @@ class KarpenterArgs:
     provider: pulumi.ProviderResource
     pools: manifests.GpuPoolSpec
     ami_alias: str
+    # The cluster and its system node group: the access entry names the cluster, the
+    # controller's pods run on the system nodes.
+    depends_on: list[pulumi.Resource]
 
 
 class Karpenter(pulumi.ComponentResource):
@@ -50,7 +53,7 @@ class Karpenter(pulumi.ComponentResource):
             cluster_name=args.cluster_name,
             principal_arn=self.node_role.arn,
             type="EC2_LINUX",
-            opts=child,
+            opts=pulumi.ResourceOptions(parent=self, depends_on=args.depends_on),
         )
         queue = aws.sqs.Queue(
             f"{name}-interruption",
@@ -103,7 +106,7 @@ class Karpenter(pulumi.ComponentResource):
             policy=policy,
             parent=self,
         )
-        k8s_opts = pulumi.ResourceOptions(parent=self, provider=args.provider)
+        k8s_opts = pulumi.ResourceOptions(parent=self, provider=args.provider, depends_on=args.depends_on)
         release = k8s.helm.v3.Release(
             f"{name}-helm",
             name="karpenter",

@@ -32,10 +32,17 @@ class ServingArgs:
     provider: pulumi.ProviderResource
     # The KEDA and Prometheus-operator releases: their CRDs must exist before our objects.
     depends_on: list[pulumi.Resource]
+    # False until the weights are in the bucket (docs/deploy.md: create -> upload -> scale).
+    scale_models: bool = False
 
 
 def serving_objects(
-    spec: StackSpec, plan: FleetPlan, office_hours: OfficeHours, agent_image: str, bucket: str
+    spec: StackSpec,
+    plan: FleetPlan,
+    office_hours: OfficeHours,
+    agent_image: str,
+    bucket: str,
+    scale_models: bool = True,
 ) -> list[Manifest]:
     """Every Kubernetes object of the serving plane, from the spec and the plan (pure)."""
     objects: list[Manifest] = []
@@ -55,10 +62,13 @@ def serving_objects(
         if serving.spot:
             # Warm floor on on-demand capacity (spot reclaims must not take the floor), spot on top.
             base = max(serving.on_demand_min_replicas, mp.min_replicas)
-            objects.append(vllm.deployment(target, vllm.Capacity.ON_DEMAND, replicas=base))
+            # Not KEDA's: the stack's floor once the weights are there, 0 before.
+            objects.append(
+                vllm.deployment(target, vllm.Capacity.ON_DEMAND, replicas=base if scale_models else 0)
+            )
             objects.append(vllm.pdb(name, vllm.Capacity.ON_DEMAND))
             burst = vllm.deployment_name(name, vllm.Capacity.SPOT)
-            objects.append(vllm.deployment(target, vllm.Capacity.SPOT, replicas=None))
+            objects.append(vllm.deployment(target, vllm.Capacity.SPOT, replicas=0))
             objects.append(vllm.pdb(name, vllm.Capacity.SPOT))
             scaling.append(
                 keda.ScalingTarget(
@@ -72,7 +82,7 @@ def serving_objects(
                 )
             )
         else:
-            objects.append(vllm.deployment(target, vllm.Capacity.ON_DEMAND, replicas=None))
+            objects.append(vllm.deployment(target, vllm.Capacity.ON_DEMAND, replicas=0))
             objects.append(vllm.pdb(name, vllm.Capacity.ON_DEMAND))
             scaling.append(
                 keda.ScalingTarget(
@@ -114,10 +124,36 @@ class ModelServing(pulumi.ComponentResource):
         }
         KubeObject(sa, k8s_opts)
         # Images and bucket are outputs; the renderer works on placeholders we swap in here.
-        objects = serving_objects(args.spec, args.plan, args.office_hours, "@AGENT_IMAGE@", "@MODEL_BUCKET@")
+        objects = serving_objects(
+            args.spec, args.plan, args.office_hours, "@AGENT_IMAGE@", "@MODEL_BUCKET@", args.scale_models
+        )
+        keda_targets = {o["spec"]["scaleTargetRef"]["name"] for o in objects if o["kind"] == "ScaledObject"}
+        # A KEDA target's count belongs to KEDA after create: Pulumi sets 0 once, never resets it.
+        gpu_opts = pulumi.ResourceOptions.merge(
+            k8s_opts, pulumi.ResourceOptions(ignore_changes=["spec.replicas"])
+        )
         for obj in objects:
-            KubeObject(_bind(obj, args), k8s_opts)
+            obj = _first_up(_bind(obj, args), args.scale_models)
+            keda_owned = obj["kind"] == "Deployment" and obj["metadata"]["name"] in keda_targets
+            KubeObject(obj, gpu_opts if keda_owned else k8s_opts)
         self.register_outputs({"objects": len(objects)})
+
+
+# pulumi-kubernetes waits up to 10 minutes for a Deployment to become available; a GPU
+# Deployment waits on a new node, the weights and a long start-up, so `up` does not wait on it
+# (pulumi.com/skipAwait); its readiness is watched by the probes and the alerts instead.
+SKIP_AWAIT = {"pulumi.com/skipAwait": "true"}
+# KEDA keeps the target at this count while the annotation is present (keda-docs scaledobject-spec).
+PAUSED = {"autoscaling.keda.sh/paused-replicas": "0"}
+
+
+def _first_up(obj: Manifest, scale_models: bool) -> Manifest:
+    """GPU Deployments start at 0 and stay there (KEDA paused) until `llmfleet:scaleModels` is true."""
+    if obj["kind"] == "Deployment":
+        obj["metadata"]["annotations"] = {**obj["metadata"].get("annotations", {}), **SKIP_AWAIT}
+    elif obj["kind"] == "ScaledObject" and not scale_models:
+        obj["metadata"]["annotations"] = {**obj["metadata"].get("annotations", {}), **PAUSED}
+    return obj
 
 
 def _bind(obj: Manifest, args: ServingArgs) -> Manifest:

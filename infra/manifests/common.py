@@ -13,6 +13,7 @@ PROMETHEUS_URL = "http://kube-prometheus-stack-prometheus.monitoring.svc:9090"
 PROMETHEUS_RELEASE_LABEL = {"release": "kube-prometheus-stack"}
 
 GPU_RESOURCE = "nvidia.com/gpu"
+GPU_PRESENT_LABEL = "nvidia.com/gpu.present"
 GPU_TAINT: dict[str, str] = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
 # Only pods that tolerate this taint may land on the spot pool; only the spot model's pods do.
 SPOT_TAINT_KEY = "llmfleet.io/spot-model"

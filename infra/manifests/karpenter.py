@@ -9,9 +9,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from apps.core.sizing.plan import plan_fleet
+from apps.core.sizing.pools import ON_DEMAND_POOL, SPOT_POOL, check_pool_caps, pool_demand
 from apps.core.spec import StackSpec
 from infra.manifests.common import (
     CAPACITY_TYPE,
+    GPU_PRESENT_LABEL,
     GPU_RESOURCE,
     GPU_TAINT,
     POOL_LABEL,
@@ -21,19 +24,17 @@ from infra.manifests.common import (
 )
 
 NODE_CLASS_NAME = "gpu-al2023"
-ON_DEMAND_POOL = "gpu-l40s"
-SPOT_POOL = "gpu-l40s-spot"
 
 
 @dataclass(frozen=True)
 class GpuPoolSpec:
     instance_family: str
     gpus_per_instance: tuple[int, ...]
-    gpu_limit: int
+    gpu_limits: dict[str, int]  # pool -> nvidia.com/gpu limit (apps.core.sizing.pools)
     spot_model: str | None  # the one model admitted to the spot pool (None: no spot pool)
 
 
-def gpu_pool_spec(spec: StackSpec, gpu_limit: int) -> GpuPoolSpec:
+def gpu_pool_spec(spec: StackSpec) -> GpuPoolSpec:
     gpu_types = {m.serving.gpu_type for m in spec.models.values()}
     if len(gpu_types) != 1:
         raise ValueError(f"the GPU NodePools serve one GPU type, the spec uses {sorted(gpu_types)}")
@@ -41,7 +42,10 @@ def gpu_pool_spec(spec: StackSpec, gpu_limit: int) -> GpuPoolSpec:
     spot = [name for name, m in spec.models.items() if m.serving.spot]
     if len(spot) > 1:
         raise ValueError(f"only one model may use the spot pool, the spec marks {spot}")
-    return GpuPoolSpec(gpu.instance_family, gpu.gpus_per_instance, gpu_limit, spot[0] if spot else None)
+    demands = pool_demand(spec, plan_fleet(spec))
+    check_pool_caps(demands)
+    limits = {d.pool: d.gpus for d in demands}
+    return GpuPoolSpec(gpu.instance_family, gpu.gpus_per_instance, limits, spot[0] if spot else None)
 
 
 def ec2_node_class(*, cluster_name: str, node_role_name: str, ami_alias: str) -> Manifest:
@@ -83,7 +87,9 @@ def _pool(name: str, spec: GpuPoolSpec, capacity: str, extra_taints: list[dict[s
         "metadata": {"name": name, "labels": labels("karpenter")},
         "spec": {
             "template": {
-                "metadata": {"labels": {POOL_LABEL: name}},
+                # The device plugin and DCGM exporter select this label (nvidia-device-plugin chart
+                # values.yaml; nothing else sets it without NFD/GFD), so every GPU node carries it.
+                "metadata": {"labels": {POOL_LABEL: name, GPU_PRESENT_LABEL: "true"}},
                 "spec": {
                     "nodeClassRef": {
                         "group": "karpenter.k8s.aws",
@@ -110,9 +116,12 @@ def _pool(name: str, spec: GpuPoolSpec, capacity: str, extra_taints: list[dict[s
                     "terminationGracePeriod": "30m",
                 },
             },
-            "disruption": {"consolidationPolicy": "WhenEmptyOrUnderutilized", "consolidateAfter": "10m"},
-            # A runaway scale-up cannot buy more GPUs than this.
-            "limits": {GPU_RESOURCE: spec.gpu_limit},
+            # WhenEmpty: only empty nodes go after consolidateAfter (the brief); WhenEmptyOrUnderutilized
+            # would evict busy vLLM replicas to repack them (Karpenter disruption docs).
+            "disruption": {"consolidationPolicy": "WhenEmpty", "consolidateAfter": "10m"},
+            # The replica maxima's GPUs, counted per node (apps.core.sizing.pools): a runaway
+            # scale-up cannot buy more, and the maxima always fit.
+            "limits": {GPU_RESOURCE: spec.gpu_limits[name]},
         },
     }
 

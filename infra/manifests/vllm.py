@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass
 
 from apps.core.sizing.plan import ModelPlan
+from apps.core.sizing.pools import ON_DEMAND_POOL, SPOT_POOL
 from infra.manifests.common import (
     AGENT_HEALTH_PORT,
     CAPACITY_TYPE,
@@ -30,7 +31,6 @@ from infra.manifests.common import (
     meta,
     slug,
 )
-from infra.manifests.karpenter import ON_DEMAND_POOL, SPOT_POOL
 
 GPU_MEMORY_UTILIZATION = 0.9
 NODE_TOKEN_SECRET = "llmfleet-cloud-node-token"

@@ -57,7 +57,7 @@ def test_infra_render_cli_prints_sorted_json(capsys: pytest.CaptureFixture[str])
     assert main(["infra", "render", "--stack", "dev"]) == 0
     rows = json.loads(capsys.readouterr().out)
     assert rows
-    assert all(set(r) == {"type", "name", "inputs"} for r in rows)
+    assert all(set(r) == {"type", "name", "inputs", "parent", "dependsOn"} for r in rows)
     keys = [(r["type"], r["name"]) for r in rows]
     assert keys == sorted(keys)
 

@@ -23,7 +23,7 @@ def _run_main() -> None:
 def test_main_builds_the_stack_named_in_pulumi_config() -> None:
     mocks = Mocks()
     pulumi.runtime.set_mocks(mocks, project="llmfleet", stack="anything", preview=False)
-    set_all_config({"llmfleet:stack": "prod", "llmfleet:gpuLimit": "16", "aws:region": "us-east-1"})
+    set_all_config({"llmfleet:stack": "prod", "llmfleet:scaleModels": "true", "aws:region": "us-east-1"})
     try:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"pulumi_(aws|eks)(\.|$)")
@@ -38,5 +38,6 @@ def test_main_builds_the_stack_named_in_pulumi_config() -> None:
         if r["type"] == "kubernetes:apps/v1:Deployment"
     }
     assert len(deployments) == 6  # 8B floor + spot burst, 32B, 70B, gateway, orchestrator
-    # prod's 8B floor is 2 on-demand replicas (dev's is 1): the config's stack was honoured
+    # prod's 8B floor is 2 on-demand replicas (dev's is 1), once scaleModels is on: the config's
+    # stack and settings were honoured
     assert deployments["vllm-llama-3-1-8b-instruct"]["spec"]["replicas"] == 2

@@ -7,6 +7,8 @@ from typing import Any
 
 from apps.core.sizing.plan import FleetPlan, plan_fleet
 from apps.core.spec import StackSpec, load_spec
+from infra.components.serving import serving_objects
+from infra.config import OfficeHours
 from infra.manifests.common import GPU_RESOURCE, GPU_TAINT, SPOT_TAINT_KEY, slug
 from infra.manifests.iam import is_scoped
 from infra.manifests.keda import (
@@ -94,8 +96,10 @@ def _replica_bounds(kube: list[dict[str, Any]], model: str) -> tuple[int, int]:
         if deps[target]["metadata"]["labels"].get("llmfleet.io/model") == slug(model):
             low += so["spec"]["minReplicaCount"]
             high += so["spec"]["maxReplicaCount"]
-    for dep in deps.values():
-        if dep["metadata"]["labels"].get("llmfleet.io/model") == slug(model) and "replicas" in dep["spec"]:
+    keda_targets = {so["spec"]["scaleTargetRef"]["name"] for so in of_kind(kube, "ScaledObject")}
+    for name, dep in deps.items():
+        fixed = "replicas" in dep["spec"] and name not in keda_targets  # KEDA's start at 0
+        if dep["metadata"]["labels"].get("llmfleet.io/model") == slug(model) and fixed:
             low += dep["spec"]["replicas"]
             high += dep["spec"]["replicas"]
     return low, high
@@ -112,9 +116,9 @@ def _base_replicas(kube: list[dict[str, Any]], so: dict[str, Any]) -> int:
     )
 
 
-def test_replica_bounds_and_keda_thresholds_come_from_the_spec(
-    kube: list[dict[str, Any]], spec: StackSpec, plan: FleetPlan
-) -> None:
+def test_replica_bounds_and_keda_thresholds_come_from_the_spec(spec: StackSpec, plan: FleetPlan) -> None:
+    # The serving plane once the weights are uploaded (`llmfleet:scaleModels true`).
+    kube = serving_objects(spec, plan, OfficeHours(), "agent", "bucket", scale_models=True)
     for name, mp in plan.models.items():
         assert _replica_bounds(kube, name) == (mp.min_replicas, mp.max_replicas), name
     for so in of_kind(kube, "ScaledObject"):
@@ -144,7 +148,8 @@ def test_replica_bounds_and_keda_thresholds_come_from_the_spec(
 
 
 def test_eight_b_keeps_two_on_demand_replicas_in_prod() -> None:
-    kube = kube_objects("prod")
+    spec = load_spec("prod")
+    kube = serving_objects(spec, plan_fleet(spec), OfficeHours(), "agent", "bucket", scale_models=True)
     base = next(
         d for d in of_kind(kube, "Deployment") if d["metadata"]["name"] == "vllm-llama-3-1-8b-instruct"
     )
@@ -288,5 +293,7 @@ def test_dev_is_small() -> None:
     assert dev.models["llama-3.1-8b-instruct"].replicas == 1
     assert dev.models["qwen2.5-32b-instruct"].min_replicas == 0
     assert dev.models["llama-3.3-70b-instruct-fp8"].min_replicas == 0
-    bounds = _replica_bounds(kube_objects("dev"), "llama-3.1-8b-instruct")
+    spec = load_spec("dev")
+    kube = serving_objects(spec, dev, OfficeHours(), "agent", "bucket", scale_models=True)
+    bounds = _replica_bounds(kube, "llama-3.1-8b-instruct")
     assert bounds == (1, 2)

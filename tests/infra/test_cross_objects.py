@@ -1,0 +1,220 @@
+"""Cross-object invariants of the rendered program, both stacks (issue 13 items 3, 4, 5, 7, 8, 9).
+
+Each test reads relations between rendered resources that schema validation cannot see:
+DaemonSets against the nodes that exist, security groups against the traffic the serving plane
+needs, dependencies against the order `pulumi up` must create things in.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from typing import Any
+
+import pytest
+
+from apps.core.spec import load_spec
+from infra.manifests.common import AGENT_HEALTH_PORT, NAMESPACE, ORCHESTRATOR_PORT, VLLM_PORT
+from infra.render import EKS_CLUSTER_SG
+from tests.infra.conftest import STACKS, rendered
+
+DCGM_PORT = 9400  # dcgm-exporter's metrics port (chart values.yaml service.port)
+Row = dict[str, Any]
+
+
+def _rows(stack: str, typ: str) -> list[Row]:
+    return [r for r in rendered(stack) if r["type"] == typ]
+
+
+def _key(r: Row) -> str:
+    return f"{r['type']}::{r['name']}"
+
+
+def _closure(stack: str, row: Row) -> set[str]:
+    by_key = {_key(r): r for r in rendered(stack)}
+    seen: set[str] = set()
+    todo = list(row["dependsOn"])
+    while todo:
+        k = todo.pop()
+        if k not in seen:
+            seen.add(k)
+            todo.extend(by_key[k]["dependsOn"] if k in by_key else [])
+    return seen
+
+
+def _releases(stack: str) -> dict[str, Row]:
+    return {r["inputs"]["name"]: r for r in _rows(stack, "kubernetes:helm.sh/v3:Release")}
+
+
+def _node_groups(stack: str) -> list[tuple[dict[str, str], list[dict[str, str]]]]:
+    """(labels, taints) of every kind of node: the NodePool templates and the managed node group."""
+    out = []
+    for r in _rows(stack, "kubernetes:karpenter.sh/v1:NodePool"):
+        t = r["inputs"]["spec"]["template"]
+        out.append((t["metadata"]["labels"], t["spec"].get("taints", [])))
+    for r in _rows(stack, "aws:eks/nodeGroup:NodeGroup"):
+        out.append((r["inputs"].get("labels", {}), r["inputs"].get("taints", [])))
+    return out
+
+
+def _tolerates(tolerations: list[dict[str, str]], taint: dict[str, str]) -> bool:
+    for t in tolerations:
+        if t.get("key") != taint["key"] or t.get("effect", taint["effect"]) != taint["effect"]:
+            continue
+        if t.get("operator") == "Exists" or t.get("value") == taint.get("value"):
+            return True
+    return False
+
+
+@pytest.mark.parametrize("stack", STACKS)
+@pytest.mark.parametrize("release", ["nvidia-device-plugin", "dcgm-exporter"])
+def test_gpu_daemonsets_land_on_every_gpu_pool(stack: str, release: str) -> None:
+    values = _releases(stack)[release]["inputs"]["values"]
+    selector: dict[str, str] = values["nodeSelector"]
+    matching = [
+        (lbl, taints)
+        for lbl, taints in _node_groups(stack)
+        if all(lbl.get(k) == v for k, v in selector.items())
+    ]
+    gpu_pools = [t for t in _node_groups(stack) if any(x["key"] == "nvidia.com/gpu" for x in t[1])]
+    assert gpu_pools
+    assert len(matching) == len(gpu_pools), f"{release}: {selector} matches {len(matching)} of the GPU pools"
+    for labels, taints in matching:
+        for taint in taints:
+            assert _tolerates(values["tolerations"], taint), f"{release} does not tolerate {taint} ({labels})"
+
+
+def _ingress_rules(stack: str) -> list[tuple[str, dict[str, Any]]]:
+    """(security group id, rule) of every rendered ingress, plus the EKS cluster group's own rule
+    (all traffic from itself; EKS creates it, sec-group-reqs.html)."""
+    rules: list[tuple[str, dict[str, Any]]] = [
+        (EKS_CLUSTER_SG, {"protocol": "-1", "fromPort": 0, "toPort": 0, "securityGroups": [EKS_CLUSTER_SG]})
+    ]
+    for r in _rows(stack, "aws:ec2/securityGroup:SecurityGroup"):
+        sg_id = f"{r['name']}-id"
+        rules.extend((sg_id, rule) for rule in r["inputs"].get("ingress", []))
+    for r in _rows(stack, "aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule"):
+        i = r["inputs"]
+        rule = {
+            "protocol": i.get("ipProtocol"),
+            "fromPort": i.get("fromPort", 0),
+            "toPort": i.get("toPort", 0),
+            "securityGroups": [i["referencedSecurityGroupId"]] if "referencedSecurityGroupId" in i else [],
+            "cidrBlocks": [i["cidrIpv4"]] if "cidrIpv4" in i else [],
+        }
+        rules.append((i["securityGroupId"], rule))
+    return rules
+
+
+def _allows(rule: dict[str, Any], src: set[str], proto: str, port: int) -> bool:
+    proto_ok = rule["protocol"] in ("-1", "all", proto)
+    port_ok = rule["protocol"] in ("-1", "all") or rule["fromPort"] <= port <= rule["toPort"]
+    return proto_ok and port_ok and bool(src & set(rule.get("securityGroups", [])))
+
+
+def _reachable(stack: str, src: set[str], dst: set[str], proto: str, port: int) -> bool:
+    return any(sg in dst and _allows(rule, src, proto, port) for sg, rule in _ingress_rules(stack))
+
+
+def _gpu_node_groups(stack: str) -> set[str]:
+    """Security groups the EC2NodeClass selects: those carrying its selector tags."""
+    (node_class,) = _rows(stack, "kubernetes:karpenter.k8s.aws/v1:EC2NodeClass")
+    wanted = [t["tags"] for t in node_class["inputs"]["spec"]["securityGroupSelectorTerms"]]
+    tagged: dict[str, dict[str, str]] = {}
+    for r in _rows(stack, "aws:ec2/tag:Tag"):
+        tagged.setdefault(r["inputs"]["resourceId"], {})[r["inputs"]["key"]] = r["inputs"]["value"]
+    for r in _rows(stack, "aws:ec2/securityGroup:SecurityGroup"):
+        tagged.setdefault(f"{r['name']}-id", {}).update(r["inputs"].get("tags", {}))
+    return {
+        sg for sg, tags in tagged.items() if any(all(tags.get(k) == v for k, v in w.items()) for w in wanted)
+    }
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_gpu_and_system_nodes_reach_each_other_on_the_ports_they_need(stack: str) -> None:
+    gpu = _gpu_node_groups(stack)
+    system = {EKS_CLUSTER_SG}  # a managed node group without a launch template sits in it
+    assert gpu, "no security group carries the EC2NodeClass's selector tags: GPU nodes get none"
+    needs = [(gpu, system, "udp", 53), (gpu, system, "tcp", 53), (gpu, system, "tcp", ORCHESTRATOR_PORT)]
+    needs += [(system, gpu, "tcp", p) for p in (VLLM_PORT, AGENT_HEALTH_PORT, DCGM_PORT)]
+    missing = [
+        (proto, port) for src, dst, proto, port in needs if not _reachable(stack, src, dst, proto, port)
+    ]
+    assert not missing, f"blocked: {missing}"
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_nothing_admits_the_internet(stack: str) -> None:
+    for sg, rule in _ingress_rules(stack):
+        for cidr in rule.get("cidrBlocks", []) or []:
+            assert not ipaddress.ip_network(cidr).is_global, f"{sg} admits {cidr}"
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_whatever_names_the_cluster_a_namespace_or_runs_pods_depends_on_it(stack: str) -> None:
+    (cluster,) = _rows(stack, "eks:index:Cluster")
+    (system,) = _rows(stack, "aws:eks/nodeGroup:NodeGroup")
+    namespaces = {
+        r["inputs"]["metadata"]["name"]: _key(r) for r in _rows(stack, "kubernetes:core/v1:Namespace")
+    }
+    for r in rendered(stack):
+        deps = _closure(stack, r)
+        if "clusterName" in r["inputs"] and r["type"] != "aws:eks/nodeGroup:NodeGroup":
+            assert _key(cluster) in deps, f"{_key(r)} names the cluster without depending on it"
+        ns = r["inputs"].get("metadata", {}).get("namespace") or (
+            r["inputs"].get("namespace") if r["type"] == "kubernetes:helm.sh/v3:Release" else None
+        )
+        if ns in namespaces:
+            assert namespaces[ns] in deps, f"{_key(r)} lives in {ns} without depending on it"
+        if r["type"] == "kubernetes:helm.sh/v3:Release":
+            assert _key(system) in deps, f"{_key(r)}: its pods need the system nodes"
+    (job,) = _rows(stack, "kubernetes:batch/v1:Job")
+    instances = {_key(r) for r in _rows(stack, "aws:rds/clusterInstance:ClusterInstance")}
+    assert instances
+    assert instances <= _closure(stack, job), "the migrate Job does not wait for a database instance"
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_every_helm_release_pins_a_chart_version_and_repository(stack: str) -> None:
+    for name, r in _releases(stack).items():
+        i = r["inputs"]
+        assert i.get("version"), name
+        repo = i.get("repositoryOpts", {}).get("repo") or (
+            i["chart"] if i["chart"].startswith("oci://") else None
+        )
+        assert repo, f"{name}: no repository"
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_brief_behaviour_consolidation_storage_grafana_version(stack: str) -> None:
+    for r in _rows(stack, "kubernetes:karpenter.sh/v1:NodePool"):
+        assert r["inputs"]["spec"]["disruption"]["consolidationPolicy"] == "WhenEmpty"
+    values = _releases(stack)["kube-prometheus-stack"]["inputs"]["values"]
+    storage = values["prometheus"]["prometheusSpec"]["storageSpec"]["volumeClaimTemplate"]["spec"]
+    classes = {
+        r["inputs"]["metadata"]["name"]: r for r in _rows(stack, "kubernetes:storage.k8s.io/v1:StorageClass")
+    }
+    assert classes[storage["storageClassName"]]["inputs"]["provisioner"] == "ebs.csi.aws.com"
+    assert any(r["inputs"]["addonName"] == "aws-ebs-csi-driver" for r in _rows(stack, "aws:eks/addon:Addon"))
+    admin = values["grafana"]["admin"]
+    secrets = {r["inputs"]["metadata"]["name"] for r in _rows(stack, "kubernetes:core/v1:Secret")}
+    assert admin["existingSecret"] in secrets
+    # Standard EKS support through December 2026 (1.31 left extended support on 2026-11-26).
+    assert load_spec(stack).kubernetes_version == "1.35"
+    (cluster,) = _rows(stack, "eks:index:Cluster")
+    assert cluster["inputs"]["version"] == "1.35"
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_first_up_starts_gpu_deployments_at_zero_and_never_waits_on_them(stack: str) -> None:
+    gpu = [
+        r
+        for r in _rows(stack, "kubernetes:apps/v1:Deployment")
+        if r["inputs"]["metadata"]["name"].startswith("vllm-")
+    ]
+    assert gpu
+    for r in gpu:
+        assert r["inputs"]["spec"]["replicas"] == 0, r["name"]
+        assert r["inputs"]["metadata"]["annotations"]["pulumi.com/skipAwait"] == "true"
+    for r in _rows(stack, "kubernetes:keda.sh/v1alpha1:ScaledObject"):
+        assert r["inputs"]["metadata"]["annotations"]["autoscaling.keda.sh/paused-replicas"] == "0"
+    assert all(r["inputs"]["metadata"].get("namespace") == NAMESPACE for r in gpu)
