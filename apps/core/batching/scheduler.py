@@ -38,7 +38,7 @@ class SeqState(enum.Enum):
     FINISHED = "finished"  # left the scheduler (finished or aborted)
 
 
-@dataclass
+@dataclass(eq=False)  # identity: `in running` / `remove` must not compare every field
 class Sequence:
     request_id: str
     prompt_tokens: int
@@ -154,20 +154,25 @@ class Scheduler:
         budget = prof.max_num_batched_tokens
         scheduled: list[tuple[Sequence, int]] = []
 
+        bs = prof.block_size
+        running_state = SeqState.RUNNING
         for seq in list(self.running):
             if budget <= 0:
                 break
-            if seq not in self.running:  # preempted earlier in this loop
+            if seq.state is not running_state:  # preempted earlier in this loop
                 continue
-            new = min(seq.num_tokens - seq.computed, budget, prof.max_model_len - 1 - seq.computed)
+            computed = seq.computed
+            new = min(seq.prompt_tokens + seq.generated - computed, budget, prof.max_model_len - 1 - computed)
             new = max(new, 1)
-            while not self._allocate(seq, new):
-                victim = self.running[-1]
-                self._preempt(victim, result)
-                if victim is seq:
-                    break
-            if seq.state is not SeqState.RUNNING:
-                continue
+            # Most steps need no new block (a decode fills its last block first): skip the allocator then.
+            if -(-(computed + new) // bs) > seq.blocks:
+                while not self._allocate(seq, new):
+                    victim = self.running[-1]
+                    self._preempt(victim, result)
+                    if victim is seq:
+                        break
+                if seq.state is not running_state:
+                    continue
             scheduled.append((seq, new))
             budget -= new
 
@@ -184,9 +189,15 @@ class Scheduler:
                 budget -= new
 
         # A decode is one new token on top of a complete context; anything else is prefill work.
-        prefill = sum(n for s, n in scheduled if not (n == 1 and s.computed == s.num_tokens - 1))
+        total = 0
+        decodes = 0
+        for s, n in scheduled:
+            total += n
+            if n == 1 and s.computed == s.prompt_tokens + s.generated - 1:
+                decodes += 1
+        prefill = total - decodes
         result.batch = len(scheduled)
-        result.scheduled_tokens = sum(n for _, n in scheduled)
+        result.scheduled_tokens = total
         result.prefill_tokens = prefill
         result.duration_s = prof.step_s(result.batch, prefill) if scheduled else 0.0
         self.now_s += result.duration_s
@@ -196,7 +207,7 @@ class Scheduler:
             if seq.first_scheduled_s is None:
                 seq.first_scheduled_s = now - result.duration_s
             seq.computed += new
-            if seq.computed < seq.num_tokens:
+            if seq.computed < seq.prompt_tokens + seq.generated:
                 continue  # a prefill chunk that did not reach the end of the prompt
             index = seq.generated
             seq.generated += 1
@@ -237,12 +248,21 @@ class Scheduler:
             return 0
         if self.waiting and len(running) < prof.max_num_seqs:
             return 0
+        last = running[-1]  # the newest request is the one most likely still in prefill
+        if last.computed != last.prompt_tokens + last.generated - 1 or last.generated == 0:
+            return 0
         steps = 1 << 30
+        max_len = prof.max_model_len
         for seq in running:
-            if seq.computed != seq.num_tokens - 1 or seq.generated == 0:
+            generated = seq.generated
+            tokens = seq.prompt_tokens + generated
+            if seq.computed != tokens - 1 or generated == 0:
                 return 0  # a prefill chunk, or the first token (its time is recorded by step())
-            left = min(seq.target_tokens - seq.generated, prof.max_model_len - seq.num_tokens)
-            steps = min(steps, left)
+            left = seq.target_tokens - generated
+            if max_len - tokens < left:
+                left = max_len - tokens
+            if left < steps:
+                steps = left
         while steps > 1 and self._blocks_needed(steps) > self.free_blocks:
             steps //= 2
         return steps if steps > 1 and self._blocks_needed(steps) <= self.free_blocks else 0
@@ -261,14 +281,21 @@ class Scheduler:
         one = prof.step_s(batch, 0)
         result = StepResult(duration_s=one * steps, batch=batch, scheduled_tokens=batch * steps)
         self.now_s += result.duration_s
+        bs = prof.block_size
+        now = self.now_s
+        max_len = prof.max_model_len
         for seq in list(self.running):
-            if not self._allocate(seq, steps):
-                raise RuntimeError("fast_forward beyond the free KV blocks; call decode_run() first")
-            seq.computed += steps
+            computed = seq.computed + steps
+            need = -(-computed // bs) - seq.blocks
+            if need > 0:
+                if need > self.free_blocks:
+                    raise RuntimeError("fast_forward beyond the free KV blocks; call decode_run() first")
+                self.free_blocks -= need
+                seq.blocks += need
+            seq.computed = computed
             seq.generated += steps
-            seq.last_token_s = self.now_s
-            done = seq.generated >= seq.target_tokens or seq.num_tokens >= prof.max_model_len
-            if done:
+            seq.last_token_s = now
+            if seq.generated >= seq.target_tokens or seq.prompt_tokens + seq.generated >= max_len:
                 self.running.remove(seq)
                 self.by_id.pop(seq.request_id, None)
                 self._free(seq)

@@ -1,0 +1,428 @@
+"""The discrete-event loop: arrivals, the orchestrator's queues and picker, engines, KEDA/HPA, Karpenter.
+
+Time is simulated seconds from the trace's start. Every 15 s (the scrape interval and the HPA's
+sync period) the simulator scrapes the metrics the ScaledObjects query, lets each ScaledObject
+poll on its `pollingInterval`, reconciles Deployments to their replica counts, provisions pending
+pods and consolidates empty nodes. The orchestrator keeps one FIFO queue per model (a request
+tries the picker first when nobody waits), drops a request that waited `queue_limit_s` with a
+503, and retries a request whose node died before its first token once on another node.
+"""
+
+from __future__ import annotations
+
+import heapq
+import random
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from apps.core.batching.scheduler import Scheduler, Sequence, StepResult
+from apps.core.nodes.state import NodeState
+from apps.core.scheduling.picker import rank
+from apps.core.scheduling.view import NodeView, PickRequest
+from apps.simulate import engines
+from apps.simulate.autoscale import Keda
+from apps.simulate.cron import CronWindow
+from apps.simulate.fleet import DRAINING, GONE, LOADING, PENDING, READY, Karpenter, Node, Pod
+from apps.simulate.metrics import Recorder, scrape
+from apps.simulate.promql import Samples, compile_query
+from apps.simulate.trace import TraceRequest
+from apps.simulate.world import World
+
+TICK_S = 15.0
+WAKE, NODE_READY, POD_READY, SPOT_NOTICE, SPOT_KILL, TICK = range(6)
+
+
+@dataclass(frozen=True)
+class Settings:
+    seed: int = 0
+    node_launch_s: tuple[float, float] = (60.0, 180.0)  # uniform; EC2 + kubelet + GPU operator
+    engine_start_s: float = 60.0  # vLLM start-up after the weights are local (CUDA graphs)
+    s3_gib_per_s: float = 0.5  # model sync from S3 to the node's NVMe
+    nvme_gib_per_s: float = 2.0  # weight load from NVMe into GPU memory
+    spot_interruptions_per_node_hour: float = 0.0
+    spot_notice_s: float = 120.0
+    onprem_model: str | None = "auto"  # "auto": the model with the most GPUs per replica; None: no on-prem
+    start: datetime = datetime(2026, 12, 1, 9, 0)  # t = 0 (UTC), for the cron triggers
+    retries: int = 1
+    until_s: float | None = None
+
+
+@dataclass(eq=False, slots=True)
+class Flight:
+    req: TraceRequest
+    rid: str
+    orch: int
+    queued_at: float | None = None
+    submitted: float | None = None
+    first_token: float | None = None
+    done: float | None = None
+    tokens: int = 0
+    status: str = ""
+    retries: int = 0
+    exclude: frozenset[str] = frozenset()
+    pod: Pod | None = None
+
+
+@dataclass
+class Simulation:
+    world: World
+    trace: list[TraceRequest]
+    settings: Settings = field(default_factory=Settings)
+
+    def __post_init__(self) -> None:
+        s = self.settings
+        self.rng = random.Random(s.seed)
+        self.karpenter = Karpenter(self.world.pools, random.Random(s.seed + 1), s.node_launch_s)
+        self.heap: list[tuple[float, int, int, object, int]] = []
+        self.serial = 0
+        self.pods: list[Pod] = []
+        self.pending: list[Pod] = []
+        self.by_model: dict[str, list[Pod]] = {m: [] for m in self.world.spec.models}
+        self.queues: dict[str, deque[Flight]] = {m: deque() for m in self.world.spec.models}
+        self.flights: list[Flight] = []
+        self.replicas: dict[str, int] = {}
+        self.kedas = {d: Keda(spec) for d, spec in self.world.scalers.items()}
+        self.queries = {
+            (d, t.name): compile_query(t.query)
+            for d, spec in self.world.scalers.items()
+            for t in spec.triggers
+            if t.query
+        }
+        self.crons = {
+            (d, t.name): CronWindow(t.cron["start"], t.cron["end"], t.cron["timezone"], s.start.astimezone())
+            for d, spec in self.world.scalers.items()
+            for t in spec.triggers
+            if t.kind == "cron"
+        }
+        self.samples = Samples()
+        self.recorder = Recorder(self.world)
+        self.orchestrators = self.world.infra.orchestrator_replicas
+        self.limit_s = self.world.spec.slo.queue_limit_s
+
+    # -- events -----------------------------------------------------------------------------
+
+    def push(self, t: float, kind: int, obj: object, version: int = 0) -> None:
+        self.serial += 1
+        heapq.heappush(self.heap, (t, self.serial, kind, obj, version))
+
+    def _wake_at(self, t: float, pod: Pod) -> None:
+        self.push(t, WAKE, pod, pod.version)
+
+    def run(self) -> Recorder:
+        self._initial_fleet()
+        end = self.settings.until_s or ((self.trace[-1].t if self.trace else 0.0) + 600.0)
+        self.push(0.0, TICK, None)
+        arrivals: Iterator[TraceRequest] = iter(self.trace)
+        nxt = next(arrivals, None)
+        now = 0.0
+        while True:
+            if nxt is not None and (not self.heap or nxt.t <= self.heap[0][0]):
+                now = nxt.t
+                self._arrive(nxt, now)
+                nxt = next(arrivals, None)
+                continue
+            if not self.heap:
+                break
+            t, _, kind, obj, version = heapq.heappop(self.heap)
+            if t > end and nxt is None:
+                break
+            now = t
+            self._dispatch(kind, obj, version, now)
+        self.recorder.finish(self, now)
+        return self.recorder
+
+    def _dispatch(self, kind: int, obj: object, version: int, now: float) -> None:
+        if kind == WAKE:
+            pod = obj
+            assert isinstance(pod, Pod)
+            if version == pod.version and pod.state != GONE:
+                result = engines.wake(pod, self._wake_at)
+                if result is not None:
+                    self._deliver(pod, result, now)
+                engines.plan(pod, self._wake_at)
+        elif kind == TICK:
+            self._tick(now)
+        elif kind == NODE_READY:
+            assert isinstance(obj, Node)
+            self._node_ready(obj, now)
+        elif kind == POD_READY:
+            assert isinstance(obj, Pod)
+            self._pod_ready(obj, now)
+        elif kind == SPOT_NOTICE:
+            assert isinstance(obj, Node)
+            self._spot_notice(obj, now)
+        elif kind == SPOT_KILL:
+            assert isinstance(obj, Node)
+            self._spot_kill(obj, now)
+
+    # -- the orchestrator -------------------------------------------------------------------
+
+    def _arrive(self, req: TraceRequest, now: float) -> None:
+        f = Flight(req, f"r{len(self.flights)}", len(self.flights) % self.orchestrators)
+        self.flights.append(f)
+        self._submit(f, now)
+
+    def _submit(self, f: Flight, now: float) -> None:
+        q = self.queues[f.req.model]
+        if not q:
+            pod = self._pick(f)
+            if pod is not None:
+                self._assign(f, pod, now)
+                return
+        f.queued_at = now if f.queued_at is None else f.queued_at
+        q.append(f)
+
+    def _pick(self, f: Flight) -> Pod | None:
+        pods = {p.id: p for p in self.by_model[f.req.model] if p.state in (READY, DRAINING)}
+        if not pods:
+            return None
+        views = [self._view(p) for p in pods.values()]
+        best = rank(PickRequest(model=f.req.model, request_id=f.rid, exclude=f.exclude), views)
+        return pods[best[0].node_id] if best else None
+
+    def _view(self, p: Pod) -> NodeView:
+        eng = p.engine
+        assert p.node is not None
+        return NodeView(
+            node_id=p.id,
+            location=p.node.location,
+            models={p.model: eng.profile.max_num_seqs},
+            state=NodeState.READY if p.state == READY else NodeState.DRAINING,
+            in_flight=len(p.flights),
+            kv_cache_usage=eng.kv_cache_usage,
+            queue_depth=len(eng.waiting),
+        )
+
+    def _assign(self, f: Flight, pod: Pod, now: float) -> None:
+        f.submitted = now
+        f.pod = pod
+        pod.flights[f.rid] = f
+        r = f.req
+        target = min(r.answer_tokens, r.max_tokens)
+        reason = "stop" if r.answer_tokens <= r.max_tokens else "length"
+        seq = Sequence(f"{f.rid}.{f.retries}", r.prompt_tokens, target, reason, now)
+        engines.add(pod, seq, now, self._wake_at)
+
+    def _expire(self, model: str, now: float) -> None:
+        q = self.queues[model]
+        while q and q[0].queued_at is not None and now - q[0].queued_at >= self.limit_s:
+            f = q.popleft()
+            f.status, f.done = "503", now
+            self.recorder.rejected(f)
+
+    def _drain(self, model: str, now: float) -> None:
+        self._expire(model, now)
+        q = self.queues[model]
+        while q:
+            pod = self._pick(q[0])
+            if pod is None:
+                return
+            self._assign(q.popleft(), pod, now)
+
+    def _deliver(self, pod: Pod, result: StepResult, now: float) -> None:
+        for seq in result.first_tokens:
+            f = pod.flights.get(seq.request_id.split(".")[0])
+            if f is not None:
+                f.first_token = seq.first_token_s
+        for seq in result.finished:
+            f = pod.flights.pop(seq.request_id.split(".")[0], None)
+            if f is None:
+                continue
+            f.done, f.tokens, f.status = now, seq.generated, "ok"
+            self.recorder.served(f)
+        if result.finished:
+            if pod.state == DRAINING and not pod.flights:
+                self._pod_gone(pod, now)
+            self._drain(pod.model, now)
+
+    # -- the cluster ------------------------------------------------------------------------
+
+    def _new_pod(self, deployment: str, model: str, gpus: int, now: float) -> Pod:
+        self.serial += 1
+        profile = self.world.profiles[model]
+        pod = Pod(f"{deployment}-{self.serial}", deployment, model, gpus, now, Scheduler(profile))
+        self.pods.append(pod)
+        self.by_model[model].append(pod)
+        return pod
+
+    def _initial_fleet(self) -> None:
+        """On-premises engines, then every Deployment at its replica count at t = 0, ready."""
+        onprem = self._onprem_model()
+        for server in self.world.spec.onprem if onprem is not None else ():
+            assert onprem is not None
+            node = self.karpenter.add_onprem(server.name, server.gpus)
+            tp = self.world.plan.models[onprem].gpus_per_replica
+            for _ in range(server.gpus // tp):
+                pod = self._new_pod(f"onprem-{server.name}", onprem, tp, 0.0)
+                self.karpenter.bind(pod, node)
+                pod.state, pod.ready_at, pod.initial = READY, 0.0, True
+        for name, dep in self.world.deployments.items():
+            count = self._initial_replicas(name)
+            self.replicas[name] = count
+            for _ in range(count):
+                pod = self._new_pod(name, dep.model, dep.gpus, 0.0)
+                placed = self.karpenter.place(pod, dep, 0.0)
+                if placed is None:
+                    self.pending.append(pod)
+                    continue
+                placed.ready_at = 0.0
+                placed.cache.add(dep.model)
+                pod.state, pod.ready_at, pod.initial = READY, 0.0, True
+
+    def _initial_replicas(self, name: str) -> int:
+        dep = self.world.deployments[name]
+        keda = self.kedas.get(name)
+        if keda is None:
+            return dep.fixed_replicas or 0
+        in_window = any(w.active(0.0) for (d, _), w in self.crons.items() if d == name)
+        warm = max([int(t.cron["desiredReplicas"]) for t in keda.spec.triggers if t.kind == "cron"] or [0])
+        return max(keda.spec.min_replicas, warm if in_window else 0)
+
+    def _onprem_model(self) -> str | None:
+        """The model the always-present on-premises servers run ("auto" unless set).
+
+        Auto: among the models whose replica fits each server exactly, the one whose planned GPUs
+        are closest to the on-premises GPUs; ties go to the model with the higher replica floor
+        (always-on hardware suits always-on load).
+        """
+        choice = self.settings.onprem_model
+        if choice != "auto":
+            return choice
+        plan, spec = self.world.plan.models, self.world.spec
+        fits = [m for m, p in plan.items() if all(srv.gpus % p.gpus_per_replica == 0 for srv in spec.onprem)]
+        if not fits or not spec.onprem:
+            return None
+        return min(fits, key=lambda m: (abs(plan[m].gpus - spec.onprem_gpus), -plan[m].min_replicas, m))
+
+    def _tick(self, now: float) -> None:
+        for model in self.queues:
+            self._expire(model, now)
+        self.samples.add(now, scrape(self, now))
+        step = round(now / TICK_S)
+        for name, keda in self.kedas.items():
+            if step % max(1, round(keda.spec.polling_s / TICK_S)) != 0:
+                continue
+            values = {
+                t.name: (self.queries[(name, t.name)](self.samples, now) or 0.0)
+                for t in keda.spec.triggers
+                if t.query
+            }
+            values.update({t.name: 0.0 for t in keda.spec.triggers if t.kind == "cron"})
+            crons = {t: w.active(now) for (d, t), w in self.crons.items() if d == name}
+            for t in keda.spec.triggers:
+                if t.kind == "cron" and crons.get(t.name):
+                    values[t.name] = float(t.cron["desiredReplicas"])
+            self.replicas[name] = keda.poll(now, self.replicas[name], values, crons)
+        for name in self.world.deployments:
+            self._reconcile(name, now)
+        self._provision(now)
+        self.karpenter.consolidate(now)
+        self.recorder.sample(self, now)
+        self.push(now + TICK_S, TICK, None)
+
+    def _live(self, deployment: str) -> list[Pod]:
+        return [p for p in self.pods if p.deployment == deployment and p.state in (PENDING, LOADING, READY)]
+
+    def _reconcile(self, name: str, now: float) -> None:
+        dep = self.world.deployments[name]
+        live = self._live(name)
+        want = self.replicas.get(name, dep.fixed_replicas or 0)
+        for _ in range(want - len(live)):
+            self.pending.append(self._new_pod(name, dep.model, dep.gpus, now))
+        if len(live) > want:
+            # ReplicaSet order: unscheduled, then not ready, then newest first.
+            order = {PENDING: 0, LOADING: 1, READY: 2}
+            victims = sorted(live, key=lambda p: (order[p.state], -p.created))[: len(live) - want]
+            for pod in victims:
+                self._stop(pod, now)
+
+    def _stop(self, pod: Pod, now: float) -> None:
+        if pod.state in (PENDING, LOADING):
+            self._pod_gone(pod, now)
+            return
+        pod.state = DRAINING
+        if not pod.flights:
+            self._pod_gone(pod, now)
+
+    def _pod_gone(self, pod: Pod, now: float) -> None:
+        pod.state = GONE
+        pod.version += 1
+        self.by_model[pod.model].remove(pod)
+        self.pods.remove(pod)
+        self.karpenter.release(pod, now)
+        if pod in self.pending:
+            self.pending.remove(pod)
+
+    def _provision(self, now: float) -> None:
+        still = []
+        for pod in self.pending:
+            node = self.karpenter.place(pod, self.world.deployments[pod.deployment], now)
+            if node is None:
+                still.append(pod)
+                continue
+            if node.launched_at == now and node.ready_at > now:
+                self.push(node.ready_at, NODE_READY, node)
+            elif node.ready_at <= now:
+                self._load(pod, node, now)
+        self.pending = still
+
+    def _node_ready(self, node: Node, now: float) -> None:
+        if node.gone_at is not None:
+            return
+        if node.capacity == "spot" and self.settings.spot_interruptions_per_node_hour > 0:
+            gap = self.rng.expovariate(self.settings.spot_interruptions_per_node_hour / 3600)
+            self.push(now + gap, SPOT_NOTICE, node)
+        for pod in list(node.pods):
+            if pod.state == PENDING:
+                self._load(pod, node, now)
+
+    def _load(self, pod: Pod, node: Node, now: float) -> None:
+        s = self.settings
+        weights = self.world.plan.models[pod.model].weights_gib
+        sync = 0.0 if pod.model in node.cache else weights / s.s3_gib_per_s
+        pod.state = LOADING
+        self.push(now + sync + weights / s.nvme_gib_per_s + s.engine_start_s, POD_READY, pod)
+
+    def _pod_ready(self, pod: Pod, now: float) -> None:
+        if pod.state != LOADING:
+            return
+        pod.state, pod.ready_at = READY, now
+        assert pod.node is not None
+        pod.node.cache.add(pod.model)
+        pod.engine.advance_to(now)
+        self.recorder.pod_ready(pod, now)
+        self._drain(pod.model, now)
+
+    def _spot_notice(self, node: Node, now: float) -> None:
+        if node.gone_at is not None:
+            return
+        node.interrupted = True
+        for pod in list(node.pods):
+            if pod.state in (PENDING, LOADING):
+                self._pod_gone(pod, now)
+            elif pod.state == READY:
+                pod.state = DRAINING  # drained on the notice; the Deployment replaces it now
+        self.recorder.interruptions += 1
+        self.push(now + self.settings.spot_notice_s, SPOT_KILL, node)
+
+    def _spot_kill(self, node: Node, now: float) -> None:
+        for pod in list(node.pods):
+            flights = list(pod.flights.values())
+            pod.flights.clear()
+            self._pod_gone(pod, now)
+            for f in flights:
+                assert isinstance(f, Flight)
+                self._lost(f, pod, now)
+        self.karpenter.remove(node, now)
+
+    def _lost(self, f: Flight, pod: Pod, now: float) -> None:
+        if (f.first_token is None or f.first_token > now) and f.retries < self.settings.retries:
+            f.retries += 1
+            f.exclude = f.exclude | {pod.id}
+            f.first_token = None
+            self._submit(f, now)
+            return
+        f.status, f.done = "error", now
+        self.recorder.failed(f)
