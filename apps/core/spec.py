@@ -135,6 +135,8 @@ class RequestLimits(_Strict):
     """Bounds on one chat request, enforced by the gateway before any money is reserved."""
 
     max_n: Annotated[int, Field(ge=1, le=128)] = 8  # choices per request (`n`); above it: 400
+
+
 class Alerting(_Strict):
     """Alert thresholds (the brief's values as defaults); rendered into the PrometheusRule."""
 

@@ -11,8 +11,8 @@ import asyncio
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from apps.netio.fastpath import PathMetrics
 from apps.core.spec import Slo
+from apps.netio.fastpath import PathMetrics
 
 TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1, 1.5, 2, 3, 5, 10, 30, 60)
 # 20 tokens/s (the brief's floor) is a bucket boundary, so the SLO share is exact.
