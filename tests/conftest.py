@@ -14,12 +14,11 @@ import socket
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
-import psycopg
 import pytest
 import redis
 
+from apps.core.db.scratch import scratch_database, with_database
 from apps.core.embedded import EmbeddedPostgres, EmbeddedRedis
 
 DEFAULT_PG = "postgresql://postgres@127.0.0.1:5432/postgres"
@@ -61,21 +60,10 @@ def redis_base_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         embedded.stop()
 
 
-def _with_database(url: str, dbname: str) -> str:
-    parts = urlsplit(url)
-    return urlunsplit(parts._replace(path="/" + dbname))
-
-
 @pytest.fixture
 def fresh_db_url(pg_admin_url: str) -> Iterator[str]:
-    name = f"llmfleet_test_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(pg_admin_url, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    try:
-        yield _with_database(pg_admin_url, name)
-    finally:
-        with psycopg.connect(pg_admin_url, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    with scratch_database(pg_admin_url, "llmfleet_test") as url:
+        yield url
 
 
 @pytest.fixture
@@ -89,7 +77,7 @@ def migrated_db_url(fresh_db_url: str) -> str:
 def _redis_db_url(base: str, db: int) -> str:
     if base.startswith("unix://"):
         return base.split("?")[0] + f"?db={db}"
-    return _with_database(base, str(db))
+    return with_database(base, str(db))
 
 
 @pytest.fixture(scope="session")

@@ -13,16 +13,14 @@ import os
 import platform as pyplatform
 import resource
 import sys
-import uuid
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
 import psutil
-import psycopg
 
 from apps.cli.procs import Child, Supervisor, free_port
+from apps.core.db.scratch import scratch_database
 
 __all__ = [
     "DEFAULT_PG",
@@ -38,7 +36,6 @@ __all__ = [
     "self_cpu_seconds",
     "tree",
     "tree_cpu_seconds",
-    "with_db",
 ]
 
 DEFAULT_PG = "postgresql://postgres@127.0.0.1:5432/postgres"
@@ -49,21 +46,9 @@ def admin_pg_url() -> str:
     return os.environ.get("LLMFLEET_DATABASE_URL", DEFAULT_PG)
 
 
-def with_db(url: str, name: str) -> str:
-    return urlunsplit(urlsplit(url)._replace(path="/" + name))
-
-
-@contextmanager
-def fresh_database(admin_url: str, prefix: str = "llmfleet_bench") -> Iterator[str]:
+def fresh_database(admin_url: str, prefix: str = "llmfleet_bench") -> AbstractContextManager[str]:
     """A new, empty database on `admin_url`'s server for the benchmark; dropped (forced) afterwards."""
-    name = f"{prefix}_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(admin_url, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    try:
-        yield with_db(admin_url, name)
-    finally:
-        with psycopg.connect(admin_url, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    return scratch_database(admin_url, prefix)
 
 
 def module_argv(module: str, *args: str) -> list[str]:

@@ -66,16 +66,21 @@ def _summary(j: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+async def _at(url: str, model: str, streams: int, requests: int, prompt: int, answer: int) -> dict[str, Any]:
+    """loadgen's summary of one closed-loop run at `streams` concurrent streams."""
+    cfg = LoadConfig(
+        base_url=f"{url}/v1", model=model, concurrency=streams, requests=requests,
+        prompt_tokens=prompt, max_tokens=answer,
+    )  # fmt: skip
+    return _summary((await run_load(cfg)).to_json())
+
+
 async def bench_enginesim(sup: Supervisor) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for streams in (1, 32, 64):
         proc, url = _enginesim(sup)
         try:
-            cfg = LoadConfig(
-                base_url=f"{url}/v1", model=EIGHT_B, concurrency=streams, requests=streams,
-                prompt_tokens=256, max_tokens=400,
-            )  # fmt: skip
-            out[str(streams)] = _summary((await run_load(cfg)).to_json())
+            out[str(streams)] = await _at(url, EIGHT_B, streams, streams, 256, 400)
         finally:
             sup.stop(proc)
     return out
@@ -138,11 +143,7 @@ async def bench_vllm(sup: Supervisor, work: Path, python: str) -> dict[str, Any]
     try:
         sup.wait_http_ok(proc, f"http://127.0.0.1:{port}/health", 180)
         for streams in (1, 8):
-            cfg = LoadConfig(
-                base_url=f"http://127.0.0.1:{port}/v1", model="tiny", concurrency=streams, requests=streams * 3,
-                prompt_tokens=128, max_tokens=200,
-            )  # fmt: skip
-            out[str(streams)] = _summary((await run_load(cfg)).to_json())
+            out[str(streams)] = await _at(f"http://127.0.0.1:{port}", "tiny", streams, streams * 3, 128, 200)
     finally:
         sup.stop(proc)
     return out

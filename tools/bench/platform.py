@@ -1,10 +1,10 @@
 """The platform's own cost, side by side in one run (issue 5's benchmark).
 
   .venv/bin/python -m tools.bench platform [--streams 200,1000] [--arrivals steady,burst] [--repeat 3]
-      [--max-tokens 64] [--out platform-bench.md]
+      [--max-tokens 64] [--out FILE]
 
-It prints the page (method, machine, one row per run) and writes it to `--out`; the current numbers
-go to docs/performance.md by hand, with their date, machine and command.
+It prints the page (method, machine, one row per run), and with `--out` also writes it there (outside
+the repository); the current numbers go to docs/performance.md by hand, with date, machine and command.
 
 One enginesim engine (8B profile, room for 1,024 sequences so the engine is never the
 bottleneck) behind the whole platform (gateway -> orchestrator -> agent, real PostgreSQL
@@ -305,7 +305,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="direct/platform pairs per concurrency and arrivals, alternating; with more than one, "
         "a pooled row (percentiles over every pair's samples) follows them",
     )
-    parser.add_argument("--out", type=Path, default=Path("platform-bench.md"))
+    parser.add_argument("--out", type=Path, default=None, help="also write the page to this file")
     args = parser.parse_args(argv)
     args.streams = [int(s) for s in args.streams.split(",")]
     args.arrivals = [a.strip() for a in args.arrivals.split(",") if a.strip()]
@@ -315,8 +315,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--repeat must be at least 1")
     about = machine() | {"loop": "uvloop (gateway) / asyncio (orchestrator, agent)"}
     text = render(bench(args), about, args)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(text)
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text)
     print(text)
     return 0
 
