@@ -11,29 +11,26 @@ another replica with backoff), then stops the background work, all bounded.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
-import logging
 import signal
-from collections.abc import AsyncIterator
 
 from aiohttp import web
 from psycopg_pool import AsyncConnectionPool
 from redis.asyncio import BlockingConnectionPool, Redis
-from redis.exceptions import RedisError
 
-from apps.core.errors import ForwardedError, LlmfleetError, internal_token_rejected
+from apps.core.errors import LlmfleetError
 from apps.core.ledger.pg import PgLedger
 from apps.core.metering import settle_usage
 from apps.core.nodes.store import NodeStore
-from apps.core.protocol.dispatch import DISPATCH_PATH, InternalToken
+from apps.core.protocol.dispatch import DISPATCH_PATH
 from apps.core.spec import load_spec
 from apps.orchestrator.exposure import hide_server_version, node_port_only
 from apps.orchestrator.logs import event
 from apps.orchestrator.node_ws import NodeSockets
 from apps.orchestrator.plane import ControlPlane, OrchestratorDeps
 from apps.orchestrator.ratelimit import TokenBucket
-from apps.orchestrator.relay import DispatchHandler, error_response
+from apps.orchestrator.relay import DispatchHandler
+from apps.orchestrator.routes import Background, Routes
 from apps.orchestrator.settings import OrchestratorSettings
 from apps.orchestrator.settle import Settler, Sweeper
 
@@ -41,10 +38,6 @@ PLANE: web.AppKey[ControlPlane] = web.AppKey("plane", ControlPlane)
 SETTLER: web.AppKey[Settler] = web.AppKey("settler", Settler)
 SWEEPER: web.AppKey[Sweeper] = web.AppKey("sweeper", Sweeper)
 NODE_PATH = "/v1/nodes/connect"
-
-
-def _not_connected(node_id: str) -> ForwardedError:
-    return ForwardedError(f"node {node_id!r} is not connected", status=404, error_type="not_found_error")
 
 
 def create_app(settings: OrchestratorSettings, deps: OrchestratorDeps) -> web.Application:
@@ -84,105 +77,7 @@ def create_app(settings: OrchestratorSettings, deps: OrchestratorDeps) -> web.Ap
     )
     sockets = NodeSockets(plane, settler, bucket, unauthenticated)
     dispatch = DispatchHandler(plane)
-    token = InternalToken(settings.internal_token.get_secret_value())
-
-    def authorized(request: web.Request) -> bool:
-        return token.accepts(request.headers.get("Authorization"))
-
-    async def livez(_: web.Request) -> web.Response:
-        return web.json_response({"status": "ok", "orchestrator_id": plane.id})
-
-    async def readyz(_: web.Request) -> web.Response:
-        problems: list[str] = []
-        try:
-            await asyncio.wait_for(deps.redis.ping(), 2.0)
-        except (RedisError, OSError, TimeoutError):
-            problems.append("redis")
-        try:
-            await asyncio.wait_for(deps.node_store.ping(), 2.0)
-        except Exception:
-            problems.append("postgresql")
-        if plane.stopping:
-            problems.append("stopping")
-        status = 503 if problems else 200
-        return web.json_response({"ready": not problems, "problems": problems}, status=status)
-
-    async def metrics(_: web.Request) -> web.Response:
-        plane.metrics.observe_nodes(plane.local.values(), plane.deps.monotonic())
-        for model in deps.models:
-            plane.metrics.queue_depth.labels(model=model).set(plane.queues.depth(model))
-        return web.Response(body=plane.metrics.render(), content_type="text/plain", charset="utf-8")
-
-    async def drain(request: web.Request) -> web.Response:
-        if not authorized(request):
-            return error_response(internal_token_rejected())
-        node_id = request.match_info["node_id"]
-        ok = await plane.drain_local(node_id) or await deps.node_store.request_drain(node_id)
-        if not ok:
-            return error_response(_not_connected(node_id))
-        return web.json_response({"node_id": node_id, "draining": True}, status=202)
-
-    async def load_model(request: web.Request) -> web.Response:
-        if not authorized(request):
-            return error_response(internal_token_rejected())
-        node_id = request.match_info["node_id"]
-        try:
-            name = str((await request.json())["name"])
-        except (ValueError, KeyError, TypeError):
-            return error_response(
-                ForwardedError(
-                    'body must be {"name": model}',
-                    status=400,
-                    error_type="invalid_request_error",
-                    param="name",
-                )
-            )
-        if not await plane.load_model(node_id, name):
-            return error_response(_not_connected(node_id))
-        return web.json_response({"node_id": node_id, "load_model": name}, status=202)
-
-    async def background(app: web.Application) -> AsyncIterator[None]:
-        stop = asyncio.Event()
-
-        async def refresh_loop() -> None:
-            while not stop.is_set():
-                try:
-                    await plane.fleet.refresh()
-                    plane.check_remote_streams()
-                    plane.queues.notify()
-                except RedisError as exc:
-                    event("fleet_refresh_failed", logging.WARNING, error=type(exc).__name__)
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), settings.fleet_refresh_s)
-
-        async def supervise() -> None:
-            async with asyncio.TaskGroup() as tg:
-                tg.create_task(plane.bus.run())
-                tg.create_task(refresh_loop())
-                tg.create_task(settler.run(settings.settle_workers))
-                tg.create_task(sweeper.run(stop))
-
-        task = asyncio.create_task(supervise())
-        await plane.bus.ready.wait()
-        await plane.fleet.refresh()
-        event("orchestrator_started", orchestrator_id=plane.id, models=sorted(deps.models))
-        yield
-        plane.stopping = True
-        stop.set()
-        # Pending settles finish before the workers stop (bounded): dones stay unacked otherwise.
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(settler.idle.wait(), settings.shutdown_grace_s)
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-        await plane.bus.close()
-
-    async def on_shutdown(app: web.Application) -> None:
-        plane.stopping = True
-        await sockets.close_all()
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(sockets.all_closed.wait(), settings.shutdown_grace_s)
-
+    background = Background(plane, settler, sweeper, sockets)
     app = web.Application(
         client_max_size=8 * 1024 * 1024,
         middlewares=[node_port_only(settings.node_port, frozenset({NODE_PATH, "/livez", "/readyz"}))],
@@ -193,13 +88,10 @@ def create_app(settings: OrchestratorSettings, deps: OrchestratorDeps) -> web.Ap
     app[SWEEPER] = sweeper
     app.router.add_get(NODE_PATH, sockets.handle)
     app.router.add_post(DISPATCH_PATH, dispatch.handle)
-    app.router.add_post("/internal/v1/nodes/{node_id}/drain", drain)
-    app.router.add_post("/internal/v1/nodes/{node_id}/load_model", load_model)
-    app.router.add_get("/livez", livez)
-    app.router.add_get("/readyz", readyz)
-    app.router.add_get("/metrics", metrics)
-    app.cleanup_ctx.append(background)
-    app.on_shutdown.append(on_shutdown)
+    for method, path, handler in Routes(plane).table():
+        app.router.add_route(method, path, handler)
+    app.cleanup_ctx.append(background.background)
+    app.on_shutdown.append(background.on_shutdown)
     return app
 
 

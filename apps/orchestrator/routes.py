@@ -1,0 +1,160 @@
+"""The orchestrator's HTTP routes as a table, and its background work: `create_app` wires them.
+
+Operator routes (`drain`, `load_model`) take the internal token (`apps.core.protocol.dispatch`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+from aiohttp import web
+from redis.exceptions import RedisError
+
+from apps.core.errors import ForwardedError, internal_token_rejected
+from apps.core.protocol.dispatch import InternalToken
+from apps.orchestrator.logs import event
+from apps.orchestrator.node_ws import NodeSockets
+from apps.orchestrator.plane import ControlPlane
+from apps.orchestrator.relay import error_response
+from apps.orchestrator.settings import OrchestratorSettings
+from apps.orchestrator.settle import Settler, Sweeper
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def _not_connected(node_id: str) -> ForwardedError:
+    return ForwardedError(f"node {node_id!r} is not connected", status=404, error_type="not_found_error")
+
+
+class Routes:
+    """Health, metrics and the operator routes of one replica."""
+
+    def __init__(self, plane: ControlPlane) -> None:
+        self.plane = plane
+        self.deps = plane.deps
+        self._token = InternalToken(plane.settings.internal_token.get_secret_value())
+
+    def table(self) -> list[tuple[str, str, Handler]]:
+        return [
+            ("POST", "/internal/v1/nodes/{node_id}/drain", self.drain),
+            ("POST", "/internal/v1/nodes/{node_id}/load_model", self.load_model),
+            ("GET", "/livez", self.livez),
+            ("GET", "/readyz", self.readyz),
+            ("GET", "/metrics", self.metrics),
+        ]
+
+    def authorized(self, request: web.Request) -> bool:
+        return self._token.accepts(request.headers.get("Authorization"))
+
+    async def livez(self, _: web.Request) -> web.Response:
+        return web.json_response({"status": "ok", "orchestrator_id": self.plane.id})
+
+    async def readyz(self, _: web.Request) -> web.Response:
+        problems: list[str] = []
+        try:
+            await asyncio.wait_for(self.deps.redis.ping(), 2.0)
+        except (RedisError, OSError, TimeoutError):
+            problems.append("redis")
+        try:
+            await asyncio.wait_for(self.deps.node_store.ping(), 2.0)
+        except Exception:
+            problems.append("postgresql")
+        if self.plane.stopping:
+            problems.append("stopping")
+        status = 503 if problems else 200
+        return web.json_response({"ready": not problems, "problems": problems}, status=status)
+
+    async def metrics(self, _: web.Request) -> web.Response:
+        counts = {"ready": 0, "draining": 0}
+        for conn in self.plane.local.values():
+            counts["draining" if conn.draining else "ready"] += 1
+        for state, n in counts.items():
+            self.plane.metrics.nodes.labels(state=state).set(n)
+        for model in self.deps.models:
+            self.plane.metrics.queue_depth.labels(model=model).set(self.plane.queues.depth(model))
+        return web.Response(body=self.plane.metrics.render(), content_type="text/plain", charset="utf-8")
+
+    async def drain(self, request: web.Request) -> web.Response:
+        if not self.authorized(request):
+            return error_response(internal_token_rejected())
+        node_id = request.match_info["node_id"]
+        ok = await self.plane.drain_local(node_id) or await self.deps.node_store.request_drain(node_id)
+        if not ok:
+            return error_response(_not_connected(node_id))
+        return web.json_response({"node_id": node_id, "draining": True}, status=202)
+
+    async def load_model(self, request: web.Request) -> web.Response:
+        if not self.authorized(request):
+            return error_response(internal_token_rejected())
+        node_id = request.match_info["node_id"]
+        try:
+            name = str((await request.json())["name"])
+        except (ValueError, KeyError, TypeError):
+            return error_response(
+                ForwardedError(
+                    'body must be {"name": model}',
+                    status=400,
+                    error_type="invalid_request_error",
+                    param="name",
+                )
+            )
+        if not await self.plane.load_model(node_id, name):
+            return error_response(_not_connected(node_id))
+        return web.json_response({"node_id": node_id, "load_model": name}, status=202)
+
+
+class Background:
+    """The replica's background work (pub/sub reader, fleet refresh, settle workers, sweeper) in one
+    TaskGroup owned by the app's cleanup context, and the shutdown that closes node sockets first."""
+
+    def __init__(self, plane: ControlPlane, settler: Settler, sweeper: Sweeper, sockets: NodeSockets) -> None:
+        self.plane = plane
+        self.settler = settler
+        self.sweeper = sweeper
+        self.sockets = sockets
+        self.settings: OrchestratorSettings = plane.settings
+
+    async def background(self, app: web.Application) -> AsyncIterator[None]:
+        stop = asyncio.Event()
+
+        async def refresh_loop() -> None:
+            while not stop.is_set():
+                try:
+                    await self.plane.fleet.refresh()
+                    self.plane.check_remote_streams()
+                    self.plane.queues.notify()
+                except RedisError as exc:
+                    event("fleet_refresh_failed", logging.WARNING, error=type(exc).__name__)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), self.settings.fleet_refresh_s)
+
+        async def supervise() -> None:
+            async with asyncio.TaskGroup() as tg:
+                tg.create_task(self.plane.bus.run())
+                tg.create_task(refresh_loop())
+                tg.create_task(self.settler.run(self.settings.settle_workers))
+                tg.create_task(self.sweeper.run(stop))
+
+        task = asyncio.create_task(supervise())
+        await self.plane.bus.ready.wait()
+        await self.plane.fleet.refresh()
+        event("orchestrator_started", orchestrator_id=self.plane.id, models=sorted(self.plane.deps.models))
+        yield
+        self.plane.stopping = True
+        stop.set()
+        # Pending settles finish before the workers stop (bounded): dones stay unacked otherwise.
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.settler.idle.wait(), self.settings.shutdown_grace_s)
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await self.plane.bus.close()
+
+    async def on_shutdown(self, app: web.Application) -> None:
+        self.plane.stopping = True
+        await self.sockets.close_all()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.sockets.all_closed.wait(), self.settings.shutdown_grace_s)
