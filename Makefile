@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 VLLM_VENV ?= $(CURDIR)/.vllm-venv
 
-.PHONY: install dev test lint typecheck imports unit realvllm chaos bench render-golden clean
+.PHONY: install dev test lint typecheck imports unit realvllm chaos bench render-golden infra-diff infra-smoke clean
 
 $(BIN)/python:
 	@command -v $(PY) >/dev/null || { echo "need Python 3.11 ($(PY)) on PATH"; exit 2; }
@@ -45,6 +45,15 @@ chaos: $(STAMP)
 
 # The README's test command: everything CI runs.
 test: lint typecheck imports unit realvllm chaos
+
+# `pulumi preview` offline: the program against its golden snapshots (exit 1 on any change).
+infra-diff: $(STAMP)
+	$(BIN)/llmfleet infra diff --stack dev
+	$(BIN)/llmfleet infra diff --stack prod
+
+# The manifest-to-process smoke test alone (it also runs in `chaos`, marked slow).
+infra-smoke: $(STAMP)
+	$(BIN)/pytest -q tests/infra/test_manifest_smoke.py
 
 render-golden: $(STAMP)
 	$(BIN)/llmfleet infra render --stack dev > tests/fixtures/infra/dev.golden.json
