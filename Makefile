@@ -8,7 +8,7 @@ VLLM_VENV ?= $(CURDIR)/.vllm-venv
 # Every install takes its versions from constraints.txt (`make lock` regenerates it with this uv).
 UV_VERSION := 0.13.8
 
-.PHONY: install lock lock-check dev test lint typecheck imports unit realvllm chaos rules observability browser bench render-golden clean
+.PHONY: install lock lock-check dev test lint typecheck imports unit realvllm chaos rules observability browser bench render-golden infra-diff infra-smoke clean
 
 $(BIN)/python:
 	@command -v $(PY) >/dev/null || { echo "need Python 3.11 ($(PY)) on PATH"; exit 2; }
@@ -71,6 +71,15 @@ browser: $(STAMP)
 
 # The README's test command: everything CI runs.
 test: lock-check lint typecheck imports unit rules observability browser realvllm chaos
+
+# `pulumi preview` offline: the program against its golden snapshots (exit 1 on any change).
+infra-diff: $(STAMP)
+	$(BIN)/llmfleet infra diff --stack dev
+	$(BIN)/llmfleet infra diff --stack prod
+
+# The manifest-to-process smoke test alone (it also runs in `chaos`, marked slow).
+infra-smoke: $(STAMP)
+	$(BIN)/pytest -q tests/infra/test_manifest_smoke.py
 
 render-golden: $(STAMP)
 	$(BIN)/llmfleet infra render --stack dev > tests/fixtures/infra/dev.golden.json
