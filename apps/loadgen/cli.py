@@ -10,6 +10,7 @@ import sys
 
 from apps.loadgen.config import LoadConfig
 from apps.loadgen.runner import Progress, run_load
+from apps.loadgen.trace import write_trace
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -41,6 +42,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--tag", help='send `user: "TAG-<index>"` in each request (joins with an engine\'s timing log)'
     )
     parser.add_argument("--json", action="store_true", help="print one JSON document instead of the table")
+    parser.add_argument(
+        "--record-trace", metavar="FILE", help="write the run as a trace for `llmfleet simulate`"
+    )
 
 
 def _progress_printer(total_hint: str) -> object:
@@ -86,6 +90,8 @@ def run(args: argparse.Namespace) -> int:
     report = asyncio.run(run_load(config, on_progress))  # type: ignore[arg-type]
     if on_progress is not None:
         sys.stderr.write("\n")
+    if args.record_trace:
+        write_trace(args.record_trace, report, config)
     if args.json:
         print(json.dumps(report.to_json(), indent=2))
     else:

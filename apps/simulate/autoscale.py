@@ -149,10 +149,11 @@ class Hpa:
         raw = max(proposals) if proposals else current
         self.recommendations.append((now, raw))
         horizon = max(s.up.window_s, s.down.window_s)
-        while self.recommendations and self.recommendations[0][0] <= now - horizon - 1e-9:
+        while self.recommendations and self.recommendations[0][0] <= now - horizon:
             self.recommendations.popleft()
-        up_rec = min([n for t, n in self.recommendations if t > now - s.up.window_s - 1e-9] + [raw])
-        down_rec = max([n for t, n in self.recommendations if t > now - s.down.window_s - 1e-9] + [raw])
+        # A recommendation counts while its time is after `now - window` (kube's `After(cutoff)`).
+        up_rec = min([n for t, n in self.recommendations if t > now - s.up.window_s] + [raw])
+        down_rec = max([n for t, n in self.recommendations if t > now - s.down.window_s] + [raw])
         target = min(max(current, up_rec), down_rec)
         while self.events and self.events[0][0] <= now - 1800:
             self.events.popleft()

@@ -222,12 +222,15 @@ class Scheduler:
                 reason = "length"
             result.tokens.append(TokenOut(seq.request_id, index, reason))
             if reason is not None:
-                self.running.remove(seq)
-                self.by_id.pop(seq.request_id, None)
-                self._free(seq)
-                seq.state = SeqState.FINISHED
-                result.finished.append(seq)
+                self._finish(seq, result)
         return result
+
+    def _finish(self, seq: Sequence, result: StepResult) -> None:
+        self.running.remove(seq)
+        self.by_id.pop(seq.request_id, None)
+        self._free(seq)
+        seq.state = SeqState.FINISHED
+        result.finished.append(seq)
 
     # -- time and fast-forward (the simulator's use) ---------------------------------------
 
@@ -296,9 +299,5 @@ class Scheduler:
             seq.generated += steps
             seq.last_token_s = now
             if seq.generated >= seq.target_tokens or seq.prompt_tokens + seq.generated >= max_len:
-                self.running.remove(seq)
-                self.by_id.pop(seq.request_id, None)
-                self._free(seq)
-                seq.state = SeqState.FINISHED
-                result.finished.append(seq)
+                self._finish(seq, result)
         return result
