@@ -4,7 +4,9 @@ Embedded PostgreSQL and Redis unless `LLMFLEET_DATABASE_URL` / `LLMFLEET_REDIS_U
 set, migrations, one orchestrator, four enginesim engines with their agents (two 8B
 nodes, one of them on premises, one 32B, one 70B), a gateway on the port, a demo team
 with credits and a demo key. Prints `OPENAI_BASE_URL=`, `OPENAI_API_KEY=` and
-`LLMFLEET_ADMIN_TOKEN=` (one per line) and writes them to `DIR/credentials.env`.
+`LLMFLEET_ADMIN_TOKEN=` (one per line) and writes them to `DIR/credentials.env`. With
+`--prometheus`, also a real Prometheus on loopback scraping every process with the platform's
+rules and alerts (`apps.cli.prometheus`), and `PROMETHEUS_URL=`.
 Ctrl-C or SIGTERM stops everything in reverse order; a child that dies on its own stops
 the rest too (exit 1) rather than leaving a half platform running.
 """
@@ -34,6 +36,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--speed", type=float, default=1.0, help="enginesim time scale (default 1: real time)"
     )
+    parser.add_argument(
+        "--prometheus",
+        action="store_true",
+        help="also start a Prometheus (the `prometheus` binary on PATH) scraping every process, with the"
+        " platform's rules and alerts; prints PROMETHEUS_URL=",
+    )
 
 
 def _write_credentials(path: Path, lines: list[str]) -> None:
@@ -51,6 +59,11 @@ def run(args: argparse.Namespace) -> int:
         redis_url=os.environ.get("LLMFLEET_REDIS_URL") or None,
         speed=args.speed,
     )
+    prometheus_bin = None
+    if args.prometheus:
+        from apps.cli.prometheus import prometheus_binary
+
+        prometheus_bin = prometheus_binary()  # before anything starts: a clear error, exit 2
     stop = threading.Event()
     starting = True
 
@@ -64,10 +77,14 @@ def run(args: argparse.Namespace) -> int:
     try:
         try:
             creds = platform.start()
+            lines = creds.env_lines()
+            if prometheus_bin is not None:
+                from apps.cli.prometheus import LocalPrometheus
+
+                lines.append(f"PROMETHEUS_URL={LocalPrometheus(platform).start()}")
         except _Interrupted:
             return 130
         starting = False
-        lines = creds.env_lines()
         _write_credentials(platform.data_dir / "credentials.env", lines)
         print("\n".join(lines), flush=True)
         print(

@@ -26,6 +26,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "admin": ("apps.cli.admin", "administration: migrate the database, teams, keys, credits, nodes"),
     "infra": ("infra.cli", "render the Pulumi program offline (`llmfleet infra render --stack prod`)"),
     "model-sync": ("apps.modelsync.cli", "copy a model revision from S3 to the local NVMe cache"),
+    "ops": (
+        "apps.ops.cli",
+        "operations jobs: `ops drift` (ledger vs engines) and `ops cost-report` (weekly)",
+    ),
 }
 
 
