@@ -5,7 +5,9 @@ set, migrations, one orchestrator, four enginesim engines with their agents (two
 nodes, one of them on premises, one 32B, one 70B), a gateway on the port, a demo team
 with credits and a demo key. Prints `OPENAI_BASE_URL=`, `OPENAI_API_KEY=` and
 `LLMFLEET_ADMIN_TOKEN=` (one per line) and writes them to `DIR/credentials.env`, then the console's URL
-and one-time sign-in links for the demo team and the admin (`# console...` lines).
+and one-time sign-in links for the demo team and the admin (`# console...` lines). With
+`--prometheus`, also a real Prometheus on loopback scraping every process with the platform's
+rules and alerts (`apps.cli.prometheus`), and `PROMETHEUS_URL=`.
 Ctrl-C or SIGTERM stops everything in reverse order; a child that dies on its own stops
 the rest too (exit 1) rather than leaving a half platform running.
 """
@@ -36,6 +38,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--speed", type=float, default=1.0, help="enginesim time scale (default 1: real time)"
     )
+    parser.add_argument(
+        "--prometheus",
+        action="store_true",
+        help="also start a Prometheus (the `prometheus` binary on PATH) scraping every process, with the"
+        " platform's rules and alerts; prints PROMETHEUS_URL=",
+    )
 
 
 def _write_credentials(path: Path, lines: list[str]) -> None:
@@ -53,6 +61,11 @@ def run(args: argparse.Namespace) -> int:
         redis_url=os.environ.get("LLMFLEET_REDIS_URL") or None,
         speed=args.speed,
     )
+    prometheus_bin = None
+    if args.prometheus:
+        from apps.cli.prometheus import prometheus_binary
+
+        prometheus_bin = prometheus_binary()  # before anything starts: a clear error, exit 2
     stop = threading.Event()
     starting = True
 
@@ -66,10 +79,14 @@ def run(args: argparse.Namespace) -> int:
     try:
         try:
             creds = platform.start()
+            lines = creds.env_lines()
+            if prometheus_bin is not None:
+                from apps.cli.prometheus import LocalPrometheus
+
+                lines.append(f"PROMETHEUS_URL={LocalPrometheus(platform).start()}")
         except _Interrupted:
             return 130
         starting = False
-        lines = creds.env_lines()
         _write_credentials(platform.data_dir / "credentials.env", lines)
         print("\n".join(lines), flush=True)
         links = console_links(platform.gateway_url, platform.issuer, DEMO_TEAM)

@@ -30,6 +30,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "apps.simulate.cli",
         "discrete-event what-if of the fleet (KEDA, Karpenter, engines) under a load trace",
     ),
+    "ops": (
+        "apps.ops.cli",
+        "operations jobs: `ops drift` (ledger vs engines) and `ops cost-report` (weekly)",
+    ),
 }
 
 

@@ -16,8 +16,19 @@ from infra.manifests.common import (
 
 
 def service_monitor(
-    name: str, namespace: str, selector: dict[str, str], port: str, path: str = "/metrics"
+    name: str,
+    namespace: str,
+    selector: dict[str, str],
+    port: str,
+    path: str = "/metrics",
+    target_labels: dict[str, str] | None = None,
 ) -> Manifest:
+    endpoint: Manifest = {"port": port, "path": path, "interval": "15s"}
+    if target_labels:
+        endpoint["relabelings"] = [
+            {"action": "replace", "targetLabel": k, "replacement": v}
+            for k, v in sorted(target_labels.items())
+        ]
     return {
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "ServiceMonitor",
@@ -29,7 +40,7 @@ def service_monitor(
         "spec": {
             "namespaceSelector": {"matchNames": [namespace]},
             "selector": {"matchLabels": selector},
-            "endpoints": [{"port": port, "path": path, "interval": "15s"}],
+            "endpoints": [endpoint],
         },
     }
 
@@ -38,7 +49,11 @@ def service_monitors() -> list[Manifest]:
     return [
         service_monitor("gateway", NAMESPACE, labels("gateway"), "http"),
         service_monitor("orchestrator", NAMESPACE, labels("orchestrator"), "http"),
-        service_monitor("vllm", NAMESPACE, {"app.kubernetes.io/name": "vllm"}, "http"),
+        # Every vLLM pod here is cloud capacity (on-premises engines are behind NAT, seen through
+        # the orchestrator): the cost report's cloud GPU hours select on this label.
+        service_monitor(
+            "vllm", NAMESPACE, {"app.kubernetes.io/name": "vllm"}, "http", target_labels={"location": "cloud"}
+        ),
         service_monitor("agent", NAMESPACE, {"app.kubernetes.io/name": "vllm"}, "agent"),
         service_monitor(
             "dcgm-exporter", MONITORING_NAMESPACE, {"app.kubernetes.io/name": "dcgm-exporter"}, "metrics"

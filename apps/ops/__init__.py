@@ -1,0 +1,1 @@
+"""`llmfleet ops`: the daily ledger-drift check and the weekly cost review."""

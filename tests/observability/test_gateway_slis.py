@@ -1,0 +1,54 @@
+"""The gateway's per-request SLI metrics, in-process against real PostgreSQL and Redis: each
+finished stream's own tokens/s, its SLO verdict per team, and 503s counted by reason."""
+
+from __future__ import annotations
+
+import httpx
+
+from tests.chaos.helpers import metric_sum
+from tests.fakes.fake_dispatcher import FakeDispatcher
+from tests.fakes.fake_gateway import gateway_env
+
+MODEL = "llama-3.1-8b-instruct"
+
+
+def _chat(**extra: object) -> dict[str, object]:
+    return {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, **extra}
+
+
+async def test_a_finished_stream_records_its_rate_and_slo_verdict_per_team(
+    migrated_db_url: str, redis_url: str
+) -> None:
+    async with gateway_env(migrated_db_url, redis_url) as env:
+        _, key = await env.team_with_key("alpha")
+        transport = httpx.ASGITransport(app=env.app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://gw") as c:
+            headers = {"Authorization": f"Bearer {key}"}
+            # The rate needs the completion tokens: streams that ask for usage, and every non-stream.
+            bodies = [_chat(stream=True, stream_options={"include_usage": True}), _chat()]
+            for body in bodies:
+                r = await c.post("/v1/chat/completions", json=body, headers=headers)
+                assert r.status_code == 200, r.text
+            text = (await c.get("/metrics")).text
+    assert metric_sum(text, "llmfleet_gateway_stream_tokens_per_second_count", model=MODEL) == 1
+    assert metric_sum(text, "llmfleet_gateway_slo_requests_total", team="alpha", model=MODEL) == 2
+    assert metric_sum(text, "llmfleet_gateway_slo_requests_total", result="met") == 2  # the fake is fast
+    assert metric_sum(text, "llmfleet_gateway_active_streams") == 0  # both relays ended
+
+
+async def test_503_from_the_orchestrator_is_counted_with_its_reason(
+    migrated_db_url: str, redis_url: str
+) -> None:
+    async with gateway_env(
+        migrated_db_url, redis_url, dispatcher_factory=lambda lg, rd: FakeDispatcher(lg, rd, status=503)
+    ) as env:
+        _, key = await env.team_with_key("beta")
+        transport = httpx.ASGITransport(app=env.app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://gw") as c:
+            r = await c.post("/v1/chat/completions", json=_chat(), headers={"Authorization": f"Bearer {key}"})
+            assert r.status_code == 503
+            text = (await c.get("/metrics")).text
+    assert (
+        metric_sum(text, "llmfleet_gateway_refusals_total", model=MODEL, status="503", reason="no_node") == 1
+    )
+    assert metric_sum(text, "llmfleet_gateway_slo_requests_total") == 0  # refused: no SLO verdict
