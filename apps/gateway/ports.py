@@ -69,9 +69,11 @@ class Health(Protocol):
 class Quota(Protocol):
     """Admission (`apps.core.quota.admission.QuotaStore`); `StoreUnavailable` when Redis fails."""
 
-    async def admit(self, subject: str, request_id: str, limits: Limits, now: datetime) -> Admission: ...
+    async def admit(
+        self, subject: str, request_id: str, limits: Limits, now: datetime, worst_case_tokens: int = 0
+    ) -> Admission: ...
 
-    async def release(self, subject: str, request_id: str) -> None: ...
+    async def release(self, subject: str, request_id: str, *, forget_tokens: bool = False) -> None: ...
 
 
 class Keys(Protocol):

@@ -17,12 +17,13 @@ import yaml
 from apps.core.batching.profile import EngineProfile, profiles_for
 from apps.core.errors import SpecError
 from apps.core.sizing.plan import FleetPlan, plan_fleet
+from apps.core.sizing.pools import ON_DEMAND_POOL, SPOT_POOL
 from apps.core.spec import StackSpec, load_spec
 from apps.simulate.autoscale import ScalerSpec, scaler_spec
 from infra.components.serving import serving_objects
 from infra.config import InfraConfig
 from infra.manifests.common import GPU_RESOURCE, SPOT_TAINT_KEY, slug
-from infra.manifests.karpenter import ON_DEMAND_POOL, SPOT_POOL, gpu_pool_spec, node_pools
+from infra.manifests.karpenter import gpu_pool_spec, node_pools
 
 PROJECT_DIR = Path(__file__).resolve().parents[2]
 
@@ -124,7 +125,7 @@ def build_world(stack: str) -> World:
     }
     scalers = {s.deployment: s for s in (scaler_spec(o) for o in objects if o["kind"] == "ScaledObject")}
     pools = {}
-    for p in node_pools(gpu_pool_spec(spec, cfg.gpu_limit)):
+    for p in node_pools(gpu_pool_spec(spec)):
         s = p["spec"]
         reqs = {r["key"]: r["values"] for r in s["template"]["spec"]["requirements"]}
         pools[p["metadata"]["name"]] = PoolSpec(

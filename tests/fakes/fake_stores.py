@@ -21,7 +21,9 @@ class FakeQuota:
     held: set[str] = field(default_factory=set)
     released: list[str] = field(default_factory=list)
 
-    async def admit(self, subject: str, request_id: str, limits: Limits, now: datetime) -> Admission:
+    async def admit(
+        self, subject: str, request_id: str, limits: Limits, now: datetime, worst_case_tokens: int = 0
+    ) -> Admission:
         if self.fail is not None:
             raise self.fail
         if self.verdict is Verdict.ADMITTED:
@@ -30,7 +32,7 @@ class FakeQuota:
             self.verdict, limits, len(self.held), 7.0 if self.verdict else 0.0, 1, 60.0, 0, 3600.0
         )
 
-    async def release(self, subject: str, request_id: str) -> None:
+    async def release(self, subject: str, request_id: str, *, forget_tokens: bool = False) -> None:
         self.held.discard(request_id)
         self.released.append(request_id)
 

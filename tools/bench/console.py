@@ -32,7 +32,6 @@ import psycopg
 
 from apps.core.db.migrate import migrate_sync
 from apps.core.identity.local_issuer import LocalIssuer
-from apps.core.ledger.teams import TeamStore
 from apps.gateway.app import create_app
 from apps.gateway.settings import GatewaySettings
 from apps.gateway.wiring import build_deps
@@ -144,13 +143,14 @@ async def render(url: str, team: int, repeat: int, now: datetime) -> dict[str, A
     deps = await build_deps(settings)
     app = create_app(settings, deps)
     start, end = (now - timedelta(days=364)).date(), now.date()
-    page, raw = [], []
+    page: list[float] = []
+    raw: list[float] = []
     try:
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw") as c:
             r = await c.post("/console/signin", data={"token": issuer.mint("bench-user", team="bench")})
             assert r.status_code == 303, r.text
             path = f"/console/team?from={start}&to={end}"
-            teams: TeamStore = deps.teams  # the JSON endpoint's raw-ledger function, same pool
+            teams = deps.teams  # the JSON endpoint's raw-ledger function, same pool
             html_bytes = 0
             for i in range(repeat * 2 + 2):
                 t0 = time.perf_counter()
