@@ -20,7 +20,8 @@ from selenium.webdriver.chrome.service import Service
 
 from apps.cli.platform import MODEL_8B, LocalPlatform, NodeSpec, PlatformConfig
 from apps.core.db.migrate import migrate_sync
-from tests.conftest import _redis_db_url, _with_database
+from apps.core.db.scratch import with_database
+from tests.conftest import _redis_db_url
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
@@ -40,7 +41,7 @@ def platform(
     name = f"llmfleet_test_{uuid.uuid4().hex[:12]}"
     with psycopg.connect(pg_admin_url, autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{name}"')
-    db_url = _with_database(pg_admin_url, name)
+    db_url = with_database(pg_admin_url, name)
     migrate_sync(db_url)
     redis_url = _redis_db_url(redis_base_url, redis_test_db)
     with redis.Redis.from_url(redis_url) as client:

@@ -20,6 +20,7 @@ import redis
 from apps.cli.platform import MODEL_8B, LocalPlatform, PlatformConfig, dev_nodes
 from apps.cli.prometheus import LocalPrometheus
 from apps.core.db.migrate import migrate_sync
+from apps.core.db.scratch import with_database
 from apps.core.sizing.plan import plan_fleet
 from apps.core.spec import load_spec
 from apps.ops.drift import measure
@@ -28,7 +29,7 @@ from infra.config import OfficeHours
 from infra.manifests.alerts import recording_rules
 from infra.manifests.dashboards import dashboards, panel_queries
 from tests.chaos.helpers import ledger_totals, wait_until
-from tests.conftest import _redis_db_url, _with_database
+from tests.conftest import _redis_db_url
 from tests.observability.stage import MAX_STREAMS, Stage, load, query, serve_cluster_page, wait_scraped
 
 pytestmark = [pytest.mark.prometheus, pytest.mark.timeout(420)]
@@ -41,7 +42,7 @@ def stage(
     name = f"llmfleet_obs_{uuid.uuid4().hex[:10]}"
     with psycopg.connect(pg_admin_url, autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{name}"')
-    db_url = _with_database(pg_admin_url, name)
+    db_url = with_database(pg_admin_url, name)
     migrate_sync(db_url)
     redis_url = _redis_db_url(redis_base_url, redis_test_db)
     with redis.Redis.from_url(redis_url) as client:
