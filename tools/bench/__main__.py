@@ -12,6 +12,7 @@ BENCHMARKS: dict[str, str] = {
     "dispatch": "the gateway's upstream client alone: aiohttp baseline vs the raw-protocol client",
     "engine": "enginesim's 8B profile vs the brief, loadgen's own overhead, a real vLLM on CPU",
     "settle": "latency and client CPU of one ledger settle against PostgreSQL",
+    "console": "the console's full-year team page on 1,000,000 ledger rows vs the raw-ledger query",
 }
 
 

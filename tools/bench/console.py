@@ -179,13 +179,13 @@ async def render(url: str, team: int, repeat: int, now: datetime) -> dict[str, A
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="console: the full-year team page on N ledger rows")
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--pg-url", default="postgresql://postgres@127.0.0.1:5432/postgres")
     parser.add_argument("--repeat", type=int, default=20)
     parser.add_argument("--keep", action="store_true", help="keep the scratch database")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     name, url = scratch_db(args.pg_url)
     now = datetime.now(UTC)
     try:
