@@ -24,7 +24,7 @@ from apps.core.metering import settle_usage
 from apps.core.nodes.store import NodeStore
 from apps.core.protocol.dispatch import DISPATCH_PATH
 from apps.core.spec import load_spec
-from apps.orchestrator.exposure import hide_server_version, node_port_only
+from apps.orchestrator.exposure import hide_server_version, restrict_ports
 from apps.orchestrator.logs import event
 from apps.orchestrator.node_ws import NodeSockets
 from apps.orchestrator.plane import ControlPlane, OrchestratorDeps
@@ -38,6 +38,17 @@ PLANE: web.AppKey[ControlPlane] = web.AppKey("plane", ControlPlane)
 SETTLER: web.AppKey[Settler] = web.AppKey("settler", Settler)
 SWEEPER: web.AppKey[Sweeper] = web.AppKey("sweeper", Sweeper)
 NODE_PATH = "/v1/nodes/connect"
+HEALTH_PATHS = frozenset({"/livez", "/readyz"})
+
+
+def _restricted_ports(settings: OrchestratorSettings) -> dict[int, frozenset[str]]:
+    """The extra listeners and what each serves (`apps.orchestrator.exposure`)."""
+    ports: dict[int, frozenset[str]] = {}
+    if settings.node_port is not None:
+        ports[settings.node_port] = HEALTH_PATHS | {NODE_PATH}
+    if settings.metrics_port is not None:
+        ports[settings.metrics_port] = HEALTH_PATHS | {"/metrics"}
+    return ports
 
 
 def create_app(settings: OrchestratorSettings, deps: OrchestratorDeps) -> web.Application:
@@ -80,7 +91,7 @@ def create_app(settings: OrchestratorSettings, deps: OrchestratorDeps) -> web.Ap
     background = Background(plane, settler, sweeper, sockets)
     app = web.Application(
         client_max_size=8 * 1024 * 1024,
-        middlewares=[node_port_only(settings.node_port, frozenset({NODE_PATH, "/livez", "/readyz"}))],
+        middlewares=[restrict_ports(_restricted_ports(settings))],
     )
     app.on_response_prepare.append(hide_server_version)
     app[PLANE] = plane
@@ -147,13 +158,14 @@ async def run_orchestrator(settings: OrchestratorSettings, ready: asyncio.Event 
     try:
         await runner.setup()
         await web.TCPSite(runner, settings.host, settings.port).start()
-        if settings.node_port is not None:
-            await web.TCPSite(runner, settings.host, settings.node_port).start()
+        for extra in _restricted_ports(settings):
+            await web.TCPSite(runner, settings.host, extra).start()
         event(
             "listening",
             host=settings.host,
             port=settings.port,
             node_port=settings.node_port,
+            metrics_port=settings.metrics_port,
             orchestrator_id=settings.orchestrator_id,
         )
         if ready is not None:

@@ -1,15 +1,18 @@
-"""What the orchestrator shows to whom: no version in `Server`, and an optional node-only port.
+"""What the orchestrator shows to whom: no version in `Server`, and ports that serve one thing.
 
-`Server` names no Python or aiohttp version (a scanner learns nothing from it). With
-`node_port` set, the replica listens on a second port that serves only the node WebSocket and
-the health checks: nodes (on premises, through the ALB) reach that port alone, and a
-NetworkPolicy lets only the gateway reach the main port's dispatch (and only Prometheus its
-`/metrics`; `infra/manifests/netpol.py`). On the node port every other path is a 404.
+`Server` names no Python or aiohttp version (a scanner learns nothing from it). Besides its main
+port (dispatch, internal node calls, `/metrics`), a replica may listen on
+- `node_port`: only the node WebSocket and the health checks (nodes reach this port alone,
+  on premises through the ALB);
+- `metrics_port`: only `/metrics` and the health checks (what Prometheus scrapes),
+so that a NetworkPolicy can let only the gateway reach the main port's dispatch, only
+Prometheus the metrics port, and anyone the node port (`infra/manifests/netpol.py`). On a
+restricted port every other path is a 404.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 
 from aiohttp import web
 
@@ -21,14 +24,15 @@ async def hide_server_version(_: web.Request, response: web.StreamResponse) -> N
     response.headers["Server"] = SERVER_HEADER
 
 
-def node_port_only(
-    node_port: int | None, allowed: frozenset[str]
-) -> Callable[..., Awaitable[web.StreamResponse]]:
+def restrict_ports(allowed: Mapping[int, frozenset[str]]) -> Callable[..., Awaitable[web.StreamResponse]]:
+    """Requests arriving on a port of `allowed` may reach only that port's paths."""
+
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if node_port is not None and request.path not in allowed:
+        if allowed:
             sockname = request.transport.get_extra_info("sockname") if request.transport else None
-            if sockname is not None and int(sockname[1]) == node_port:
+            paths = allowed.get(int(sockname[1])) if sockname is not None else None
+            if paths is not None and request.path not in paths:
                 raise web.HTTPNotFound()
         return await handler(request)
 

@@ -2,8 +2,10 @@
 
 * gateway, port 8080: anyone (the ALB's IP targets and in-cluster clients). Its `/metrics` is
   not routed by the public ingress (only `/v1/*`, `/admin/*`, `/console/*` are).
-* orchestrator, main port 8081 (dispatch, the internal node calls, `/metrics`): only the gateway
-  pods and Prometheus (the monitoring namespace). Dispatch also needs the internal token.
+* orchestrator, main port 8081 (dispatch, the internal node calls): only the gateway pods.
+  Dispatch also needs the internal token.
+* orchestrator, metrics port 8083 (`/metrics` and health checks only, `LLMFLEET_METRICS_PORT`):
+  only Prometheus (the monitoring namespace).
 * orchestrator, node port 8082 (the node WebSocket and health checks only, `--node-port`):
   anyone: on-premises nodes through the ALB and the cloud nodes' agent sidecars.
 * vLLM pods (the engine 8000, the agent's health/metrics 8090): only Prometheus. The agent
@@ -19,6 +21,7 @@ from infra.manifests.common import (
     MONITORING_NAMESPACE,
     NAMESPACE,
     NODE_PORT,
+    ORCHESTRATOR_METRICS_PORT,
     ORCHESTRATOR_PORT,
     VLLM_PORT,
     Manifest,
@@ -61,7 +64,12 @@ def network_policies() -> list[Manifest]:
         _policy(
             "orchestrator-main-port",
             "orchestrator",
-            [{"from": [gateway_peer, PROMETHEUS_PEER], "ports": _tcp(ORCHESTRATOR_PORT)}],
+            [{"from": [gateway_peer], "ports": _tcp(ORCHESTRATOR_PORT)}],
+        ),
+        _policy(
+            "orchestrator-metrics-port",
+            "orchestrator",
+            [{"from": [PROMETHEUS_PEER], "ports": _tcp(ORCHESTRATOR_METRICS_PORT)}],
         ),
         _policy("orchestrator-node-port", "orchestrator", [{"ports": _tcp(NODE_PORT)}]),
         _policy(

@@ -14,6 +14,7 @@ from infra.manifests.common import (
     GATEWAY_PORT,
     NAMESPACE,
     NODE_PORT,
+    ORCHESTRATOR_METRICS_PORT,
     ORCHESTRATOR_PORT,
     Manifest,
     labels,
@@ -63,6 +64,7 @@ def _env(app: str, stack: str) -> list[Manifest]:
         )
     if app == "orchestrator":
         env.append({"name": "LLMFLEET_NODE_PORT", "value": str(NODE_PORT)})
+        env.append({"name": "LLMFLEET_METRICS_PORT", "value": str(ORCHESTRATOR_METRICS_PORT)})
     return env
 
 
@@ -70,6 +72,7 @@ def _ports(app: str, port: int) -> list[Manifest]:
     ports: list[Manifest] = [{"name": "http", "containerPort": port}]
     if app == "orchestrator":
         ports.append({"name": "nodes", "containerPort": NODE_PORT})
+        ports.append({"name": "metrics", "containerPort": ORCHESTRATOR_METRICS_PORT})
     return ports
 
 

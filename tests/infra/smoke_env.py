@@ -155,7 +155,10 @@ def container_process(
     """argv and environment of `container` run from `env_dir` as its image would run it."""
     env = {"PATH": f"{env_dir / 'bin'}:/usr/bin:/bin", "HOME": str(env_dir), **df.runtime_env}
     for entry in container.get("env", []):
-        env[entry["name"]] = _map(_env_value(entry, cluster, pod_name), cluster)
+        value = _map(_env_value(entry, cluster, pod_name), cluster)
+        if entry["name"].endswith("_PORT") and value.isdigit() and int(value) in cluster.ports:
+            value = str(cluster.ports[int(value)])  # a listen port (e.g. LLMFLEET_NODE_PORT)
+        env[entry["name"]] = value
     command = list(container.get("command", df.entrypoint))
     args = list(container.get("args", df.cmd))
     mapped: list[str] = []

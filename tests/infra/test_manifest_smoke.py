@@ -124,7 +124,7 @@ def test_every_platform_container_starts_from_its_rendered_object(
     kube = kube_objects(STACK)
     workdir = tmp_path_factory.mktemp("smoke")
     assert not str(workdir).startswith(str(Path(__file__).resolve().parents[2]))
-    ports = {8080: free_port(), 8081: free_port(), 8090: free_port(), 8000: free_port()}
+    ports = {port: free_port() for port in (8080, 8081, 8082, 8083, 8090, 8000)}
     cluster = Cluster(
         secrets={
             "llmfleet-app": {
@@ -137,6 +137,7 @@ def test_every_platform_container_starts_from_its_rendered_object(
         },
         hosts={
             f"orchestrator.{NAMESPACE}.svc:8081": f"127.0.0.1:{ports[8081]}",
+            f"orchestrator.{NAMESPACE}.svc:8082": f"127.0.0.1:{ports[8082]}",
             "127.0.0.1:8000": f"127.0.0.1:{ports[8000]}",
         },
         ports=ports,

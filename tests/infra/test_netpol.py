@@ -5,7 +5,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from infra.manifests.common import GATEWAY_PORT, NODE_PORT, ORCHESTRATOR_PORT, VLLM_PORT
+from infra.manifests.common import (
+    GATEWAY_PORT,
+    NODE_PORT,
+    ORCHESTRATOR_METRICS_PORT,
+    ORCHESTRATOR_PORT,
+    VLLM_PORT,
+)
 from tests.infra.conftest import of_kind
 
 Peer = tuple[str, dict[str, str]]  # (namespace, pod labels)
@@ -52,14 +58,24 @@ def _pods(kube: list[dict[str, Any]], name: str) -> dict[str, str]:
     raise AssertionError(f"no {name} Deployment")
 
 
-def test_only_the_gateway_and_prometheus_reach_the_orchestrators_main_port(
+def test_only_the_gateway_reaches_the_dispatch_port_and_only_prometheus_the_metrics_port(
     kube: list[dict[str, Any]],
 ) -> None:
     orchestrator = _pods(kube, "orchestrator")
     assert allowed(kube, orchestrator, ORCHESTRATOR_PORT, GATEWAY)
-    assert allowed(kube, orchestrator, ORCHESTRATOR_PORT, PROMETHEUS)
-    assert not allowed(kube, orchestrator, ORCHESTRATOR_PORT, AGENT)
-    assert not allowed(kube, orchestrator, ORCHESTRATOR_PORT, STRANGER)
+    for peer in (PROMETHEUS, AGENT, STRANGER):
+        assert not allowed(kube, orchestrator, ORCHESTRATOR_PORT, peer), peer
+    assert allowed(kube, orchestrator, ORCHESTRATOR_METRICS_PORT, PROMETHEUS)
+    for peer in (GATEWAY, AGENT, STRANGER):
+        assert not allowed(kube, orchestrator, ORCHESTRATOR_METRICS_PORT, peer), peer
+    # Prometheus scrapes that port (the ServiceMonitor names it), and the replica serves it.
+    monitor = next(m for m in of_kind(kube, "ServiceMonitor") if m["metadata"]["name"] == "orchestrator")
+    assert [e["port"] for e in monitor["spec"]["endpoints"]] == ["metrics"]
+    orch = next(d for d in of_kind(kube, "Deployment") if d["metadata"]["name"] == "orchestrator")
+    container = orch["spec"]["template"]["spec"]["containers"][0]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["LLMFLEET_METRICS_PORT"] == str(ORCHESTRATOR_METRICS_PORT)
+    assert {"name": "metrics", "containerPort": ORCHESTRATOR_METRICS_PORT} in container["ports"]
 
 
 def test_nodes_still_reach_the_orchestrators_node_port(kube: list[dict[str, Any]]) -> None:
