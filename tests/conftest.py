@@ -13,6 +13,7 @@ import os
 import socket
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -112,3 +113,19 @@ def redis_url(redis_base_url: str, redis_test_db: int) -> Iterator[str]:
     finally:
         client.flushdb()
         client.close()
+
+
+@contextmanager
+def platform_stores(
+    pg_admin_url: str, redis_base_url: str, redis_test_db: int, prefix: str
+) -> Iterator[tuple[str, str]]:
+    """A migrated scratch database (dropped afterwards) and this process's flushed Redis DB, for a
+    module-scoped fixture that starts a whole local platform (browser, real-Prometheus stages)."""
+    from apps.core.db.migrate import migrate_sync
+
+    with scratch_database(pg_admin_url, prefix) as db_url:
+        migrate_sync(db_url)
+        redis_url = _redis_db_url(redis_base_url, redis_test_db)
+        with redis.Redis.from_url(redis_url) as client:
+            client.flushdb()
+        yield db_url, redis_url

@@ -12,16 +12,12 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-import psycopg
 import pytest
-import redis
 from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
 
 from apps.cli.platform import MODEL_8B, LocalPlatform, NodeSpec, PlatformConfig
-from apps.core.db.migrate import migrate_sync
-from apps.core.db.scratch import with_database
-from tests.conftest import _redis_db_url
+from tests.conftest import platform_stores
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
@@ -38,14 +34,13 @@ pytestmark = pytest.mark.browser
 def platform(
     pg_admin_url: str, redis_base_url: str, redis_test_db: int, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[LocalPlatform]:
-    name = f"llmfleet_test_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(pg_admin_url, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    db_url = with_database(pg_admin_url, name)
-    migrate_sync(db_url)
-    redis_url = _redis_db_url(redis_base_url, redis_test_db)
-    with redis.Redis.from_url(redis_url) as client:
-        client.flushdb()
+    with platform_stores(pg_admin_url, redis_base_url, redis_test_db, "llmfleet_test") as (db_url, redis_url):
+        yield from _platform(db_url, redis_url, tmp_path_factory)
+
+
+def _platform(
+    db_url: str, redis_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[LocalPlatform]:
     tag = uuid.uuid4().hex[:6]  # pub/sub channels are shared by every Redis DB: unique node ids
     config = PlatformConfig(
         data_dir=tmp_path_factory.mktemp("console-platform"),
@@ -63,8 +58,6 @@ def platform(
         yield lp
     finally:
         lp.stop()
-        with psycopg.connect(pg_admin_url, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 @pytest.fixture

@@ -15,12 +15,9 @@ from typing import Any
 
 import psycopg
 import pytest
-import redis
 
 from apps.cli.platform import MODEL_8B, LocalPlatform, PlatformConfig, dev_nodes
 from apps.cli.prometheus import LocalPrometheus
-from apps.core.db.migrate import migrate_sync
-from apps.core.db.scratch import with_database
 from apps.core.sizing.plan import plan_fleet
 from apps.core.spec import load_spec
 from apps.ops.drift import measure
@@ -29,7 +26,7 @@ from infra.config import OfficeHours
 from infra.manifests.alerts import recording_rules
 from infra.manifests.dashboards import dashboards, panel_queries
 from tests.chaos.helpers import ledger_totals, wait_until
-from tests.conftest import _redis_db_url
+from tests.conftest import platform_stores
 from tests.observability.stage import MAX_STREAMS, Stage, load, query, serve_cluster_page, wait_scraped
 
 pytestmark = [pytest.mark.prometheus, pytest.mark.timeout(420)]
@@ -39,14 +36,11 @@ pytestmark = [pytest.mark.prometheus, pytest.mark.timeout(420)]
 def stage(
     pg_admin_url: str, redis_base_url: str, redis_test_db: int, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Stage]:
-    name = f"llmfleet_obs_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(pg_admin_url, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    db_url = with_database(pg_admin_url, name)
-    migrate_sync(db_url)
-    redis_url = _redis_db_url(redis_base_url, redis_test_db)
-    with redis.Redis.from_url(redis_url) as client:
-        client.flushdb()
+    with platform_stores(pg_admin_url, redis_base_url, redis_test_db, "llmfleet_obs") as (db_url, redis_url):
+        yield from _platform(db_url, redis_url, tmp_path_factory)
+
+
+def _platform(db_url: str, redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stage]:
     cluster = serve_cluster_page()
     tag = uuid.uuid4().hex[:6]  # pub/sub channels are shared by every Redis DB: unique node ids
     nodes = [type(n)(f"{n.node_id}-{tag}", n.model, n.location) for n in dev_nodes()]
@@ -81,8 +75,6 @@ def stage(
         platform.stop()
         cluster.shutdown()
         cluster.server_close()
-        with psycopg.connect(pg_admin_url, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 def _substitute(expr: str) -> str:
