@@ -68,11 +68,7 @@ class Routes:
         return web.json_response({"ready": not problems, "problems": problems}, status=status)
 
     async def metrics(self, _: web.Request) -> web.Response:
-        counts = {"ready": 0, "draining": 0}
-        for conn in self.plane.local.values():
-            counts["draining" if conn.draining else "ready"] += 1
-        for state, n in counts.items():
-            self.plane.metrics.nodes.labels(state=state).set(n)
+        self.plane.metrics.observe_nodes(self.plane.local.values(), self.plane.deps.monotonic())
         for model in self.deps.models:
             self.plane.metrics.queue_depth.labels(model=model).set(self.plane.queues.depth(model))
         return web.Response(body=self.plane.metrics.render(), content_type="text/plain", charset="utf-8")
