@@ -11,7 +11,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
-from apps.core.errors import LlmfleetError
+from apps.core.errors import LlmfleetError, NotFound
 from apps.gateway.admin_routes import admin_routes
 from apps.gateway.auth import authenticate
 from apps.gateway.chat import ChatHandler
@@ -46,6 +46,9 @@ def create_app(settings: GatewaySettings, deps: GatewayDeps) -> GatewayApp:
         return JSONResponse(body, status_code=200 if pg and rd else 503)
 
     async def metrics_view(request: Request) -> Response:
+        server = request.scope.get("server")
+        if settings.metrics_port is not None and (server is None or server[1] != settings.metrics_port):
+            raise NotFound("Metrics are served on the metrics port.")
         return Response(generate_latest(deps.registry), media_type=CONTENT_TYPE_LATEST)
 
     async def on_error(request: Request, exc: Exception) -> Response:

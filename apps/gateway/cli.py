@@ -62,7 +62,15 @@ def uvicorn_config(app: object, settings: GatewaySettings) -> uvicorn.Config:
     )
 
 
-async def _serve(settings: GatewaySettings, sock: socket.socket | None) -> None:
+def listen_sockets(settings: GatewaySettings) -> list[socket.socket]:
+    """The API port and, when set, the metrics port (one server serves both)."""
+    socks = [bind_socket(settings.host, settings.port)]
+    if settings.metrics_port is not None:
+        socks.append(bind_socket(settings.host, settings.metrics_port))
+    return socks
+
+
+async def _serve(settings: GatewaySettings, socks: list[socket.socket] | None) -> None:
     deps = await build_deps(settings)
     app = create_app(settings, deps)
     # What exists now (modules, spec, app, pools) lives as long as the process: freeze it out of the
@@ -70,7 +78,9 @@ async def _serve(settings: GatewaySettings, sock: socket.socket | None) -> None:
     # this machine) while every stream's relay waits: a direct p99 cost.
     gc.collect()
     gc.freeze()
-    await uvicorn.Server(uvicorn_config(app, settings)).serve(sockets=[sock] if sock is not None else None)
+    if socks is None and settings.metrics_port is not None:
+        socks = listen_sockets(settings)
+    await uvicorn.Server(uvicorn_config(app, settings)).serve(sockets=socks)
 
 
 def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
@@ -83,11 +93,11 @@ def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
     return factory
 
 
-def serve_worker(settings: GatewaySettings, sock: socket.socket | None = None) -> None:
+def serve_worker(settings: GatewaySettings, socks: list[socket.socket] | None = None) -> None:
     """One serving process: its own deps, app and event loop (also the spawned workers' target)."""
     setup_json_logging()
     with asyncio.Runner(loop_factory=_loop_factory()) as runner:
-        runner.run(_serve(settings, sock))
+        runner.run(_serve(settings, socks))
 
 
 def bind_socket(host: str, port: int) -> socket.socket:
@@ -98,11 +108,11 @@ def bind_socket(host: str, port: int) -> socket.socket:
 
 
 class Supervisor:
-    """N spawned workers on one inherited listening socket."""
+    """N spawned workers on inherited listening sockets (the API port, and the metrics port)."""
 
-    def __init__(self, settings: GatewaySettings, sock: socket.socket) -> None:
+    def __init__(self, settings: GatewaySettings, socks: list[socket.socket]) -> None:
         self._settings = settings
-        self._sock = sock
+        self._socks = socks
         self._ctx = multiprocessing.get_context("spawn")
         self._stop = threading.Event()
         self._procs: dict[int, tuple[BaseProcess, float]] = {}
@@ -112,7 +122,7 @@ class Supervisor:
 
     def _start(self, slot: int) -> None:
         proc = self._ctx.Process(
-            target=serve_worker, args=(self._settings, self._sock), name=f"gateway-worker-{slot}"
+            target=serve_worker, args=(self._settings, self._socks), name=f"gateway-worker-{slot}"
         )
         proc.start()
         self._procs[slot] = (proc, time.monotonic())
@@ -151,7 +161,8 @@ class Supervisor:
             if proc.is_alive():
                 proc.kill()
                 proc.join()
-        self._sock.close()
+        for sock in self._socks:
+            sock.close()
 
 
 def run(args: argparse.Namespace) -> int:
@@ -165,7 +176,7 @@ def run(args: argparse.Namespace) -> int:
         serve_worker(settings)
         return 0
     setup_json_logging()
-    supervisor = Supervisor(settings, bind_socket(settings.host, settings.port))
+    supervisor = Supervisor(settings, listen_sockets(settings))
     signal.signal(signal.SIGTERM, supervisor.request_stop)
     signal.signal(signal.SIGINT, supervisor.request_stop)
     return supervisor.run()

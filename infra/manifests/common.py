@@ -29,6 +29,7 @@ GATEWAY_PORT = 8080
 ORCHESTRATOR_PORT = 8081
 NODE_PORT = 8082  # the orchestrator's node-only port (WebSocket + health), see infra/manifests/netpol.py
 ORCHESTRATOR_METRICS_PORT = 8083  # the orchestrator's metrics-only port (Prometheus), see netpol.py
+GATEWAY_METRICS_PORT = 8084  # the gateway's `/metrics` port (Prometheus only), see netpol.py
 VLLM_PORT = 8000
 AGENT_HEALTH_PORT = 8090
 

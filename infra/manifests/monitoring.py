@@ -47,7 +47,7 @@ def service_monitor(
 
 def service_monitors() -> list[Manifest]:
     return [
-        service_monitor("gateway", NAMESPACE, labels("gateway"), "http"),
+        service_monitor("gateway", NAMESPACE, labels("gateway"), "metrics"),
         # The orchestrator's metrics-only port: Prometheus never needs its dispatch port.
         service_monitor("orchestrator", NAMESPACE, labels("orchestrator"), "metrics"),
         # Every vLLM pod here is cloud capacity (on-premises engines are behind NAT, seen through

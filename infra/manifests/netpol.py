@@ -1,7 +1,8 @@
 """NetworkPolicies of the llmfleet namespace: who may open a connection to which pod port.
 
-* gateway, port 8080: anyone (the ALB's IP targets and in-cluster clients). Its `/metrics` is
-  not routed by the public ingress (only `/v1/*`, `/admin/*`, `/console/*` are).
+* gateway, port 8080: anyone (the ALB's IP targets and in-cluster clients); `/metrics` is not
+  served there but on the metrics port 8084 (`LLMFLEET_METRICS_PORT`), which only Prometheus
+  reaches. The public ingress routes only `/v1/*`, `/admin/*`, `/console/*`.
 * orchestrator, main port 8081 (dispatch, the internal node calls): only the gateway pods.
   Dispatch also needs the internal token.
 * orchestrator, metrics port 8083 (`/metrics` and health checks only, `LLMFLEET_METRICS_PORT`):
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 from infra.manifests.common import (
     AGENT_HEALTH_PORT,
+    GATEWAY_METRICS_PORT,
     GATEWAY_PORT,
     MONITORING_NAMESPACE,
     NAMESPACE,
@@ -61,6 +63,11 @@ def network_policies() -> list[Manifest]:
     return [
         _policy("default-deny-ingress", None, []),
         _policy("gateway-from-anywhere", "gateway", [{"ports": _tcp(GATEWAY_PORT)}]),
+        _policy(
+            "gateway-metrics-port",
+            "gateway",
+            [{"from": [PROMETHEUS_PEER], "ports": _tcp(GATEWAY_METRICS_PORT)}],
+        ),
         _policy(
             "orchestrator-main-port",
             "orchestrator",

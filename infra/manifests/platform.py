@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from infra.manifests.common import (
+    GATEWAY_METRICS_PORT,
     GATEWAY_PORT,
     NAMESPACE,
     NODE_PORT,
@@ -62,6 +63,7 @@ def _env(app: str, stack: str) -> list[Manifest]:
                 "value": f"http://orchestrator.{NAMESPACE}.svc:{ORCHESTRATOR_PORT}",
             }
         )
+        env.append({"name": "LLMFLEET_METRICS_PORT", "value": str(GATEWAY_METRICS_PORT)})
     if app == "orchestrator":
         env.append({"name": "LLMFLEET_NODE_PORT", "value": str(NODE_PORT)})
         env.append({"name": "LLMFLEET_METRICS_PORT", "value": str(ORCHESTRATOR_METRICS_PORT)})
@@ -73,6 +75,8 @@ def _ports(app: str, port: int) -> list[Manifest]:
     if app == "orchestrator":
         ports.append({"name": "nodes", "containerPort": NODE_PORT})
         ports.append({"name": "metrics", "containerPort": ORCHESTRATOR_METRICS_PORT})
+    if app == "gateway":
+        ports.append({"name": "metrics", "containerPort": GATEWAY_METRICS_PORT})
     return ports
 
 

@@ -124,7 +124,7 @@ def test_every_platform_container_starts_from_its_rendered_object(
     kube = kube_objects(STACK)
     workdir = tmp_path_factory.mktemp("smoke")
     assert not str(workdir).startswith(str(Path(__file__).resolve().parents[2]))
-    ports = {port: free_port() for port in (8080, 8081, 8082, 8083, 8090, 8000)}
+    ports = {port: free_port() for port in (8080, 8081, 8082, 8083, 8084, 8090, 8000)}
     cluster = Cluster(
         secrets={
             "llmfleet-app": {

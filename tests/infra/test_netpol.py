@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from infra.manifests.common import (
+    GATEWAY_METRICS_PORT,
     GATEWAY_PORT,
     NODE_PORT,
     ORCHESTRATOR_METRICS_PORT,
@@ -100,8 +101,20 @@ def test_only_prometheus_reaches_the_vllm_pods_and_anyone_the_gateway(kube: list
     )
     assert allowed(kube, vllm, VLLM_PORT, PROMETHEUS)
     assert not allowed(kube, vllm, VLLM_PORT, GATEWAY)
-    assert allowed(kube, _pods(kube, "gateway"), GATEWAY_PORT, STRANGER)
-    assert not allowed(kube, _pods(kube, "gateway"), 9999, STRANGER)
+    gateway = _pods(kube, "gateway")
+    assert allowed(kube, gateway, GATEWAY_PORT, STRANGER)
+    assert not allowed(kube, gateway, 9999, STRANGER)
+    # The gateway's /metrics is on its own port, which only Prometheus reaches.
+    assert allowed(kube, gateway, GATEWAY_METRICS_PORT, PROMETHEUS)
+    for peer in (STRANGER, AGENT):
+        assert not allowed(kube, gateway, GATEWAY_METRICS_PORT, peer), peer
+    monitor = next(m for m in of_kind(kube, "ServiceMonitor") if m["metadata"]["name"] == "gateway")
+    assert [e["port"] for e in monitor["spec"]["endpoints"]] == ["metrics"]
+    dep = next(d for d in of_kind(kube, "Deployment") if d["metadata"]["name"] == "gateway")
+    container = dep["spec"]["template"]["spec"]["containers"][0]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["LLMFLEET_METRICS_PORT"] == str(GATEWAY_METRICS_PORT)
+    assert {"name": "metrics", "containerPort": GATEWAY_METRICS_PORT} in container["ports"]
 
 
 def test_the_public_ingress_routes_only_the_api_admin_and_console(kube: list[dict[str, Any]]) -> None:

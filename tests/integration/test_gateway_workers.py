@@ -125,3 +125,35 @@ async def test_start_up_failure_ends_the_supervisor(gateway_env: dict[str, str])
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+async def _status(port: int, path: str) -> int:
+    async with aiohttp.ClientSession() as s, s.get(f"http://127.0.0.1:{port}{path}") as r:
+        return r.status
+
+
+@pytest.mark.parametrize("workers_n", [1, 2])
+async def test_metrics_are_served_on_the_metrics_port_only(
+    gateway_env: dict[str, str], workers_n: int
+) -> None:
+    """Issue 21: with LLMFLEET_METRICS_PORT the API port no longer serves /metrics (a NetworkPolicy
+    lets only Prometheus reach the metrics port); one worker and a supervisor's workers alike."""
+    port, metrics_port = free_port(), free_port()
+    proc = subprocess.Popen(
+        [LLMFLEET, "gateway", "--port", str(port), "--workers", str(workers_n)],
+        env={**gateway_env, "LLMFLEET_METRICS_PORT": str(metrics_port)},
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        await poll(lambda: livez(port), "the API port to serve")
+        await poll(lambda: livez(metrics_port), "the metrics port to serve")
+        assert await _status(metrics_port, "/metrics") == 200
+        assert await _status(port, "/metrics") == 404
+        assert await _status(port, "/livez") == 200
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
