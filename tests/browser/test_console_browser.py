@@ -13,6 +13,9 @@ import openai
 import pytest
 from selenium import webdriver
 from selenium.webdriver.common.by import By
+from selenium.webdriver.remote.webelement import WebElement
+from selenium.webdriver.support import expected_conditions
+from selenium.webdriver.support.wait import WebDriverWait
 
 from apps.cli.console_links import console_links
 from apps.cli.platform import DEMO_TEAM, MODEL_8B, LocalPlatform
@@ -34,6 +37,13 @@ def until(what: str, probe: Callable[[], T | None], timeout_s: float = 20.0) -> 
 
 def text(driver: webdriver.Chrome, css: str) -> str:
     return str(driver.find_element(By.CSS_SELECTOR, css).text)
+
+
+def submit_and_wait(driver: webdriver.Chrome, by: str, value: str, within: WebElement | None = None) -> None:
+    """Click a form's button and wait for the answer page to replace this one (never read the old page)."""
+    page = driver.find_element(By.TAG_NAME, "html")
+    (within or driver).find_element(by, value).click()
+    WebDriverWait(driver, 20).until(expected_conditions.staleness_of(page))
 
 
 def sdk(platform: LocalPlatform, key: str) -> openai.OpenAI:
@@ -96,7 +106,7 @@ def test_team_sees_usage_creates_and_revokes_a_key(
     assert first_time.text != first_time.get_attribute("datetime")
 
     chrome.find_element(By.ID, "key-name").send_keys("browser-key")
-    chrome.find_element(By.ID, "create-key-button").click()
+    submit_and_wait(chrome, By.ID, "create-key-button")
     secret = text(chrome, "#new-key")
     assert secret.startswith("sk-lf-")
     chrome.save_screenshot(str(artifacts / "key-created.png"))
@@ -105,7 +115,7 @@ def test_team_sees_usage_creates_and_revokes_a_key(
     row = next(
         r for r in chrome.find_elements(By.CSS_SELECTOR, "#keys-table tbody tr") if "browser-key" in r.text
     )
-    row.find_element(By.CSS_SELECTOR, "button.revoke").click()
+    submit_and_wait(chrome, By.CSS_SELECTOR, "button.revoke", within=row)
     assert "revoked" in text(chrome, "#notice")
 
     def refused() -> bool:
@@ -130,7 +140,7 @@ def test_second_team_cannot_see_or_act_on_the_first(
     demo_keys = [k for k in platform_keys(platform) if k["team"] == DEMO_TEAM and not k["revoked_at"]]
     signed_in(chrome, platform.gateway_url + "/console/signin")
     chrome.find_element(By.ID, "token").send_keys(platform.issuer.mint("rival-user", team="rival"))
-    chrome.find_element(By.ID, "signin").click()
+    submit_and_wait(chrome, By.ID, "signin")
     assert text(chrome, "#team-name") == "rival"
     page = chrome.page_source
     for key in demo_keys:
@@ -169,7 +179,7 @@ def test_admin_adds_credits_and_drains_a_node(
             By.CSS_SELECTOR, f"#credit-team option[value='{str(team_id).split('-')[1]}']"
         ).click()
         chrome.find_element(By.ID, "credit-amount").send_keys(amount)
-        chrome.find_element(By.ID, "add-credits").click()
+        submit_and_wait(chrome, By.ID, "add-credits")
 
     def balance() -> float:
         return float(text(chrome, f"#{team_id} .balance").replace(",", ""))
@@ -182,12 +192,27 @@ def test_admin_adds_credits_and_drains_a_node(
     assert 999 <= balance() - before <= 1000  # a request of the other tests may settle meanwhile
 
     node_id = platform.config.nodes[1].node_id
-    chrome.find_element(By.ID, f"drain-{node_id}").click()
-    assert "Drain requested" in text(chrome, "#notice")
+
+    def node_state() -> str:
+        return text(chrome, f"[id='node-{node_id}'] .state")
+
+    def ready() -> bool:
+        chrome.get(platform.gateway_url + "/console/admin")
+        return node_state() == "ready"
+
+    until("the node to be ready before draining it", ready)  # a loaded CI may have it reconnecting
+    submit_and_wait(chrome, By.ID, f"drain-{node_id}")
+    notices = chrome.find_elements(By.ID, "notice")
+    errors = [e.text for e in chrome.find_elements(By.ID, "error")]
+    assert notices, (
+        f"no notice after the drain; errors on the page: {errors}; orchestrator log:\n"
+        + platform.orchestrators[0].log_tail(60)
+    )
+    assert "Drain requested" in notices[0].text
 
     def state() -> str | None:
         chrome.get(platform.gateway_url + "/console/admin")
-        now = text(chrome, f"[id='node-{node_id}'] .state")
+        now = node_state()
         # Draining while it finishes; a drained agent then leaves (its heartbeat key expires: dead).
         return now if now in ("draining", "dead") else None
 
