@@ -70,7 +70,7 @@ browser: $(STAMP)
 	$(BIN)/pytest -m browser -q tests/browser
 
 # The README's test command: everything CI runs.
-test: lock-check lint typecheck imports unit rules browser realvllm chaos infra-diff
+test: lock-check lint typecheck imports unit rules observability browser realvllm chaos infra-diff
 
 # `pulumi preview` offline: the program against its golden snapshots (exit 1 on any change).
 infra-diff: $(STAMP)

@@ -84,6 +84,7 @@ class Stage:
     started: float
     ended: float
     reports: dict[str, LoadReport]
+    steady_at: float  # the steady runs are in Prometheus, the burst has not started
 
     @property
     def url(self) -> str:
@@ -116,7 +117,7 @@ async def _kill_and_restart_70b(platform: LocalPlatform, prom: LocalPrometheus, 
     await asyncio.to_thread(prom.reload)
 
 
-async def load(platform: LocalPlatform, prom: LocalPrometheus) -> dict[str, LoadReport]:
+async def load(platform: LocalPlatform, prom: LocalPrometheus) -> tuple[dict[str, LoadReport], float]:
     runs = {
         "8b": _config(platform, MODEL_8B, concurrency=12, duration_s=LOAD_S, ramp_s=2.0, max_tokens=128),
         "32b": _config(platform, MODEL_32B, concurrency=2, duration_s=LOAD_S, max_tokens=128),
@@ -126,11 +127,36 @@ async def load(platform: LocalPlatform, prom: LocalPrometheus) -> dict[str, Load
     tasks = {name: asyncio.ensure_future(run_load(cfg)) for name, cfg in runs.items()}
     await _kill_and_restart_70b(platform, prom, LOAD_S / 3)
     reports = {name: await task for name, task in tasks.items()}
+    # The steady runs' end, once Prometheus holds the gateway's last TTFT observation of them: the
+    # latency cross-check reads the histogram at this instant (one population, not the burst's).
+    steady_at = await asyncio.to_thread(wait_gateway_scraped, prom.url, platform)
     # Then past the key's max_streams: 429s (the refusal rules and panels need some).
     reports["burst"] = await run_load(
         _config(platform, MODEL_8B, concurrency=MAX_STREAMS + 6, requests=MAX_STREAMS + 6, max_tokens=16)
     )
-    return reports
+    return reports, steady_at
+
+
+TTFT_COUNT = f'sum(llmfleet_gateway_ttft_seconds_count{{model="{MODEL_8B}"}})'
+
+
+def wait_gateway_scraped(prom_url: str, platform: LocalPlatform, timeout_s: float = 30.0) -> float:
+    """Until Prometheus' count of 8B TTFT observations equals the gateway's own; the time it did."""
+    from tests.chaos.helpers import http_text, metric_sum
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        direct = metric_sum(
+            http_text(platform.gateway_url + "/metrics"),
+            "llmfleet_gateway_ttft_seconds_count",
+            model=MODEL_8B,
+        )
+        now = time.time()
+        seen = query(prom_url, TTFT_COUNT, now)
+        if seen and float(seen[0]["value"][1]) == direct:
+            return now
+        assert time.monotonic() < deadline, f"Prometheus has {seen} TTFT observations, the gateway {direct}"
+        time.sleep(0.5)
 
 
 def wait_scraped(stage_url: str, platform: LocalPlatform, timeout_s: float = 30.0) -> None:
