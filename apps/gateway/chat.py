@@ -142,6 +142,7 @@ class ChatHandler:
             ex.status = exc.status
             self._m.requests.labels(ex.model, str(exc.status)).inc()
             self._m.refused(ex.model, exc.status, exc.code)
+            await self._count_refusal(ex, exc)
             self._log(ex, error=exc.code)
             return error_response(exc, {"x-request-id": ex.client_id, **ex.headers})
         except BaseException:
@@ -445,6 +446,21 @@ class ChatHandler:
                 await self._d.ledger.cancel(ex.request_id)
             except StoreUnavailable:
                 self._m.pg_errors.inc()
+
+    async def _count_refusal(self, ex: Exchange, exc: LlmfleetError) -> None:
+        """A 429 or 503 of a known team, for the console; never delays the answer by more than a
+        moment and never when the store that counts is the one that failed."""
+        team_id = ex.principal.team_id if ex.principal is not None else None
+        if self._d.refusals is None or team_id is None or exc.status not in (429, 503):
+            return
+        if exc.code == "redis_unavailable":
+            return
+        try:
+            async with asyncio.timeout(self._s.refusal_count_timeout_s):
+                key_id = ex.principal.key_id if ex.principal is not None else None
+                await self._d.refusals.count(team_id, key_id, exc.status, exc.code or "unknown")
+        except (TimeoutError, StoreUnavailable):
+            self._m.redis_errors.inc()
 
     def _log(self, ex: Exchange, **extra: Any) -> None:
         log.info(

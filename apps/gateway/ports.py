@@ -11,6 +11,7 @@ from apps.core.identity.principal import Principal
 from apps.core.ledger.teams import Team
 from apps.core.protocol.dispatch import DispatchRequest
 from apps.core.quota.admission import Admission, Limits
+from apps.core.quota.refusals import RefusalCount
 
 
 class Upstream(Protocol):
@@ -38,6 +39,14 @@ class Dispatcher(Protocol):
         ...
 
     async def aclose(self) -> None: ...
+
+
+class Refusals(Protocol):
+    """Refused requests per team and day (`apps.core.quota.refusals.RefusalStore`)."""
+
+    async def count(self, team_id: int, key_id: int | None, status: int, reason: str) -> None: ...
+
+    async def recent(self, team_id: int, key_id: int | None = None) -> list[RefusalCount]: ...
 
 
 class NodeAdmin(Protocol):

@@ -41,6 +41,7 @@ class GatewaySettings(BaseSettings):
     first_token_s: float = Field(default=60.0, gt=0)
     idle_s: float = Field(default=30.0, gt=0)
     cleanup_timeout_s: float = Field(default=5.0, gt=0)
+    refusal_count_timeout_s: float = Field(default=0.25, gt=0)  # the console's 429/503 counter
     redis_fail_open: bool = False
     # Per worker process: the autocommit pool (ledger, keys, teams, usage) and a small one for the
     # node admin calls (`NodeStore` groups statements in implicit transactions).

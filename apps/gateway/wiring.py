@@ -8,6 +8,7 @@ from typing import Any
 import redis.asyncio as aioredis
 from psycopg_pool import AsyncConnectionPool
 
+from apps.core.clock import SYSTEM
 from apps.core.identity.jwt_verify import JwtVerifier
 from apps.core.identity.keys import KeyStore
 from apps.core.ledger.pg import PgLedger
@@ -15,6 +16,7 @@ from apps.core.ledger.rollups import UsageRollups
 from apps.core.ledger.teams import TeamStore
 from apps.core.nodes.store import NodeStore
 from apps.core.quota.admission import QuotaStore
+from apps.core.quota.refusals import RefusalStore
 from apps.core.spec import load_spec
 from apps.gateway.deps import GatewayDeps
 from apps.gateway.dispatcher import HttpDispatcher
@@ -114,5 +116,6 @@ async def build_deps(settings: GatewaySettings) -> GatewayDeps:
         resolver=SystemResolver(),
         jwt=jwt,
         usage=UsageRollups(pool),
+        refusals=RefusalStore(redis, SYSTEM.now),
         closers=[dispatcher.aclose, close_redis, pool.close, node_pool.close],
     )

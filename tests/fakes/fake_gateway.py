@@ -14,6 +14,7 @@ import redis.asyncio as aioredis
 import uvicorn
 from psycopg_pool import AsyncConnectionPool
 
+from apps.core.clock import SYSTEM
 from apps.core.identity.jwt_verify import JwtVerifier
 from apps.core.identity.keys import KeyStore
 from apps.core.identity.local_issuer import LocalIssuer
@@ -21,6 +22,7 @@ from apps.core.ledger.pg import PgLedger
 from apps.core.ledger.rollups import UsageRollups
 from apps.core.ledger.teams import TeamStore
 from apps.core.quota.admission import QuotaStore
+from apps.core.quota.refusals import RefusalStore
 from apps.core.spec import load_spec
 from apps.gateway.app import create_app
 from apps.gateway.deps import GatewayDeps
@@ -102,6 +104,7 @@ async def gateway_env(
         resolver=resolver or StaticResolver(),
         jwt=JwtVerifier(jwks_url, issuer=issuer.issuer, audience=issuer.audience),
         usage=UsageRollups(pool),
+        refusals=RefusalStore(redis, SYSTEM.now),
     )
     app = create_app(settings, deps)
     env = GatewayEnv(app, deps, settings, issuer, issuer.mint("ops", admin=True), dispatcher, redis, pool)

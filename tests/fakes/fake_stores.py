@@ -12,6 +12,7 @@ from apps.core.identity.keys import KeyRecord
 from apps.core.identity.principal import Principal
 from apps.core.ledger.teams import Team
 from apps.core.quota.admission import Admission, Limits, Verdict
+from apps.core.quota.refusals import RefusalCount
 
 
 @dataclass
@@ -98,3 +99,23 @@ class StaticHealth:
 
     async def redis_ok(self) -> bool:
         return True
+
+
+@dataclass
+class FakeRefusals:
+    """`apps.gateway.ports.Refusals` in memory; `fail` is raised by `count`."""
+
+    counted: list[tuple[int, int | None, int, str]] = field(default_factory=list)
+    fail: LlmfleetError | None = None
+
+    async def count(self, team_id: int, key_id: int | None, status: int, reason: str) -> None:
+        if self.fail is not None:
+            raise self.fail
+        self.counted.append((team_id, key_id, status, reason))
+
+    async def recent(self, team_id: int, key_id: int | None = None) -> list[RefusalCount]:
+        pairs: dict[tuple[int, str], int] = {}
+        for team, key, status, reason in self.counted:
+            if team == team_id and (key_id is None or key == key_id):
+                pairs[status, reason] = pairs.get((status, reason), 0) + 1
+        return [RefusalCount(s, r, n, n) for (s, r), n in sorted(pairs.items())]

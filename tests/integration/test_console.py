@@ -276,3 +276,27 @@ async def test_pages_load_only_same_origin_assets(env: GatewayEnv) -> None:
         assert all(s.startswith(("/console/", "#")) for s in sources), sources
         for asset in ("uPlot.iife.min.js", "uPlot.min.css", "console.js", "uPlot.LICENSE"):
             assert (await c.get(f"/console/static/{asset}")).status_code == 200
+
+
+async def test_the_team_view_shows_its_refusals_by_reason_and_no_other_teams(env: GatewayEnv) -> None:
+    _, key = await env.team_with_key("alpha", rpm=1)
+    await env.team_with_key("beta")
+    await chat(env, key)
+    async with browser(env) as c:
+        refused = await c.post(
+            "/v1/chat/completions",
+            json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4},
+            headers={"Authorization": f"Bearer {key}"},
+        )
+        assert refused.status_code == 429
+        await signin(c, env.issuer.mint("alice", team="alpha"))
+        page = await c.get("/console/team")
+        assert (
+            '<td class="status">429</td><td class="reason">rpm</td><td class="today">1</td>'
+            '<td class="week">1</td>' in page.text
+        )
+    async with browser(env) as c:
+        await signin(c, env.issuer.mint("bob", team="beta"))
+        page = await c.get("/console/team")
+        assert 'id="refusals-table"' in page.text
+        assert "None in the last 7 days." in page.text

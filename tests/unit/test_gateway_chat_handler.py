@@ -22,7 +22,7 @@ from tests.fakes.fake_dispatcher import FakeDispatcher
 from tests.fakes.fake_gateway import StaticResolver
 from tests.fakes.fake_ledger import FakeLedger
 from tests.fakes.fake_node_admin import FakeNodeAdmin
-from tests.fakes.fake_stores import FakeKeys, FakeQuota, FakeTeams, StaticHealth
+from tests.fakes.fake_stores import FakeKeys, FakeQuota, FakeRefusals, FakeTeams, StaticHealth
 
 MODEL = "llama-3.1-8b-instruct"
 KEY = "sk-test-chat"
@@ -45,6 +45,7 @@ class Env:
     ledger: RefusingLedger
     quota: FakeQuota
     dispatcher: FakeDispatcher
+    refusals: FakeRefusals
 
     async def chat(self, **extra: Any) -> httpx.Response:
         headers = {"Authorization": f"Bearer {KEY}"}
@@ -58,6 +59,7 @@ async def env() -> AsyncIterator[Env]:
     keys = FakeKeys()
     keys.add(KEY)
     dispatcher = FakeDispatcher(ledger, None, tokens=3)
+    refusals = FakeRefusals()
     deps = GatewayDeps(
         spec=load_spec("dev"),
         ledger=ledger,
@@ -68,10 +70,11 @@ async def env() -> AsyncIterator[Env]:
         nodes=FakeNodeAdmin(),
         health=StaticHealth(),
         resolver=StaticResolver(),
+        refusals=refusals,
     )
     app = create_app(GatewaySettings(secret_key="test-secret"), deps)
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw") as client:
-        yield Env(client, ledger, quota, dispatcher)
+        yield Env(client, ledger, quota, dispatcher, refusals)
 
 
 async def test_a_request_is_answered_and_gives_back_its_slot(env: Env) -> None:
@@ -122,3 +125,34 @@ async def test_a_rate_limited_request_gets_429_retry_after_and_its_reservation_c
     request_id = resp.headers["x-request-id"]
     assert request_id in env.ledger.cancel_calls or request_id not in env.ledger.rows
     assert env.dispatcher.requests == []
+
+
+async def test_a_rate_limited_request_is_counted_for_its_team_and_key(env: Env) -> None:
+    env.quota.verdict = Verdict.RPM
+    resp = await env.chat()
+    assert resp.status_code == 429
+    assert env.refusals.counted == [(1, 1, 429, "rpm")]
+
+
+async def test_a_ledger_outage_503_is_counted_a_quota_store_outage_is_not(env: Env) -> None:
+    env.ledger.refusal = StoreUnavailable("postgres")
+    assert (await env.chat()).status_code == 503
+    env.ledger.refusal = None
+    env.quota.fail = StoreUnavailable("redis")
+    assert (await env.chat()).status_code == 503
+    assert env.refusals.counted == [(1, 1, 503, "ledger_unavailable")]
+
+
+async def test_a_failing_refusal_counter_changes_nothing_the_client_gets(env: Env) -> None:
+    env.quota.verdict = Verdict.MAX_STREAMS
+    env.refusals.fail = StoreUnavailable("redis")
+    resp = await env.chat()
+    assert resp.status_code == 429
+    assert resp.json()["error"]["code"] == "max_streams"
+    assert env.refusals.counted == []
+
+
+async def test_a_successful_or_bad_request_is_not_a_refusal(env: Env) -> None:
+    assert (await env.chat()).status_code == 200
+    assert (await env.chat(max_tokens=-1)).status_code == 400
+    assert env.refusals.counted == []

@@ -14,8 +14,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from apps.core.errors import LlmfleetError
+from apps.core.errors import LlmfleetError, StoreUnavailable
 from apps.core.ledger.rollups import DailyUsage, burn_rate, days_left
+from apps.core.quota.refusals import RefusalCount
 from apps.gateway.console.forms import Problem, UsageQuery, expiry, first, positive_int, usage_query
 from apps.gateway.console.session import Session
 from apps.gateway.console.views import Console, csv_response, to_signin
@@ -101,7 +102,17 @@ def team_routes(console: Console) -> list[Route]:
             "counts": await usage.status_counts(
                 team.id, deps.clock() - timedelta(days=1), key_id=session.key_id
             ),
+            "refusals": await refusals(team.id, session.key_id),
         }
+
+    async def refusals(team_id: int, key_id: int | None) -> list[RefusalCount] | None:
+        """None when the counter is not wired or Redis does not answer (the page still renders)."""
+        if deps.refusals is None:
+            return None
+        try:
+            return await deps.refusals.recent(team_id, key_id)
+        except StoreUnavailable:
+            return None
 
     async def page(request: Request, session: Session, extra: dict[str, Any], status: int = 200) -> Response:
         query: UsageQuery | None = None
