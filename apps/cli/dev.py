@@ -24,6 +24,7 @@ from types import FrameType
 
 from apps.cli.console_links import console_links
 from apps.cli.platform import DEMO_TEAM, LocalPlatform, PlatformConfig
+from apps.cli.procs import free_port
 
 
 class _Interrupted(Exception):
@@ -62,10 +63,14 @@ def run(args: argparse.Namespace) -> int:
         speed=args.speed,
     )
     prometheus_bin = None
+    prometheus_port = 0
     if args.prometheus:
         from apps.cli.prometheus import prometheus_binary
 
         prometheus_bin = prometheus_binary()  # before anything starts: a clear error, exit 2
+        # Its port is known before the gateway starts: the console's admin view reads SLOs from it.
+        prometheus_port = free_port()
+        config.gateway_env["LLMFLEET_PROMETHEUS_URL"] = f"http://127.0.0.1:{prometheus_port}"
     stop = threading.Event()
     starting = True
 
@@ -83,7 +88,8 @@ def run(args: argparse.Namespace) -> int:
             if prometheus_bin is not None:
                 from apps.cli.prometheus import LocalPrometheus
 
-                lines.append(f"PROMETHEUS_URL={LocalPrometheus(platform).start()}")
+                prometheus = LocalPrometheus(platform, port=prometheus_port)
+                lines.append(f"PROMETHEUS_URL={prometheus.start()}")
         except _Interrupted:
             return 130
         starting = False

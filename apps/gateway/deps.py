@@ -13,7 +13,17 @@ from apps.core.identity.jwt_verify import JwtVerifier
 from apps.core.ledger.api import Ledger
 from apps.core.ledger.rollups import UsageRollups
 from apps.core.spec import StackSpec
-from apps.gateway.ports import Dispatcher, Health, Keys, NodeAdmin, Quota, Refusals, Resolver, Teams
+from apps.gateway.ports import (
+    Dispatcher,
+    Health,
+    Keys,
+    NodeAdmin,
+    Quota,
+    Refusals,
+    Resolver,
+    SloSource,
+    Teams,
+)
 
 
 @dataclass
@@ -30,6 +40,7 @@ class GatewayDeps:
     jwt: JwtVerifier | None = None
     usage: UsageRollups | None = None  # the console's rollups (None: the console answers 503)
     refusals: Refusals | None = None  # 429s and 503s per team and day, for the console
+    slo: SloSource | None = None  # the admin view's SLO status (None: Prometheus not configured)
     registry: CollectorRegistry = field(default_factory=CollectorRegistry)
     clock: Callable[[], datetime] = SYSTEM.now  # apps.core.clock
     # Closed in order at shutdown (pools, clients, sessions).

@@ -12,6 +12,7 @@ from apps.core.ledger.teams import Team
 from apps.core.protocol.dispatch import DispatchRequest
 from apps.core.quota.admission import Admission, Limits
 from apps.core.quota.refusals import RefusalCount
+from apps.gateway.slo import SloStatus
 
 
 class Upstream(Protocol):
@@ -47,6 +48,12 @@ class Refusals(Protocol):
     async def count(self, team_id: int, key_id: int | None, status: int, reason: str) -> None: ...
 
     async def recent(self, team_id: int, key_id: int | None = None) -> list[RefusalCount]: ...
+
+
+class SloSource(Protocol):
+    """The admin view's SLO status (`apps.gateway.slo.PrometheusSlo`)."""
+
+    async def status(self) -> SloStatus: ...
 
 
 class NodeAdmin(Protocol):

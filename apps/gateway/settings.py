@@ -42,6 +42,10 @@ class GatewaySettings(BaseSettings):
     idle_s: float = Field(default=30.0, gt=0)
     cleanup_timeout_s: float = Field(default=5.0, gt=0)
     refusal_count_timeout_s: float = Field(default=0.25, gt=0)  # the console's 429/503 counter
+    # The console's SLO status (admin view): the Prometheus holding the PrometheusRule's recording
+    # rules; empty: the view says it is not configured.
+    prometheus_url: str = ""
+    prometheus_timeout_s: float = Field(default=1.0, gt=0, le=10)
     redis_fail_open: bool = False
     # Per worker process: the autocommit pool (ledger, keys, teams, usage) and a small one for the
     # node admin calls (`NodeStore` groups statements in implicit transactions).

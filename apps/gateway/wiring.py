@@ -22,6 +22,7 @@ from apps.gateway.deps import GatewayDeps
 from apps.gateway.dispatcher import HttpDispatcher
 from apps.gateway.ports import NodeAdmin
 from apps.gateway.settings import GatewaySettings
+from apps.gateway.slo import PrometheusSlo
 from apps.gateway.validate import SystemResolver
 
 
@@ -104,6 +105,12 @@ async def build_deps(settings: GatewaySettings) -> GatewayDeps:
     async def close_redis() -> None:
         await redis.aclose()
 
+    slo = (
+        PrometheusSlo(settings.prometheus_url, spec, settings.prometheus_timeout_s)
+        if settings.prometheus_url
+        else None
+    )
+
     return GatewayDeps(
         spec=spec,
         ledger=PgLedger(pool, {name: m.prices for name, m in spec.models.items()}),
@@ -117,5 +124,6 @@ async def build_deps(settings: GatewaySettings) -> GatewayDeps:
         jwt=jwt,
         usage=UsageRollups(pool),
         refusals=RefusalStore(redis, SYSTEM.now),
-        closers=[dispatcher.aclose, close_redis, pool.close, node_pool.close],
+        slo=slo,
+        closers=[dispatcher.aclose, close_redis, pool.close, node_pool.close, *([slo.aclose] if slo else [])],
     )

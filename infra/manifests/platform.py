@@ -17,6 +17,7 @@ from infra.manifests.common import (
     NODE_PORT,
     ORCHESTRATOR_METRICS_PORT,
     ORCHESTRATOR_PORT,
+    PROMETHEUS_URL,
     Manifest,
     labels,
     meta,
@@ -64,6 +65,7 @@ def _env(app: str, stack: str) -> list[Manifest]:
             }
         )
         env.append({"name": "LLMFLEET_METRICS_PORT", "value": str(GATEWAY_METRICS_PORT)})
+        env.append({"name": "LLMFLEET_PROMETHEUS_URL", "value": PROMETHEUS_URL})  # the console's SLO status
     if app == "orchestrator":
         env.append({"name": "LLMFLEET_NODE_PORT", "value": str(NODE_PORT)})
         env.append({"name": "LLMFLEET_METRICS_PORT", "value": str(ORCHESTRATOR_METRICS_PORT)})

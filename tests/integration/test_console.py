@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 
+from apps.gateway.slo import Reading, SloStatus, indicators
 from tests.fakes.fake_gateway import GatewayEnv, gateway_env
 
 MODEL = "llama-3.1-8b-instruct"
@@ -300,3 +301,45 @@ async def test_the_team_view_shows_its_refusals_by_reason_and_no_other_teams(env
         page = await c.get("/console/team")
         assert 'id="refusals-table"' in page.text
         assert "None in the last 7 days." in page.text
+
+
+class StaticSlo:
+    def __init__(self, status: SloStatus) -> None:
+        self._status = status
+
+    async def status(self) -> SloStatus:
+        return self._status
+
+
+async def test_admin_view_shows_slo_status_or_says_prometheus_is_not_configured(env: GatewayEnv) -> None:
+    per_model, attainment = indicators(env.deps.spec)
+    ttft_p95 = next(i for i in per_model if i.title == "TTFT p95")
+    async with browser(env) as c:
+        await signin(c, env.admin_token)
+        page = await c.get("/console/admin")
+        assert "Prometheus is not configured (set LLMFLEET_PROMETHEUS_URL)." in page.text
+        env.deps.slo = StaticSlo(
+            SloStatus(
+                models=[Reading(ttft_p95, {"model": MODEL}, 4.2)],
+                teams=[Reading(attainment, {"team": MARKUP, "model": MODEL}, 0.5)],
+                alerts=[
+                    {
+                        "alertname": "LlmfleetTtftP95High",
+                        "severity": "critical",
+                        "model": MODEL,
+                        "summary": "s",
+                    }
+                ],
+            )
+        )
+        page = await c.get("/console/admin")
+        assert page.status_code == 200
+        assert '<td class="value">4.2 s</td>' in page.text
+        assert '<td class="value">50.0%</td>' in page.text
+        assert page.text.count('<td class="slo-state">missed</td>') == 2
+        assert "<td>LlmfleetTtftP95High</td>" in page.text
+        assert MARKUP not in page.text  # a label from Prometheus is escaped like everything else
+        env.deps.slo = StaticSlo(SloStatus(error="Prometheus at http://p did not answer (timed out)."))
+        page = await c.get("/console/admin")
+        assert page.status_code == 200
+        assert "did not answer (timed out)" in page.text

@@ -16,10 +16,11 @@ from typing import Any
 import psycopg
 import pytest
 
-from apps.cli.platform import MODEL_8B, LocalPlatform, PlatformConfig, dev_nodes
+from apps.cli.platform import DEMO_TEAM, MODEL_8B, LocalPlatform, PlatformConfig, dev_nodes
 from apps.cli.prometheus import LocalPrometheus
 from apps.core.sizing.plan import plan_fleet
 from apps.core.spec import load_spec
+from apps.gateway.slo import PrometheusSlo, SloStatus
 from apps.ops.drift import measure
 from apps.ops.promapi import Prometheus
 from infra.config import OfficeHours
@@ -139,6 +140,27 @@ def test_ttft_p95_from_prometheus_within_20_percent_of_loadgen(stage: Stage) -> 
     print(f"TTFT p95: Prometheus {prom_p95 * 1000:.1f} ms, loadgen {client_p95 * 1000:.1f} ms")
     assert count == len(ttfts)  # the same population: one observation per client-seen first token
     assert abs(prom_p95 - client_p95) <= 0.2 * client_p95
+
+
+def test_the_consoles_slo_status_reads_the_rules_on_the_real_prometheus(stage: Stage) -> None:
+    slo = PrometheusSlo(stage.url, load_spec("dev"), timeout_s=10.0)
+
+    async def read() -> SloStatus:
+        try:
+            return await slo.status()
+        finally:
+            await slo.aclose()
+
+    status = asyncio.run(read())
+    assert status.error is None
+    titles = {r.indicator.title for r in status.models if r.labels.get("model") == MODEL_8B and r.value}
+    assert titles == {"TTFT p50", "TTFT p95", "tokens/s per stream, p05", "queue wait p95"}
+    demo = [
+        r for r in status.teams if r.labels.get("team") == DEMO_TEAM and r.labels.get("model") == MODEL_8B
+    ]
+    assert demo
+    assert demo[0].value is not None
+    assert 0 <= demo[0].value <= 1
 
 
 def test_engine_tokens_in_prometheus_equal_the_ledger(stage: Stage) -> None:

@@ -1,4 +1,5 @@
-"""The admin view: teams and balances (add credits), every key (revoke), nodes (drain), capacity vs plan.
+"""The admin view: teams and balances (add credits), every key (revoke), nodes (drain), capacity vs
+plan, SLO status from Prometheus (`apps/gateway/slo.py`).
 
 Every action calls the store the admin API calls (`TeamStore.add_credits`,
 `KeyStore.revoke`, `NodeAdmin.request_drain`); the credit amount is parsed by the admin
@@ -20,7 +21,9 @@ from apps.gateway.admin_routes import amount_microcredits
 from apps.gateway.console.forms import Problem, first
 from apps.gateway.console.session import Session
 from apps.gateway.console.views import Console, csv_response, to_signin
+from apps.gateway.slo import SloStatus
 
+NOT_CONFIGURED = SloStatus(error="Prometheus is not configured (set LLMFLEET_PROMETHEUS_URL).")
 CAPACITY_HEADER = (
     "model",
     "ready_nodes",
@@ -56,7 +59,9 @@ def admin_routes(console: Console) -> list[Route]:
 
     async def page(request: Request, session: Session, extra: dict[str, Any], status: int = 200) -> Response:
         nodes = await deps.nodes.list_nodes()
+        slo = await deps.slo.status() if deps.slo is not None else NOT_CONFIGURED
         ctx = {
+            "slo": slo,
             "teams": await deps.teams.list_teams(),
             "keys": await deps.keys.list_keys(None),
             "last_used": await console.usage.key_last_used(None),
