@@ -221,6 +221,7 @@ class ChatHandler:
                 model=chat.model,
                 estimated_prompt_tokens=chat.estimated_prompt_tokens,
                 max_tokens=chat.worst_case_completion_tokens,  # n x the effective max_tokens
+                quota_subject=principal.subject,  # the settle counts tokens_per_day for it (JWTs too)
             )
         except DuplicateRequestId:
             raise
@@ -312,6 +313,7 @@ class ChatHandler:
                 watch_usage=chat.wants_usage,
                 cleanup=lambda outcome: self._after_relay(ex, upstream, outcome),
                 cleanup_timeout_s=self._s.cleanup_timeout_s,
+                max_request_s=self._s.max_request_s,
             )  # type: ignore[return-value]
         return await self._collect(upstream, ex, headers, receive)
 
