@@ -49,7 +49,14 @@ from apps.gateway.ports import DispatchUnavailable, Upstream
 from apps.gateway.relay import RelayOutcome, RelayResponse
 from apps.gateway.settings import GatewaySettings
 from apps.gateway.speculation import Speculation
-from apps.gateway.validate import ChatRequest, check_ssrf, parse_body, upstream_body, validate_chat
+from apps.gateway.validate import (
+    ChatRequest,
+    KeyCaps,
+    check_ssrf,
+    parse_body,
+    upstream_body,
+    validate_chat,
+)
 from apps.netio import fastpath
 
 log = logging.getLogger("llmfleet.gateway")
@@ -167,7 +174,7 @@ class ChatHandler:
         team_id = require_team(principal)
         ex.request_id = scoped_request_id(team_id, ex.client_id)
         body = parse_body(await self._read_body(request))
-        chat = validate_chat(body, self._d.spec)
+        chat = validate_chat(body, self._d.spec, KeyCaps(principal.max_tokens, principal.max_context))
         ex.model = chat.model
         if not principal.may_use(chat.model):
             self._m.rejections.labels("model_not_allowed").inc()
