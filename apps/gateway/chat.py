@@ -106,6 +106,24 @@ _REFUSALS = {
 }
 
 
+def _envelope(raw: bytes, status: int) -> tuple[str, str | None, str | None, str | None]:
+    """(message, type, param, code) of an upstream OpenAI error body; a body that is not one gives
+    a generic message and nothing else."""
+    try:
+        error = json.loads(raw)["error"]
+        message = error["message"]
+    except (ValueError, KeyError, TypeError):
+        return f"upstream answered {status}", None, None, None
+    if not isinstance(error, dict) or not isinstance(message, str):
+        return f"upstream answered {status}", None, None, None
+
+    def text(name: str) -> str | None:
+        value = error.get(name)
+        return value if isinstance(value, str) and value else None
+
+    return message, text("type"), text("param"), text("code")
+
+
 def _seconds(value: str | None) -> float | None:
     try:
         seconds = float(value) if value is not None else None
@@ -335,21 +353,20 @@ class ChatHandler:
             # Something may have run on a node: the orchestrator settles, we must not cancel.
             ex.reserved, ex.handed_over = False, True
             self._m.reservations_open.dec()
-        code: str | None = None
-        try:
-            envelope = json.loads(raw)
-            message = envelope["error"]["message"]
-            code = envelope["error"].get("code") or None  # queue_timeout, queue_full...
-        except (ValueError, KeyError, TypeError, AttributeError):
-            message = f"upstream answered {upstream.status}"
+        message, error_type, param, code = _envelope(raw, upstream.status)
+        hint = _seconds(retry_after)
         exc_cls = {429: RateLimited, 503: Unavailable}.get(upstream.status)
-        if exc_cls is not None:
-            raise exc_cls(message, code=code, retry_after=float(retry_after) if retry_after else 5.0)
-        if upstream.status in (400, 404, 413, 422):
+        if exc_cls is not None:  # queue_full, queue_timeout...: the orchestrator's code reaches the client
+            raise exc_cls(message, param=param, code=code, retry_after=hint if hint is not None else 5.0)
+        if upstream.status in NOTHING_RAN:  # the engine's or orchestrator's 4xx, as it was given
             raise ForwardedError(
-                message, status=upstream.status, error_type=InvalidRequest.type, code=InvalidRequest.code
+                message,
+                status=upstream.status,
+                error_type=error_type or InvalidRequest.type,
+                param=param,
+                code=code or InvalidRequest.code,
             )
-        raise UpstreamFailed(message)
+        raise UpstreamFailed(message, code=code if upstream.status >= 500 else None)
 
     async def _collect(
         self, upstream: Upstream, ex: Exchange, headers: dict[str, str], receive: Receive

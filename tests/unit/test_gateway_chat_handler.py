@@ -122,3 +122,49 @@ async def test_a_rate_limited_request_gets_429_retry_after_and_its_reservation_c
     request_id = resp.headers["x-request-id"]
     assert request_id in env.ledger.cancel_calls or request_id not in env.ledger.rows
     assert env.dispatcher.requests == []
+
+
+@pytest.mark.parametrize(
+    ("status", "error", "expected"),
+    [
+        (
+            429,
+            ("the queue is full", "rate_limit_error", None, "queue_full"),
+            (429, "rate_limit_error", None, "queue_full"),
+        ),
+        (
+            503,
+            ("no node within 30 s", "service_unavailable", None, "queue_timeout"),
+            (503, "service_unavailable", None, "queue_timeout"),
+        ),
+        # The engine's own 400 (vLLM's context check): its param and type are the client's answer.
+        (
+            400,
+            ("This model's maximum context length is 4096 tokens.", "BadRequestError", "messages", None),
+            (400, "BadRequestError", "messages", "invalid_request"),
+        ),
+        (
+            404,
+            ("model 'x' is not served here", "invalid_request_error", "model", "model_not_found"),
+            (404, "invalid_request_error", "model", "model_not_found"),
+        ),
+        (
+            502,
+            ("no first token within 60 s", "server_error", None, "timeout"),
+            (502, "server_error", None, "timeout"),
+        ),
+    ],
+)
+async def test_the_orchestrators_error_reaches_the_client_with_its_code_and_param(
+    env: Env, status: int, error: tuple[str, str, str | None, str | None], expected: tuple[Any, ...]
+) -> None:
+    message, error_type, param, code = error
+    env.dispatcher.status = status
+    env.dispatcher.error = {"error": {"message": message, "type": error_type, "param": param, "code": code}}
+    resp = await env.chat()
+    got = resp.json()["error"]
+    assert (resp.status_code, got["type"], got["param"], got["code"]) == expected
+    assert got["message"] == message
+    if status in (429, 503):
+        assert resp.headers["retry-after"] == "3"  # the orchestrator's hint
+    assert env.quota.held == set()
