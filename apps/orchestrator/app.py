@@ -24,7 +24,7 @@ from apps.core.metering import settle_usage
 from apps.core.nodes.store import NodeStore
 from apps.core.protocol.dispatch import DISPATCH_PATH
 from apps.core.spec import load_spec
-from apps.orchestrator.exposure import hide_server_version, restrict_ports
+from apps.orchestrator.exposure import hide_server_version, openai_errors, restrict_ports
 from apps.orchestrator.logs import event
 from apps.orchestrator.node_ws import NodeSockets
 from apps.orchestrator.plane import ControlPlane, OrchestratorDeps
@@ -91,7 +91,7 @@ def create_app(settings: OrchestratorSettings, deps: OrchestratorDeps) -> web.Ap
     background = Background(plane, settler, sweeper, sockets)
     app = web.Application(
         client_max_size=8 * 1024 * 1024,
-        middlewares=[restrict_ports(_restricted_ports(settings))],
+        middlewares=[openai_errors, restrict_ports(_restricted_ports(settings))],
     )
     app.on_response_prepare.append(hide_server_version)
     app[PLANE] = plane
