@@ -1,7 +1,7 @@
 """Wiring of one orchestrator replica: `create_app(settings, deps)` and `run_orchestrator(settings)`.
 
 Routes: `WS /v1/nodes/connect`, `POST /internal/v1/dispatch`, `POST
-/internal/v1/nodes/{node_id}/drain`, `POST /internal/v1/nodes/{node_id}/load_model`,
+/internal/v1/nodes/{node_id}/drain`, `POST /internal/v1/nodes/{node_id}/load_model` (retired: 501),
 `/livez`, `/readyz`, `/metrics`. Background work
 (pub/sub reader, fleet refresh, settle workers, sweeper) runs in one TaskGroup owned
 by the app's cleanup context; shutdown closes node sockets first (nodes reconnect to
