@@ -4,6 +4,9 @@ the gateway app against real PostgreSQL and Redis: set on create and patch, vali
 
 from __future__ import annotations
 
+import re
+
+import httpx
 import pytest
 
 from tests.fakes.fake_gateway import GatewayEnv
@@ -142,3 +145,22 @@ async def test_without_max_tokens_the_default_is_clamped_to_the_caps(env: Gatewa
             assert env.dispatcher.requests[-1].body["max_tokens"] == expected
             assert env.dispatcher.requests[-1].max_completion_tokens == expected  # what was reserved
             assert r.json()["usage"]["completion_tokens"] == expected
+
+
+async def test_the_console_creates_and_lists_caps(env: GatewayEnv) -> None:
+    await env.team_with_key("alpha", max_tokens=48, max_context=777)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=env.app), base_url="http://gw") as c:
+        await c.post("/console/signin", data={"token": env.issuer.mint("alice", team="alpha")})
+        page = (await c.get("/console/team")).text
+        assert "<td>48 / 777</td>" in page
+        csrf = re.search(r'name="csrf" value="([^"]+)"', page)
+        assert csrf
+        form = {"csrf": csrf.group(1), "name": "capped", "max_tokens": "32", "max_context": "2048"}
+        created = await c.post("/console/team/keys", data=form)
+        assert created.status_code == 201, created.text
+        assert "<td>32 / 2048</td>" in created.text
+    new = next(k for k in await env.deps.keys.list_keys("alpha") if k.name == "capped")
+    assert (new.max_tokens, new.max_context) == (32, 2048)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=env.app), base_url="http://gw") as admin:
+        await admin.post("/console/signin", data={"token": env.admin_token})
+        assert "<td>32 / 2048</td>" in (await admin.get("/console/admin")).text
