@@ -7,8 +7,10 @@ from __future__ import annotations
 import re
 
 import httpx
+import psycopg
 import pytest
 
+from apps.core.db.migrate import MIGRATIONS_DIR
 from tests.fakes.fake_gateway import GatewayEnv
 from tests.integration.gateway_fixtures import client, gateway
 
@@ -164,3 +166,16 @@ async def test_the_console_creates_and_lists_caps(env: GatewayEnv) -> None:
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=env.app), base_url="http://gw") as admin:
         await admin.post("/console/signin", data={"token": env.admin_token})
         assert "<td>32 / 2048</td>" in (await admin.get("/console/admin")).text
+
+
+def test_migration_0006_applies_twice_and_keeps_its_checks(migrated_db_url: str) -> None:
+    sql = (MIGRATIONS_DIR / "0006_key_caps.sql").read_text(encoding="utf-8")
+    with psycopg.connect(migrated_db_url, autocommit=True) as conn:
+        conn.execute(sql.encode())  # a second time: no error
+        team = conn.execute("INSERT INTO teams (name) VALUES ('m6') RETURNING id").fetchone()
+        assert team is not None
+        with pytest.raises(psycopg.errors.CheckViolation):
+            conn.execute(
+                "INSERT INTO api_keys (team_id, hash, prefix, max_tokens) VALUES (%s, 'h', 'p', 0)",
+                (team[0],),
+            )
