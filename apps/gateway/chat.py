@@ -396,16 +396,18 @@ class ChatHandler:
         try:
             chunks = upstream.chunks()
             deadline = self._s.first_token_s
-            while True:
-                try:
-                    async with asyncio.timeout(deadline):
-                        data = await anext(chunks)
-                except StopAsyncIteration:
-                    break
-                deadline = self._s.idle_s
-                if outcome.first_byte_at is None:
-                    outcome.first_byte_at = time.monotonic()
-                payloads.extend(splitter.feed(data))
+            # The whole request within the maximum request time, like a stream (its slot's lease).
+            async with asyncio.timeout(self._s.max_request_s):
+                while True:
+                    try:
+                        async with asyncio.timeout(deadline):
+                            data = await anext(chunks)
+                    except StopAsyncIteration:
+                        break
+                    deadline = self._s.idle_s
+                    if outcome.first_byte_at is None:
+                        outcome.first_byte_at = time.monotonic()
+                    payloads.extend(splitter.feed(data))
             body = assemble_completion(payloads)
         except TimeoutError:
             outcome.ended = "timeout"

@@ -168,3 +168,35 @@ async def test_the_orchestrators_error_reaches_the_client_with_its_code_and_para
     if status in (429, 503):
         assert resp.headers["retry-after"] == "3"  # the orchestrator's hint
     assert env.quota.held == set()
+
+
+async def test_a_non_streaming_request_ends_at_the_maximum_request_time() -> None:
+    # Chunks keep coming (no idle or first-token deadline trips): only the whole-request bound
+    # ends it, with a 502, and its stream slot is given back.
+    ledger = RefusingLedger()
+    quota = FakeQuota()
+    keys = FakeKeys()
+    keys.add(KEY)
+    dispatcher = FakeDispatcher(ledger, None, tokens=10_000, delay_s=0.01)
+    deps = GatewayDeps(
+        spec=load_spec("dev"),
+        ledger=ledger,
+        teams=FakeTeams(),
+        keys=keys,
+        quota=quota,
+        dispatcher=dispatcher,
+        nodes=FakeNodeAdmin(),
+        health=StaticHealth(),
+        resolver=StaticResolver(),
+    )
+    settings = GatewaySettings(secret_key="test-secret", max_request_s=0.3, first_token_s=30, idle_s=30)
+    app = create_app(settings, deps)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw") as client:
+        body = {**BODY, "max_tokens": 4096}
+        resp = await client.post(
+            "/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {KEY}"}
+        )
+    assert resp.status_code == 502, resp.text
+    assert resp.json()["error"]["message"] == "upstream timed out"
+    assert quota.held == set()
+    assert dispatcher.closed == 1
