@@ -275,8 +275,17 @@ class Agent:
                     self._connection_ended()
                 if self._stopping.is_set():
                     return
+                window = self.backoff.window()  # the bound before jitter (doubles per attempt)
                 delay = self.backoff.next_delay(retry_after)
-                log.info("reconnecting", extra={"delay_s": round(delay, 3), "attempt": self.backoff.attempt})
+                log.info(
+                    "reconnecting",
+                    extra={
+                        "delay_s": round(delay, 3),
+                        "window_s": round(window, 3),
+                        "retry_after_s": retry_after,
+                        "attempt": self.backoff.attempt,
+                    },
+                )
                 await self._pause(delay)
 
     def _connection_ended(self) -> None:

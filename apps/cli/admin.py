@@ -2,7 +2,8 @@
 
   migrate                                   apply apps/core/db/migrations/*.sql (idempotent)
   create-team NAME [--credits C]            a team, optionally with starting credits
-  create-key --team NAME|--team-id ID [--model M ...] [--rpm N] [--tokens-per-day N] [--max-streams N] [--expires-at ISO]
+  create-key --team NAME|--team-id ID [--model M ...] [--rpm N] [--tokens-per-day N] [--max-streams N]
+              [--max-tokens N] [--max-context N] [--expires-at ISO]
                                             prints the key once (stored only as an HMAC)
   add-credits --team NAME|--team-id ID --amount C          a credit entry (credits; decimals allowed)
   mint-admin-token --issuer-key FILE [--ttl S] [--subject S]
@@ -54,6 +55,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     key.add_argument("--rpm", type=int)
     key.add_argument("--tokens-per-day", type=int)
     key.add_argument("--max-streams", type=int)
+    key.add_argument("--max-tokens", type=int, help="most completion tokens one request may ask for")
+    key.add_argument("--max-context", type=int, help="most prompt + completion tokens one request may use")
     key.add_argument("--expires-at", help="ISO-8601")
     key.add_argument("--name")
     credits = sub.add_parser("add-credits", help="add (or with a negative amount, remove) credits")
@@ -117,6 +120,8 @@ async def _with_pool(args: argparse.Namespace, url: str) -> dict[str, Any]:
             rpm=args.rpm,
             tokens_per_day=args.tokens_per_day,
             max_streams=args.max_streams,
+            max_tokens=args.max_tokens,
+            max_context=args.max_context,
             expires_at=expires,
             name=args.name,
         )

@@ -78,6 +78,23 @@ class NotFound(LlmfleetError):
     code = "model_not_found"
 
 
+class MethodNotAllowed(LlmfleetError):
+    """405: a known path with a method it does not take (the answer carries `Allow`)."""
+
+    status = 405
+    type = "invalid_request_error"
+    code = "method_not_allowed"
+
+
+def unknown_route(method: str, path: str, status: int) -> LlmfleetError:
+    """The OpenAI envelope for a route the server does not have: 404 `unknown_url`, or 405 for a
+    known path and another method (OpenAI says "Invalid URL (METHOD /path)" for both)."""
+    message = f"Invalid URL ({method} {path[:200]})"
+    if status == 405:
+        return MethodNotAllowed(message)
+    return NotFound(message, code="unknown_url")
+
+
 class InsufficientBalance(LlmfleetError):
     status = 402
     type = "insufficient_quota"

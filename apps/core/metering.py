@@ -1,7 +1,8 @@
 """Settle one request's usage exactly once and account it against the key's daily token quota.
 
 The orchestrator (and the gateway's fake dispatcher in tests) call `settle_usage` with the
-engine's exact usage. Only a *new* settlement increments `tpd:{key_id}:{yyyymmdd}` in Redis,
+engine's exact usage. Only a *new* settlement increments `tpd:{subject}:{yyyymmdd}` in Redis
+(the subject the request was admitted under: the key id, or `jwt-<sub>` for a JWT caller),
 so a retried settle never counts tokens twice. The counter expires after two days.
 A Redis failure here does not undo the settlement (money is the source of truth); it is
 re-raised so the caller can count it.
@@ -43,11 +44,12 @@ async def settle_usage(
     now: datetime | None = None,
 ) -> SettleResult:
     result = await ledger.settle(request_id, prompt_tokens, completion_tokens)
-    if result.outcome is SettleOutcome.SETTLED and result.key_id is not None:
-        key = tpd_key(result.key_id, now or datetime.now(UTC))
+    subject = result.tokens_subject
+    if result.outcome is SettleOutcome.SETTLED and subject is not None:
+        key = tpd_key(subject, now or datetime.now(UTC))
         count = redis.register_script(_COUNT_LUA)  # a local object: EVALSHA, loaded on first use
         await count(
-            keys=[key, tpd_inflight_key(result.key_id)],
+            keys=[key, tpd_inflight_key(subject)],
             args=[result.prompt_tokens + result.completion_tokens, TPD_TTL_S, request_id],
         )
     return result

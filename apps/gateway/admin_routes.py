@@ -21,12 +21,31 @@ from apps.gateway.validate import parse_json_object
 NODE_ID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.")
 
 
-async def _json(request: Request) -> dict[str, Any]:
-    return parse_json_object(await request.body() or b"{}")
+async def _json(request: Request, fields: frozenset[str]) -> dict[str, Any]:
+    """The body, a JSON object of the route's `fields` only: a field it does not know (a typo such
+    as `max_stream`) is a 400 naming it, never silently dropped (a key created without its limit)."""
+    body = parse_json_object(await request.body() or b"{}")
+    unknown = sorted(set(body) - fields)
+    if unknown:
+        raise InvalidRequest(
+            f"Unknown field '{unknown[0]}'; expected one of: {', '.join(sorted(fields))}.", param=unknown[0]
+        )
+    return body
 
 
 # The columns' ranges (INTEGER, BIGINT): a larger value is a 400, not a database error.
-INT_LIMITS = {"rpm": 2**31 - 1, "max_streams": 2**31 - 1, "tokens_per_day": 2**63 - 1}
+INT_LIMITS = {
+    "rpm": 2**31 - 1,
+    "max_streams": 2**31 - 1,
+    "tokens_per_day": 2**63 - 1,
+    "max_tokens": 2**31 - 1,
+    "max_context": 2**31 - 1,
+}
+TEAM_FIELDS = frozenset({"name", "credits"})
+KEY_FIELDS = frozenset({"team", "team_id", "model_allowlist", "expires_at", "name", *INT_LIMITS})
+KEY_PATCH_FIELDS = frozenset(INT_LIMITS)
+CREDIT_FIELDS = frozenset({"team", "team_id", "amount", "amount_microcredits", "reason"})
+NODE_FIELDS = frozenset({"node_id", "location", "pool", "models"})
 MAX_AMOUNT_MICROCREDITS = 10**18
 
 
@@ -106,7 +125,7 @@ def amount_microcredits(body: dict[str, Any]) -> int:
 def admin_routes(settings: GatewaySettings, deps: GatewayDeps) -> list[Route]:
     async def create_team(request: Request) -> JSONResponse:
         await require_admin(request, deps, settings)
-        body = await _json(request)
+        body = await _json(request, TEAM_FIELDS)
         name = body.get("name")
         if not isinstance(name, str):
             raise InvalidRequest("'name' is required.", param="name")
@@ -122,7 +141,7 @@ def admin_routes(settings: GatewaySettings, deps: GatewayDeps) -> list[Route]:
 
     async def create_key(request: Request) -> JSONResponse:
         await require_admin(request, deps, settings)
-        body = await _json(request)
+        body = await _json(request, KEY_FIELDS)
         team = _required_team(body)
         allow = body.get("model_allowlist") or []
         if not isinstance(allow, list) or not all(isinstance(m, str) for m in allow):
@@ -142,8 +161,24 @@ def admin_routes(settings: GatewaySettings, deps: GatewayDeps) -> list[Route]:
             max_streams=_opt_int(body, "max_streams"),
             expires_at=expires,
             name=name if isinstance(name, str) else None,
+            max_tokens=_opt_int(body, "max_tokens"),
+            max_context=_opt_int(body, "max_context"),
         )
         return JSONResponse({**record.as_json(), "key": secret}, status_code=201)
+
+    async def update_key(request: Request) -> JSONResponse:
+        """Change a key's limits: each field given is set (null clears it), the others stay."""
+        await require_admin(request, deps, settings)
+        raw = request.path_params["key_id"]
+        if not str(raw).isdigit() or len(str(raw)) > 18:
+            raise NotFound(f"key {raw} does not exist", param="id", code="key_not_found")
+        body = await _json(request, KEY_PATCH_FIELDS)
+        if not body:
+            raise InvalidRequest(
+                f"Nothing to change; give one of: {', '.join(sorted(KEY_PATCH_FIELDS))}.", param=None
+            )
+        record = await deps.keys.update(int(raw), {name: _opt_int(body, name) for name in body})
+        return JSONResponse(record.as_json())
 
     async def list_keys(request: Request) -> JSONResponse:
         await require_admin(request, deps, settings)
@@ -160,7 +195,7 @@ def admin_routes(settings: GatewaySettings, deps: GatewayDeps) -> list[Route]:
 
     async def add_credits(request: Request) -> JSONResponse:
         await require_admin(request, deps, settings)
-        body = await _json(request)
+        body = await _json(request, CREDIT_FIELDS)
         team = _required_team(body)
         reason = body.get("reason") if isinstance(body.get("reason"), str) else "admin"
         entry = await deps.teams.add_credits(team, amount_microcredits(body), str(reason))
@@ -172,7 +207,7 @@ def admin_routes(settings: GatewaySettings, deps: GatewayDeps) -> list[Route]:
 
     async def create_node(request: Request) -> JSONResponse:
         await require_admin(request, deps, settings)
-        body = await _json(request)
+        body = await _json(request, NODE_FIELDS)
         node_id, location = body.get("node_id"), body.get("location", "onprem")
         if (
             not isinstance(node_id, str)
@@ -218,6 +253,7 @@ def admin_routes(settings: GatewaySettings, deps: GatewayDeps) -> list[Route]:
         Route("/admin/keys", create_key, methods=["POST"]),
         Route("/admin/keys", list_keys, methods=["GET"]),
         Route("/admin/keys/{key_id}", revoke_key, methods=["DELETE"]),
+        Route("/admin/keys/{key_id}", update_key, methods=["PATCH"]),
         Route("/admin/credits", add_credits, methods=["POST"]),
         Route("/admin/nodes", list_nodes, methods=["GET"]),
         Route("/admin/nodes", create_node, methods=["POST"]),

@@ -7,11 +7,12 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
-from apps.core.errors import LlmfleetError, NotFound
+from apps.core.errors import ForwardedError, LlmfleetError, NotFound, unknown_route
 from apps.gateway.admin_routes import admin_routes
 from apps.gateway.auth import authenticate
 from apps.gateway.chat import ChatHandler
@@ -28,14 +29,22 @@ def create_app(settings: GatewaySettings, deps: GatewayDeps) -> GatewayApp:
     metrics = GatewayMetrics(deps.registry)
     chat = ChatHandler(settings, deps, metrics)
 
+    def model_object(name: str) -> dict[str, object]:
+        return {"id": name, "object": "model", "created": 0, "owned_by": "llmfleet"}
+
     async def models(request: Request) -> JSONResponse:
         principal = await authenticate(request, deps, settings)
-        data = [
-            {"id": name, "object": "model", "created": 0, "owned_by": "llmfleet"}
-            for name in deps.spec.models
-            if principal.may_use(name)
-        ]
+        data = [model_object(name) for name in deps.spec.models if principal.may_use(name)]
         return JSONResponse({"object": "list", "data": data})
+
+    async def model(request: Request) -> JSONResponse:
+        """`client.models.retrieve(name)`: a model the caller may use, else 404 (a model outside the
+        allowlist is not revealed: the same answer as one that does not exist)."""
+        principal = await authenticate(request, deps, settings)
+        name = request.path_params["model"]
+        if name not in deps.spec.models or not principal.may_use(name):
+            raise NotFound(f"The model `{name[:200]}` does not exist.", param="model")
+        return JSONResponse(model_object(name))
 
     async def livez(request: Request) -> Response:
         return PlainTextResponse("ok")
@@ -55,6 +64,18 @@ def create_app(settings: GatewaySettings, deps: GatewayDeps) -> GatewayApp:
         assert isinstance(exc, LlmfleetError)
         return error_response(exc)
 
+    async def on_http_error(request: Request, exc: Exception) -> Response:
+        """Starlette's own 404/405 (no route, wrong method) in the OpenAI envelope, `Allow` kept."""
+        assert isinstance(exc, HTTPException)
+        error: LlmfleetError
+        if exc.status_code in (404, 405):
+            error = unknown_route(request.method, request.url.path, exc.status_code)
+        else:
+            error = ForwardedError(
+                str(exc.detail), status=exc.status_code, error_type="invalid_request_error"
+            )
+        return error_response(error, exc.headers)
+
     @asynccontextmanager
     async def lifespan(app: GatewayApp) -> AsyncIterator[None]:
         try:
@@ -66,6 +87,7 @@ def create_app(settings: GatewaySettings, deps: GatewayDeps) -> GatewayApp:
     routes = [
         Route("/v1/chat/completions", chat.handle, methods=["POST"]),
         Route("/v1/models", models, methods=["GET"]),
+        Route("/v1/models/{model:path}", model, methods=["GET"]),
         Route("/v1/usage", usage_route(settings, deps), methods=["GET"]),
         Route("/livez", livez, methods=["GET"]),
         Route("/readyz", readyz, methods=["GET"]),
@@ -73,4 +95,5 @@ def create_app(settings: GatewaySettings, deps: GatewayDeps) -> GatewayApp:
         *admin_routes(settings, deps),
         console_mount(settings, deps),
     ]
-    return GatewayApp(routes=routes, exception_handlers={LlmfleetError: on_error}, lifespan=lifespan)
+    handlers = {LlmfleetError: on_error, HTTPException: on_http_error}
+    return GatewayApp(routes=routes, exception_handlers=handlers, lifespan=lifespan)

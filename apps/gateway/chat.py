@@ -49,7 +49,14 @@ from apps.gateway.ports import DispatchUnavailable, Upstream
 from apps.gateway.relay import RelayOutcome, RelayResponse
 from apps.gateway.settings import GatewaySettings
 from apps.gateway.speculation import Speculation
-from apps.gateway.validate import ChatRequest, check_ssrf, parse_body, upstream_body, validate_chat
+from apps.gateway.validate import (
+    ChatRequest,
+    KeyCaps,
+    check_ssrf,
+    parse_body,
+    upstream_body,
+    validate_chat,
+)
 from apps.netio import fastpath
 
 log = logging.getLogger("llmfleet.gateway")
@@ -97,6 +104,24 @@ _REFUSALS = {
     Verdict.RPM: ("rpm", "Rate limit reached for requests per minute (rpm={})."),
     Verdict.TOKENS_PER_DAY: ("tokens_per_day", "Daily token quota exhausted (tokens_per_day={})."),
 }
+
+
+def _envelope(raw: bytes, status: int) -> tuple[str, str | None, str | None, str | None]:
+    """(message, type, param, code) of an upstream OpenAI error body; a body that is not one gives
+    a generic message and nothing else."""
+    try:
+        error = json.loads(raw)["error"]
+        message = error["message"]
+    except (ValueError, KeyError, TypeError):
+        return f"upstream answered {status}", None, None, None
+    if not isinstance(error, dict) or not isinstance(message, str):
+        return f"upstream answered {status}", None, None, None
+
+    def text(name: str) -> str | None:
+        value = error.get(name)
+        return value if isinstance(value, str) and value else None
+
+    return message, text("type"), text("param"), text("code")
 
 
 def _seconds(value: str | None) -> float | None:
@@ -168,7 +193,7 @@ class ChatHandler:
         team_id = require_team(principal)
         ex.request_id = scoped_request_id(team_id, ex.client_id)
         body = parse_body(await self._read_body(request))
-        chat = validate_chat(body, self._d.spec)
+        chat = validate_chat(body, self._d.spec, KeyCaps(principal.max_tokens, principal.max_context))
         ex.model = chat.model
         if not principal.may_use(chat.model):
             self._m.rejections.labels("model_not_allowed").inc()
@@ -222,6 +247,7 @@ class ChatHandler:
                 model=chat.model,
                 estimated_prompt_tokens=chat.estimated_prompt_tokens,
                 max_tokens=chat.worst_case_completion_tokens,  # n x the effective max_tokens
+                quota_subject=principal.subject,  # the settle counts tokens_per_day for it (JWTs too)
             )
         except DuplicateRequestId:
             raise
@@ -313,6 +339,7 @@ class ChatHandler:
                 watch_usage=chat.wants_usage,
                 cleanup=lambda outcome: self._after_relay(ex, upstream, outcome),
                 cleanup_timeout_s=self._s.cleanup_timeout_s,
+                max_request_s=self._s.max_request_s,
             )  # type: ignore[return-value]
         return await self._collect(upstream, ex, headers, receive)
 
@@ -327,21 +354,20 @@ class ChatHandler:
             # Something may have run on a node: the orchestrator settles, we must not cancel.
             ex.reserved, ex.handed_over = False, True
             self._m.reservations_open.dec()
-        code: str | None = None
-        try:
-            envelope = json.loads(raw)
-            message = envelope["error"]["message"]
-            code = envelope["error"].get("code") or None  # queue_timeout, queue_full...
-        except (ValueError, KeyError, TypeError, AttributeError):
-            message = f"upstream answered {upstream.status}"
+        message, error_type, param, code = _envelope(raw, upstream.status)
+        hint = _seconds(retry_after)
         exc_cls = {429: RateLimited, 503: Unavailable}.get(upstream.status)
-        if exc_cls is not None:
-            raise exc_cls(message, code=code, retry_after=float(retry_after) if retry_after else 5.0)
-        if upstream.status in (400, 404, 413, 422):
+        if exc_cls is not None:  # queue_full, queue_timeout...: the orchestrator's code reaches the client
+            raise exc_cls(message, param=param, code=code, retry_after=hint if hint is not None else 5.0)
+        if upstream.status in NOTHING_RAN:  # the engine's or orchestrator's 4xx, as it was given
             raise ForwardedError(
-                message, status=upstream.status, error_type=InvalidRequest.type, code=InvalidRequest.code
+                message,
+                status=upstream.status,
+                error_type=error_type or InvalidRequest.type,
+                param=param,
+                code=code or InvalidRequest.code,
             )
-        raise UpstreamFailed(message)
+        raise UpstreamFailed(message, code=code if upstream.status >= 500 else None)
 
     async def _collect(
         self, upstream: Upstream, ex: Exchange, headers: dict[str, str], receive: Receive
@@ -371,16 +397,18 @@ class ChatHandler:
         try:
             chunks = upstream.chunks()
             deadline = self._s.first_token_s
-            while True:
-                try:
-                    async with asyncio.timeout(deadline):
-                        data = await anext(chunks)
-                except StopAsyncIteration:
-                    break
-                deadline = self._s.idle_s
-                if outcome.first_byte_at is None:
-                    outcome.first_byte_at = time.monotonic()
-                payloads.extend(splitter.feed(data))
+            # The whole request within the maximum request time, like a stream (its slot's lease).
+            async with asyncio.timeout(self._s.max_request_s):
+                while True:
+                    try:
+                        async with asyncio.timeout(deadline):
+                            data = await anext(chunks)
+                    except StopAsyncIteration:
+                        break
+                    deadline = self._s.idle_s
+                    if outcome.first_byte_at is None:
+                        outcome.first_byte_at = time.monotonic()
+                    payloads.extend(splitter.feed(data))
             body = assemble_completion(payloads)
         except TimeoutError:
             outcome.ended = "timeout"

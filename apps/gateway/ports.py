@@ -107,9 +107,13 @@ class Keys(Protocol):
         max_streams: int | None = None,
         expires_at: datetime | None = None,
         name: str | None = None,
+        max_tokens: int | None = None,
+        max_context: int | None = None,
     ) -> tuple[str, KeyRecord]: ...
 
     async def list_keys(self, team: str | int | None = None) -> list[KeyRecord]: ...
+
+    async def update(self, key_id: int, changes: dict[str, int | None]) -> KeyRecord: ...
 
     async def revoke(self, key_id: int) -> bool: ...
 

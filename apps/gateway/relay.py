@@ -3,7 +3,8 @@
 `RelayResponse` is an ASGI response that runs two tasks in one TaskGroup: the relay
 (upstream bytes -> client, unchanged: ARCHITECTURE D5) and a watcher for
 `http.disconnect`. Whichever ends first cancels the other. Per-phase deadlines: the first
-chunk within `first_token_s`, then at most `idle_s` between chunks; a timeout or an
+chunk within `first_token_s`, then at most `idle_s` between chunks, and the whole stream within
+`max_request_s` (so it never outlives its stream slot's lease); a timeout or an
 upstream that ends without `[DONE]` gives the client one error event and `[DONE]`, never a
 silent truncation. The cleanup (close upstream so the orchestrator cancels and settles,
 release the stream slot) runs in `finally`, shielded and bounded, and cancellation is
@@ -56,8 +57,10 @@ class RelayResponse:
         watch_usage: bool,
         cleanup: Callable[[RelayOutcome], Awaitable[None]],
         cleanup_timeout_s: float,
+        max_request_s: float | None = None,
     ) -> None:
         self._upstream = upstream
+        self._max_request_s = max_request_s
         self._headers = headers
         self._first_token_s = first_token_s
         self._idle_s = idle_s
@@ -77,6 +80,7 @@ class RelayResponse:
         self._direct = direct_writer(scope)
         self._now = asyncio.get_running_loop().time
         self._last = self._now()
+        self._started = self._last
         self._recent = deque(maxlen=USAGE_WINDOW_READS) if self._watch_usage else None
         try:
             await send({"type": "http.response.start", "status": 200, "headers": headers})
@@ -87,8 +91,11 @@ class RelayResponse:
                 watchdog = tg.create_task(self._deadlines(relay))
                 relay.add_done_callback(lambda _t: (watcher.cancel(), watchdog.cancel()))
             if self.outcome.ended == "timeout":
-                phase = "first token" if self.outcome.first_byte_at is None else "idle"
-                await self._fail(send, f"upstream {phase} timeout")
+                if self._over_max_time():
+                    await self._fail(send, f"maximum request time ({self._max_request_s:g} s) exceeded")
+                else:
+                    phase = "first token" if self.outcome.first_byte_at is None else "idle"
+                    await self._fail(send, f"upstream {phase} timeout")
         except OSError:
             self.outcome.ended = "disconnect"
         finally:
@@ -123,6 +130,8 @@ class RelayResponse:
         while True:
             limit = self._first_token_s if self.outcome.first_byte_at is None else self._idle_s
             remaining = self._last + limit - loop.time()
+            if self._max_request_s is not None:
+                remaining = min(remaining, self._started + self._max_request_s - loop.time())
             if remaining <= 0:
                 self.outcome.ended = "timeout"
                 relay.cancel()
@@ -161,6 +170,9 @@ class RelayResponse:
             self._scan_usage(b"".join(self._recent))
         outcome.ended = "done"
         await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    def _over_max_time(self) -> bool:
+        return self._max_request_s is not None and self._now() >= self._started + self._max_request_s
 
     def _note(self, data: bytes) -> None:
         """Per-chunk bookkeeping: the idle deadline's stamp, TTFT, the `[DONE]` tail, the usage window."""

@@ -36,7 +36,11 @@ class GatewaySettings(BaseSettings):
     jwt_max_streams: int = 50
     max_body_bytes: int = Field(default=1024 * 1024, gt=0)
     key_cache_ttl_s: float = Field(default=4.0, gt=0, le=5.0)
-    stream_lease_s: float = Field(default=3600.0, gt=0)
+    # The longest a request may run (the same `LLMFLEET_MAX_REQUEST_S` the orchestrator's sweeper
+    # settles after). A stream slot's lease is this plus `stream_lease_margin_s`: a crashed
+    # gateway's slots free themselves that long after their admission.
+    max_request_s: float = Field(default=900.0, gt=0)
+    stream_lease_margin_s: float = Field(default=60.0, ge=0)
     queue_wait_s: float = Field(default=30.0, gt=0)
     first_token_s: float = Field(default=60.0, gt=0)
     idle_s: float = Field(default=30.0, gt=0)
@@ -60,3 +64,8 @@ class GatewaySettings(BaseSettings):
     # On SIGTERM: streams in flight get this long to finish before they are cancelled (and cleaned up).
     graceful_shutdown_s: int = Field(default=30, gt=0)
     ssrf_resolve_timeout_s: float = 2.0
+
+    @property
+    def stream_lease_s(self) -> float:
+        """How long a stream slot outlives its admission without a release (a crashed gateway)."""
+        return self.max_request_s + self.stream_lease_margin_s

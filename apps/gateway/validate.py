@@ -22,6 +22,7 @@ from apps.gateway.ssrf import MAX_WALK_DEPTH, SystemResolver, check_ssrf, is_pub
 
 __all__ = [
     "ChatRequest",
+    "KeyCaps",
     "SystemResolver",
     "check_ssrf",
     "is_public_ip",
@@ -106,7 +107,24 @@ def estimate_prompt_tokens(messages: list[Any]) -> int:
     return len(json.dumps(messages, separators=(",", ":")).encode()) + 8 * len(messages) + 16
 
 
-def validate_chat(body: dict[str, Any], spec: StackSpec) -> ChatRequest:
+@dataclass(frozen=True)
+class KeyCaps:
+    """A key's caps on one request (`api_keys.max_tokens`, `.max_context`; None: no cap).
+
+    A `max_tokens` above the key's cap is refused (400, `param: max_tokens`), like OpenAI refuses one
+    above the model's limit; without one, the effective `max_tokens` is the model's default clamped
+    to the cap (and to what the context cap leaves after the prompt). The context cap bounds the
+    prompt's conservative estimate (`estimate_prompt_tokens`) + `max_tokens`: over it, 400
+    `context_length_exceeded` with `param: messages`."""
+
+    max_tokens: int | None = None
+    max_context: int | None = None
+
+
+NO_CAPS = KeyCaps()
+
+
+def validate_chat(body: dict[str, Any], spec: StackSpec, caps: KeyCaps = NO_CAPS) -> ChatRequest:
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise InvalidRequest("'model' is required and must be a string.", param="model")
@@ -148,15 +166,47 @@ def validate_chat(body: dict[str, Any], spec: StackSpec) -> ChatRequest:
         raise InvalidRequest(
             f"'n' is too large: {n}. At most {spec.request_limits.max_n} choices per request.", param="n"
         )
+    prompt = estimate_prompt_tokens(messages)
+    effective = _capped_max_tokens(
+        body, max_tokens, min(model_spec.serving.default_max_tokens, context), prompt, caps
+    )
     return ChatRequest(
         body=body,
         model=model,
         stream=stream,
         wants_usage=wants_usage if stream else True,
-        max_tokens=max_tokens or min(model_spec.serving.default_max_tokens, context),
-        estimated_prompt_tokens=estimate_prompt_tokens(messages),
+        max_tokens=effective,
+        estimated_prompt_tokens=prompt,
         n=n,
     )
+
+
+def _capped_max_tokens(
+    body: dict[str, Any], asked: int | None, default: int, prompt: int, caps: KeyCaps
+) -> int:
+    """The effective per-choice `max_tokens` under the key's caps (`KeyCaps`), or a 400."""
+    param = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+    if asked is not None and caps.max_tokens is not None and asked > caps.max_tokens:
+        raise InvalidRequest(
+            f"'{param}' is too large: {asked}. This key allows at most {caps.max_tokens} completion tokens "
+            "per request.",
+            param=param,
+        )
+    effective = asked if asked is not None else min(default, caps.max_tokens or default)
+    if caps.max_context is None:
+        return effective
+    if asked is None:
+        effective = min(effective, caps.max_context - prompt)
+    if prompt >= caps.max_context or prompt + effective > caps.max_context:
+        raise InvalidRequest(
+            f"This key's maximum context length is {caps.max_context} tokens. However, you requested up to "
+            f"{prompt + max(effective, 0)} tokens ({prompt} in the messages, by the gateway's conservative "
+            f"estimate, {max(effective, 0)} in the completion). Please reduce the length of the messages or "
+            "completion.",
+            param="messages",
+            code="context_length_exceeded",
+        )
+    return effective
 
 
 def upstream_body(req: ChatRequest) -> dict[str, Any]:

@@ -1,7 +1,7 @@
 """Wiring of one orchestrator replica: `create_app(settings, deps)` and `run_orchestrator(settings)`.
 
 Routes: `WS /v1/nodes/connect`, `POST /internal/v1/dispatch`, `POST
-/internal/v1/nodes/{node_id}/drain`, `POST /internal/v1/nodes/{node_id}/load_model`,
+/internal/v1/nodes/{node_id}/drain`, `POST /internal/v1/nodes/{node_id}/load_model` (retired: 501),
 `/livez`, `/readyz`, `/metrics`. Background work
 (pub/sub reader, fleet refresh, settle workers, sweeper) runs in one TaskGroup owned
 by the app's cleanup context; shutdown closes node sockets first (nodes reconnect to
@@ -24,7 +24,7 @@ from apps.core.metering import settle_usage
 from apps.core.nodes.store import NodeStore
 from apps.core.protocol.dispatch import DISPATCH_PATH
 from apps.core.spec import load_spec
-from apps.orchestrator.exposure import hide_server_version, restrict_ports
+from apps.orchestrator.exposure import hide_server_version, openai_errors, restrict_ports
 from apps.orchestrator.logs import event
 from apps.orchestrator.node_ws import NodeSockets
 from apps.orchestrator.plane import ControlPlane, OrchestratorDeps
@@ -91,7 +91,7 @@ def create_app(settings: OrchestratorSettings, deps: OrchestratorDeps) -> web.Ap
     background = Background(plane, settler, sweeper, sockets)
     app = web.Application(
         client_max_size=8 * 1024 * 1024,
-        middlewares=[restrict_ports(_restricted_ports(settings))],
+        middlewares=[openai_errors, restrict_ports(_restricted_ports(settings))],
     )
     app.on_response_prepare.append(hide_server_version)
     app[PLANE] = plane

@@ -7,7 +7,7 @@ port (dispatch, internal node calls, `/metrics`), a replica may listen on
 - `metrics_port`: only `/metrics` and the health checks (what Prometheus scrapes),
 so that a NetworkPolicy can let only the gateway reach the main port's dispatch, only
 Prometheus the metrics port, and anyone the node port (`infra/manifests/netpol.py`). On a
-restricted port every other path is a 404.
+restricted port every other path is a 404. Every 404/405 of aiohttp's own is an OpenAI error body.
 """
 
 from __future__ import annotations
@@ -15,6 +15,8 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Mapping
 
 from aiohttp import web
+
+from apps.core.errors import http_error, unknown_route
 
 SERVER_HEADER = "llmfleet"
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -37,3 +39,18 @@ def restrict_ports(allowed: Mapping[int, frozenset[str]]) -> Callable[..., Await
         return await handler(request)
 
     return middleware
+
+
+@web.middleware
+async def openai_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """aiohttp's own 404/405 (no route, wrong method, a path a restricted port does not serve) in the
+    OpenAI error envelope instead of plain text; `Allow` kept."""
+    try:
+        return await handler(request)
+    except web.HTTPException as exc:
+        if exc.status not in (404, 405):
+            raise
+        status, headers, body = http_error(unknown_route(request.method, request.path, exc.status))
+        if exc.status == 405 and "Allow" in exc.headers:
+            headers["Allow"] = exc.headers["Allow"]
+        return web.json_response(body, status=status, headers=headers)

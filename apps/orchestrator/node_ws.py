@@ -295,8 +295,6 @@ class NodeSockets:
         code = conn.close_code if conn.closing.is_set() else CLOSE_NORMAL
         conn.close(code, conn.close_reason or "closed")
         self._ws.pop(conn.conn_id, None)
-        if not ws.closed:
-            await ws.close(code=code, message=conn.close_reason.encode()[:120])
         owned = plane.local.get(conn.node_id) is conn
         if owned:
             del plane.local[conn.node_id]
@@ -323,6 +321,10 @@ class NodeSockets:
                 conn.node_id, "disconnected", plane.id, death or "drained"
             )
         event("node_disconnected", logging.INFO, node_id=conn.node_id, code=code, reason=death or "drained")
+        # Last: the close handshake waits for the peer, which a silently cut node never answers
+        # (aiohttp waits up to its close timeout). Routing and the node's requests must not wait for it.
+        if not ws.closed:
+            await ws.close(code=code, message=conn.close_reason.encode()[:120])
 
     async def close_all(self) -> None:
         """Replica shutdown: close every node socket (nodes reconnect to another replica)."""

@@ -31,7 +31,6 @@ from apps.core.protocol.node import (
     Done,
     Drain,
     Error,
-    LoadModel,
     decode_node_frame,
 )
 from apps.orchestrator.bus import Bus
@@ -194,7 +193,7 @@ class ControlPlane:
         elif isinstance(msg, msgs.DrainMsg):
             self._spawn(self.drain_local(node_id))
         elif isinstance(msg, msgs.LoadModelMsg):
-            conn.send(LoadModel(name=msg.name))
+            return  # retired (an older replica's, during a rolling update): never sent on to a node
         elif isinstance(msg, msgs.RevokeMsg):
             conn.close(CLOSE_REVOKED, "node token revoked")
         elif isinstance(msg, msgs.SupersedeMsg) and msg.conn != conn.conn_id:
@@ -237,13 +236,6 @@ class ControlPlane:
         await self.fleet.quarantine(node_id)
         self.metrics.quarantined.inc()
         event("node_quarantined", node_id=node_id, reason="usage_overreported")
-
-    async def load_model(self, node_id: str, name: str) -> bool:
-        """Ask a node to load a model (locally or through its owner); False if nobody owns it."""
-        conn = self.local.get(node_id)
-        if conn is not None:
-            return conn.send(LoadModel(name=name))
-        return await self.bus.to_node(node_id, msgs.LoadModelMsg(name=name)) > 0
 
     async def drain_local(self, node_id: str) -> bool:
         conn = self.local.get(node_id)

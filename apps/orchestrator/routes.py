@@ -1,6 +1,6 @@
 """The orchestrator's HTTP routes as a table, and its background work: `create_app` wires them.
 
-Operator routes (`drain`, `load_model`) take the internal token (`apps.core.protocol.dispatch`).
+Operator routes (`drain`; `load_model`, retired: 501) take the internal token (`apps.core.protocol.dispatch`).
 """
 
 from __future__ import annotations
@@ -83,23 +83,20 @@ class Routes:
         return web.json_response({"node_id": node_id, "draining": True}, status=202)
 
     async def load_model(self, request: web.Request) -> web.Response:
+        """Retired: 501. A node serves the models its engine was started with; nothing on the node
+        could act on the request (the agent ignored it), so accepting it (202) was a lie."""
         if not self.authorized(request):
             return error_response(internal_token_rejected())
-        node_id = request.match_info["node_id"]
-        try:
-            name = str((await request.json())["name"])
-        except (ValueError, KeyError, TypeError):
-            return error_response(
-                ForwardedError(
-                    'body must be {"name": model}',
-                    status=400,
-                    error_type="invalid_request_error",
-                    param="name",
-                )
+        return error_response(
+            ForwardedError(
+                "load_model is not supported: a node serves the models its engine was started with. "
+                "To change them, restart the node's agent and engine with the new model (on EKS: the "
+                "model's Deployment); it registers again with its new model list.",
+                status=501,
+                error_type="not_implemented",
+                code="not_implemented",
             )
-        if not await self.plane.load_model(node_id, name):
-            return error_response(_not_connected(node_id))
-        return web.json_response({"node_id": node_id, "load_model": name}, status=202)
+        )
 
 
 class Background:

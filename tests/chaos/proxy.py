@@ -4,7 +4,10 @@ Runs its own event loop in a daemon thread so synchronous tests can drive it. `c
 closes every live connection and refuses new ones (accept-then-close, which the agent
 sees as a failed dial) until `restore()`; every accepted connection's time is recorded so
 a test can see the agent's backoff. `drop_downstream` keeps forwarding agent -> server
-bytes but swallows server -> agent bytes (acknowledgements never arrive).
+bytes but swallows server -> agent bytes (acknowledgements never arrive). `blackhole()` is a
+silent partition: bytes in both directions are swallowed and no close is passed on either way (no
+FIN, no RST), as when a NAT or a link drops everything, so each side learns only from its own
+heartbeat timeout.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ class TcpProxy:
         self.accepts: list[float] = []  # monotonic time of every accepted client connection
         self.refused: list[float] = []  # ... of those refused while cut
         self._cut = False
+        self._blackhole = False
         self.drop_downstream = False
         self._writers: set[asyncio.StreamWriter] = set()
         self._loop = asyncio.new_event_loop()
@@ -44,14 +48,15 @@ class TcpProxy:
     async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, down: bool) -> None:
         try:
             while data := await reader.read(65536):
-                if down and self.drop_downstream:
+                if self._blackhole or (down and self.drop_downstream):
                     continue
                 writer.write(data)
                 await writer.drain()
         except (ConnectionError, OSError):
             pass
         finally:
-            writer.close()
+            if not self._blackhole:  # a silent partition passes no close on
+                writer.close()
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         now = time.monotonic()
@@ -80,6 +85,10 @@ class TcpProxy:
 
     def cut(self) -> None:
         self._call(self._cut_all()).result(10)
+
+    def blackhole(self) -> None:
+        """From now on forward nothing and close nothing (the connections stay open)."""
+        self._blackhole = True
 
     def restore(self) -> None:
         self._cut = False

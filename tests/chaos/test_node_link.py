@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import threading
 import time
 from collections.abc import Iterator
@@ -116,6 +117,7 @@ def test_cut_websocket_reconnects_with_backoff_and_gets_nothing_while_gone(
     print(f"reconnect attempts in {CUT_S:.0f} s cut: {len(attempts)}, gaps {gaps} s")
     # Full-jitter backoff (windows 1, 2, 4 s...): a handful of attempts, never a tight loop.
     assert len(attempts) <= 8
+    _assert_exponential_full_jitter(platform.agents[node_id].log_path.read_text(), gaps)
     report = out["r"]
     requests = report["requests"]
     assert isinstance(requests, dict)
@@ -134,6 +136,33 @@ def test_cut_websocket_reconnects_with_backoff_and_gets_nothing_while_gone(
     assert len(partial) == requests["error"]  # each failed stream billed for the tokens it got
     balance, expected = balance_consistent(migrated_db_url)
     assert balance == expected
+
+
+def _assert_exponential_full_jitter(agent_log: str, gaps: list[float]) -> None:
+    """The agent's own schedule for this outage (its `reconnecting` lines): the window doubles from
+    the base (1, 2, 4 s... — growth), each delay is a uniform draw below its window (plus a
+    refusal's `retry_after_s`), the draws are not one fixed value (jitter), and the proxy saw the
+    dials at least that far apart (the delays were really slept). A fixed 1 s retry fails the
+    growth and the jitter checks."""
+    lines = [json.loads(line) for line in agent_log.splitlines() if line.startswith("{")]
+    schedule = [entry for entry in lines if entry.get("msg") == "reconnecting"]
+    # The cut's run of attempts: the last one starting at attempt 1 (the first after a session).
+    starts = [i for i, entry in enumerate(schedule) if entry["attempt"] == 1]
+    assert starts, f"no reconnect schedule in the agent's log: {schedule}"
+    run = schedule[starts[-1] :]
+    assert len(run) >= 3, run
+    windows = [entry["window_s"] for entry in run]
+    jitter = [entry["delay_s"] - (entry.get("retry_after_s") or 0.0) for entry in run]
+    assert [entry["attempt"] for entry in run] == list(range(1, len(run) + 1))
+    assert windows == [min(60.0, 2.0**i) for i in range(len(run))], windows  # exponential growth
+    assert all(0.0 <= j <= w for j, w in zip(jitter, windows, strict=True)), (jitter, windows)
+    fractions = {round(j / w, 2) for j, w in zip(jitter, windows, strict=True)}
+    assert len(fractions) > 1, f"every delay the same fraction of its window: no jitter ({jitter})"
+    assert len(set(jitter)) == len(jitter), f"a fixed retry delay, not a random draw: {jitter}"
+    # Dial k + 1 follows dial k by attempt k + 1's delay: the proxy's first to last refused dial span
+    # at least the delays slept in between (dials merged by `_attempts` only shorten the sum).
+    delays = [entry["delay_s"] for entry in run]
+    assert sum(gaps) >= sum(delays[1 : len(gaps) + 1]) - 0.2, (gaps, delays)
 
 
 def _attempts(accepts: list[float]) -> list[float]:

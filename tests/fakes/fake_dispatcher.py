@@ -71,6 +71,8 @@ class FakeUpstream:
             self._owner.running -= 1
 
     async def read_body(self) -> bytes:
+        if self._owner.error is not None:
+            return json.dumps(self._owner.error).encode()
         return json.dumps(error_body("no healthy node", "service_unavailable", None, "no_node")).encode()
 
     async def _settle(self) -> None:
@@ -110,6 +112,7 @@ class FakeDispatcher:
         status: int = 200,
         gate: asyncio.Event | None = None,
         die_after: int | None = None,
+        error: dict[str, Any] | None = None,
     ) -> None:
         self.ledger = ledger
         self.redis = redis
@@ -118,6 +121,7 @@ class FakeDispatcher:
         self.status = status
         self.gate = gate
         self.die_after = die_after
+        self.error = error  # the error body a non-200 answer carries (default: a 503 `no_node`)
         self.requests: list[DispatchRequest] = []
         self.running = 0
         self.max_running = 0

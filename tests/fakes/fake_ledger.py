@@ -24,6 +24,7 @@ class Row:
     status: ReservationStatus = ReservationStatus.RESERVED
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    quota_subject: str | None = None
 
 
 @dataclass
@@ -42,9 +43,12 @@ class FakeLedger:
         model: str,
         estimated_prompt_tokens: int,
         max_tokens: int,
+        quota_subject: str | None = None,
     ) -> Reservation:
         estimate = estimated_prompt_tokens + max_tokens
-        self.rows[request_id] = Row(request_id, team_id, key_id, model, estimate, self.clock())
+        self.rows[request_id] = Row(
+            request_id, team_id, key_id, model, estimate, self.clock(), quota_subject=quota_subject
+        )
         return Reservation(request_id, team_id, key_id, model, estimate)
 
     def add(self, request_id: str, model: str = "m", created_at: datetime | None = None) -> None:
@@ -56,7 +60,14 @@ class FakeLedger:
         if row is None:
             return SettleResult(SettleOutcome.UNKNOWN, request_id)
         if row.status is not ReservationStatus.RESERVED:
-            return SettleResult(SettleOutcome.ALREADY_FINAL, request_id, row.team_id, row.key_id, row.model)
+            return SettleResult(
+                SettleOutcome.ALREADY_FINAL,
+                request_id,
+                row.team_id,
+                row.key_id,
+                row.model,
+                quota_subject=row.quota_subject,
+            )
         row.status = ReservationStatus.SETTLED
         row.prompt_tokens, row.completion_tokens = prompt_tokens, completion_tokens
         return SettleResult(
@@ -68,6 +79,7 @@ class FakeLedger:
             prompt_tokens,
             completion_tokens,
             prompt_tokens + completion_tokens,
+            quota_subject=row.quota_subject,
         )
 
     async def cancel(self, request_id: str) -> bool:

@@ -60,6 +60,9 @@ class FakeKeys:
     async def list_keys(self, team: str | int | None = None) -> list[KeyRecord]:
         return []
 
+    async def update(self, key_id: int, changes: dict[str, int | None]) -> KeyRecord:
+        raise NotImplementedError("admin routes are tested against PostgreSQL")
+
     async def revoke(self, key_id: int) -> bool:
         return False
 

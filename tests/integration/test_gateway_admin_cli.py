@@ -28,14 +28,17 @@ def test_bootstrap_team_key_credits(
     assert json.loads(capsys.readouterr().out)["balance_microcredits"] == 3_500_000
     assert (
         main(
-            ["admin", "create-key", "--team", "ml", "--model", "llama-3.1-8b-instruct", "--max-streams", "3"]
+            [
+                *("admin", "create-key", "--team", "ml", "--model", "llama-3.1-8b-instruct"),
+                *("--max-streams", "3", "--max-tokens", "256", "--max-context", "2048"),
+            ]
         )
         == 0
     )
     key = json.loads(capsys.readouterr().out)["key"]
     with psycopg.connect(fresh_db_url) as conn:
-        row = conn.execute("SELECT hash, max_streams FROM api_keys").fetchone()
-    assert row == (hash_secret(key, b"k"), 3)
+        row = conn.execute("SELECT hash, max_streams, max_tokens, max_context FROM api_keys").fetchone()
+    assert row == (hash_secret(key, b"k"), 3, 256, 2048)
     assert main(["admin", "create-team", "ml"]) == 2  # duplicate: one line, exit 2
     assert "already exists" in capsys.readouterr().err
     assert main(["admin", "mint-admin-token", "--issuer-key", str(tmp_path / "k.pem")]) == 0

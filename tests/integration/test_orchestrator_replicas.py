@@ -142,19 +142,25 @@ async def test_a_registration_storm_admits_only_the_burst_and_spreads_the_rest(e
     assert orch.plane.metrics.registrations_refused.labels(reason="rate_limited")._value.get() == 15
 
 
-async def test_drain_and_load_model_requests_reach_a_node_through_any_replica(env: Env) -> None:
+async def test_drain_reaches_a_node_through_any_replica_and_load_model_is_retired(env: Env) -> None:
     a = await env.orchestrator()
     b = await env.orchestrator()
     node = await env.node(a, "n1")
     headers = {"Authorization": f"Bearer {TOKEN}"}
-    async with env.session.post(
-        b.url + "/internal/v1/nodes/n1/load_model", json={"name": "big"}, headers=headers
-    ) as r:
-        assert r.status == 202
-    await node.wait_for(lambda: node.loads == ["big"])
+    for replica in (a, b):  # retired: 501 with a message, on the owner and elsewhere; nothing is sent
+        async with env.session.post(
+            replica.url + "/internal/v1/nodes/n1/load_model", json={"name": "big"}, headers=headers
+        ) as r:
+            assert r.status == 501
+            error = (await r.json())["error"]
+            assert error["code"] == "not_implemented"
+            assert "restart the node's agent" in error["message"]
+    async with env.session.post(a.url + "/internal/v1/nodes/n1/load_model", json={"name": "big"}) as r:
+        assert r.status == 401  # the internal token still comes first
     async with env.session.post(b.url + "/internal/v1/nodes/n1/drain", headers=headers) as r:
         assert r.status == 202
     await node.wait_for(lambda: node.drains == 1)
+    assert node.loads == []  # the drain went the same way after the load_model calls: none was sent
 
     def not_routable() -> bool:
         view = b.plane.fleet.get("n1")

@@ -10,6 +10,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from apps.core.quota.admission import Limits, QuotaStore, Verdict
+from apps.gateway.settings import GatewaySettings
 
 
 @pytest.fixture
@@ -20,10 +21,11 @@ async def rds(redis_url: str) -> AsyncIterator[aioredis.Redis]:
 
 
 NOW = datetime(2026, 11, 29, 10, 0, tzinfo=UTC)
+LEASE_S = GatewaySettings().stream_lease_s
 
 
 async def test_max_streams_exact_under_concurrency(rds: aioredis.Redis) -> None:
-    q = QuotaStore(rds)
+    q = QuotaStore(rds, lease_s=LEASE_S)
     results = await asyncio.gather(*(q.admit("k", f"r{i}", Limits(max_streams=5), NOW) for i in range(200)))
     assert sum(r.admitted for r in results) == 5
     refused = [r for r in results if not r.admitted]
@@ -39,7 +41,7 @@ async def test_max_streams_exact_under_concurrency(rds: aioredis.Redis) -> None:
 
 
 async def test_rpm_sliding_window_and_no_slot_leak(rds: aioredis.Redis) -> None:
-    q = QuotaStore(rds)
+    q = QuotaStore(rds, lease_s=LEASE_S)
     lim = Limits(max_streams=10, rpm=3)
     for i in range(3):
         r = await q.admit("k", f"a{i}", lim, NOW + timedelta(seconds=i))
@@ -55,7 +57,7 @@ async def test_rpm_sliding_window_and_no_slot_leak(rds: aioredis.Redis) -> None:
 
 
 async def test_tokens_per_day(rds: aioredis.Redis) -> None:
-    q = QuotaStore(rds)
+    q = QuotaStore(rds, lease_s=LEASE_S)
     await rds.set("tpd:k:20261129", 1000)
     r = await q.admit("k", "x", Limits(tokens_per_day=1000), NOW)
     assert r.verdict is Verdict.TOKENS_PER_DAY
@@ -100,7 +102,7 @@ async def test_settle_usage_counts_tokens_once(rds: aioredis.Redis, migrated_db_
 
 
 async def test_a_request_id_holding_a_slot_is_a_duplicate_and_writes_nothing(rds: aioredis.Redis) -> None:
-    q = QuotaStore(rds)
+    q = QuotaStore(rds, lease_s=LEASE_S)
     lim = Limits(max_streams=2, rpm=10)
     assert (await q.admit("k", "same", lim, NOW)).admitted
     again = await q.admit("k", "same", lim, NOW + timedelta(seconds=1))

@@ -138,7 +138,9 @@ async def test_migration_backfills_rows_settled_before_it(fresh_db_url: str, tmp
     before = tmp_path / "before"
     before.mkdir()
     for path in MIGRATIONS_DIR.glob("*.sql"):
-        if path.name < "0005":
+        # Every migration but the rollups' own: today's code writes the rows, and it needs the
+        # columns of the later migrations (0006's key caps and quota subject).
+        if not path.name.startswith("0005"):
             shutil.copy(path, before / path.name)
     migrate_sync(fresh_db_url, before)
     async with AsyncConnectionPool(fresh_db_url, min_size=1, max_size=2, kwargs={"autocommit": True}) as p:

@@ -156,3 +156,81 @@ async def test_a_successful_or_bad_request_is_not_a_refusal(env: Env) -> None:
     assert (await env.chat()).status_code == 200
     assert (await env.chat(max_tokens=-1)).status_code == 400
     assert env.refusals.counted == []
+
+
+@pytest.mark.parametrize(
+    ("status", "error", "expected"),
+    [
+        (
+            429,
+            ("the queue is full", "rate_limit_error", None, "queue_full"),
+            (429, "rate_limit_error", None, "queue_full"),
+        ),
+        (
+            503,
+            ("no node within 30 s", "service_unavailable", None, "queue_timeout"),
+            (503, "service_unavailable", None, "queue_timeout"),
+        ),
+        # The engine's own 400 (vLLM's context check): its param and type are the client's answer.
+        (
+            400,
+            ("This model's maximum context length is 4096 tokens.", "BadRequestError", "messages", None),
+            (400, "BadRequestError", "messages", "invalid_request"),
+        ),
+        (
+            404,
+            ("model 'x' is not served here", "invalid_request_error", "model", "model_not_found"),
+            (404, "invalid_request_error", "model", "model_not_found"),
+        ),
+        (
+            502,
+            ("no first token within 60 s", "server_error", None, "timeout"),
+            (502, "server_error", None, "timeout"),
+        ),
+    ],
+)
+async def test_the_orchestrators_error_reaches_the_client_with_its_code_and_param(
+    env: Env, status: int, error: tuple[str, str, str | None, str | None], expected: tuple[Any, ...]
+) -> None:
+    message, error_type, param, code = error
+    env.dispatcher.status = status
+    env.dispatcher.error = {"error": {"message": message, "type": error_type, "param": param, "code": code}}
+    resp = await env.chat()
+    got = resp.json()["error"]
+    assert (resp.status_code, got["type"], got["param"], got["code"]) == expected
+    assert got["message"] == message
+    if status in (429, 503):
+        assert resp.headers["retry-after"] == "3"  # the orchestrator's hint
+    assert env.quota.held == set()
+
+
+async def test_a_non_streaming_request_ends_at_the_maximum_request_time() -> None:
+    # Chunks keep coming (no idle or first-token deadline trips): only the whole-request bound
+    # ends it, with a 502, and its stream slot is given back.
+    ledger = RefusingLedger()
+    quota = FakeQuota()
+    keys = FakeKeys()
+    keys.add(KEY)
+    dispatcher = FakeDispatcher(ledger, None, tokens=10_000, delay_s=0.01)
+    deps = GatewayDeps(
+        spec=load_spec("dev"),
+        ledger=ledger,
+        teams=FakeTeams(),
+        keys=keys,
+        quota=quota,
+        dispatcher=dispatcher,
+        nodes=FakeNodeAdmin(),
+        health=StaticHealth(),
+        resolver=StaticResolver(),
+    )
+    settings = GatewaySettings(secret_key="test-secret", max_request_s=0.3, first_token_s=30, idle_s=30)
+    app = create_app(settings, deps)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw") as client:
+        body = {**BODY, "max_tokens": 4096}
+        resp = await client.post(
+            "/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {KEY}"}
+        )
+    assert resp.status_code == 502, resp.text
+    assert resp.json()["error"]["message"] == "upstream timed out"
+    assert quota.held == set()
+    assert dispatcher.closed == 1

@@ -72,6 +72,7 @@ async def run_relay(
         watch_usage=True,
         cleanup=cleanup,
         cleanup_timeout_s=2.0,
+        max_request_s=kw.get("max_request_s"),
     )
     await relay({"type": "http"}, client.receive, client.send)
     return relay.outcome, calls
@@ -117,6 +118,19 @@ async def test_first_token_timeout() -> None:
     outcome, _ = await run_relay(ScriptedUpstream([], hang_after=True), client, first_token_s=0.05)
     assert outcome.ended == "timeout"
     assert b"first token timeout" in client.body()
+
+
+async def test_max_request_time_ends_a_stream_that_is_never_idle_long_enough() -> None:
+    # The idle and first-token deadlines are far away: only the whole-stream bound can end it, so
+    # a stream never outlives its slot's lease (max_request_s + margin).
+    client = FakeClient()
+    upstream = ScriptedUpstream([CHUNK, CHUNK], hang_after=True)
+    outcome, calls = await run_relay(upstream, client, first_token_s=30.0, idle_s=30.0, max_request_s=0.05)
+    assert outcome.ended == "timeout"
+    assert b"maximum request time" in client.body()
+    assert client.body().endswith(SSE_DONE)
+    assert upstream.closed
+    assert calls == ["timeout"]
 
 
 async def test_client_disconnect_cancels_relay_and_cleans_up() -> None:

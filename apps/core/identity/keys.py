@@ -44,6 +44,8 @@ class KeyRecord:
     expires_at: datetime | None
     revoked_at: datetime | None
     created_at: datetime
+    max_tokens: int | None = None  # the most completion tokens one request may ask for (per choice)
+    max_context: int | None = None  # the most prompt (the gateway's bound) + max_tokens one request may use
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -56,6 +58,8 @@ class KeyRecord:
             "rpm": self.rpm,
             "tokens_per_day": self.tokens_per_day,
             "max_streams": self.max_streams,
+            "max_tokens": self.max_tokens,
+            "max_context": self.max_context,
             "expires_at": self.expires_at.isoformat() if self.expires_at else None,
             "revoked_at": self.revoked_at.isoformat() if self.revoked_at else None,
             "created_at": self.created_at.isoformat(),
@@ -71,12 +75,15 @@ class KeyRecord:
             model_allowlist=self.model_allowlist,
             limits=Limits(self.max_streams, self.rpm, self.tokens_per_day),
             expires_at=self.expires_at,
+            max_tokens=self.max_tokens,
+            max_context=self.max_context,
         )
 
 
 _SELECT = (
     "SELECT k.id, k.team_id, t.name, k.prefix, k.name, k.model_allowlist, k.rpm, k.tokens_per_day, "
-    "k.max_streams, k.expires_at, k.revoked_at, k.created_at FROM api_keys k JOIN teams t ON t.id = k.team_id "
+    "k.max_streams, k.expires_at, k.revoked_at, k.created_at, k.max_tokens, k.max_context "
+    "FROM api_keys k JOIN teams t ON t.id = k.team_id "
 )
 
 
@@ -94,7 +101,13 @@ def _record(row: Sequence[Any]) -> KeyRecord:
         expires_at=row[9],
         revoked_at=row[10],
         created_at=row[11],
+        max_tokens=row[12],
+        max_context=row[13],
     )
+
+
+# The limits an admin sets on a key; `update` changes only the ones it is given.
+LIMIT_FIELDS = ("rpm", "tokens_per_day", "max_streams", "max_tokens", "max_context")
 
 
 class KeyStore:
@@ -134,9 +147,18 @@ class KeyStore:
         max_streams: int | None = None,
         expires_at: datetime | None = None,
         name: str | None = None,
+        max_tokens: int | None = None,
+        max_context: int | None = None,
     ) -> tuple[str, KeyRecord]:
         """Returns `(key, record)`; the key is never retrievable again."""
-        for field, value in (("rpm", rpm), ("tokens_per_day", tokens_per_day), ("max_streams", max_streams)):
+        limits = {
+            "rpm": rpm,
+            "tokens_per_day": tokens_per_day,
+            "max_streams": max_streams,
+            "max_tokens": max_tokens,
+            "max_context": max_context,
+        }
+        for field, value in limits.items():
             if value is not None and value <= 0:
                 raise InvalidRequest(f"{field} must be positive", param=field)
         if expires_at is not None and expires_at.tzinfo is None:
@@ -150,7 +172,8 @@ class KeyStore:
                 raise NotFound(f"team {team!r} does not exist", param="team", code="team_not_found")
             cur = await conn.execute(
                 "INSERT INTO api_keys (team_id, hash, prefix, name, model_allowlist, rpm, tokens_per_day, "
-                "max_streams, expires_at) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s) RETURNING id",
+                "max_streams, expires_at, max_tokens, max_context) "
+                "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) RETURNING id",
                 (
                     row[0],
                     hash_secret(secret, self._secret),
@@ -161,6 +184,8 @@ class KeyStore:
                     tokens_per_day,
                     max_streams,
                     expires_at,
+                    max_tokens,
+                    max_context,
                 ),
             )
             new = await cur.fetchone()
@@ -179,6 +204,31 @@ class KeyStore:
                 where, param = team_where(team)
                 cur = await conn.execute((_SELECT + f"WHERE {where} ORDER BY k.id").encode(), (param,))
             return [_record(r) for r in await cur.fetchall()]
+
+    async def update(self, key_id: int, changes: dict[str, int | None]) -> KeyRecord:
+        """Set (or, with None, clear) some of a key's limits (`LIMIT_FIELDS`); every replica uses
+        them within the cache TTL (5 s), this one at once."""
+        unknown = [f for f in changes if f not in LIMIT_FIELDS]
+        if unknown:
+            raise InvalidRequest(f"unknown key limit: {unknown[0]}", param=unknown[0])
+        for field, value in changes.items():
+            if value is not None and value <= 0:
+                raise InvalidRequest(f"{field} must be positive", param=field)
+        async with self._pool.connection() as conn:
+            if changes:
+                assignments = ", ".join(f"{f} = %s" for f in changes)  # names from LIMIT_FIELDS only
+                cur = await conn.execute(
+                    f"UPDATE api_keys SET {assignments} WHERE id = %s RETURNING hash".encode(),  # noqa: S608
+                    (*changes.values(), key_id),
+                )
+                row = await cur.fetchone()
+                if row is not None:
+                    self._cache.pop(str(row[0]), None)
+            cur = await conn.execute((_SELECT + "WHERE k.id = %s").encode(), (key_id,))
+            rec = await cur.fetchone()
+        if rec is None:
+            raise NotFound(f"key {key_id} does not exist", param="id", code="key_not_found")
+        return _record(rec)
 
     async def revoke(self, key_id: int) -> bool:
         async with self._pool.connection() as conn:

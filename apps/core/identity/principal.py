@@ -20,6 +20,9 @@ class Principal:
     is_admin: bool = False
     expires_at: datetime | None = None
     models_restricted: bool = False  # the allowlist applies even when empty (a JWT `models: []`)
+    # Per-key request caps (`api_keys.max_tokens`, `.max_context`; None: the model's own bounds).
+    max_tokens: int | None = None
+    max_context: int | None = None
 
     def may_use(self, model: str) -> bool:
         if not self.model_allowlist and not self.models_restricted:

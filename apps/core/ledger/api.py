@@ -51,6 +51,16 @@ class SettleResult:
     completion_tokens: int = 0
     cost_microcredits: int = 0
     written_off_microcredits: int = 0  # cost the balance could not cover (never, in normal operation)
+    # Whose daily token quota counts this request (the admission's subject: a key id or
+    # `jwt-<sub>`); None: the key id (a row reserved without one).
+    quota_subject: str | None = None
+
+    @property
+    def tokens_subject(self) -> str | None:
+        """The `tpd:{subject}:{day}` counter's subject, or None (nothing to count)."""
+        if self.quota_subject:
+            return self.quota_subject
+        return str(self.key_id) if self.key_id is not None else None
 
 
 class Ledger(Protocol):
@@ -63,8 +73,10 @@ class Ledger(Protocol):
         model: str,
         estimated_prompt_tokens: int,
         max_tokens: int,
+        quota_subject: str | None = None,
     ) -> Reservation:
-        """Insert a `reserved` row; `InsufficientBalance` (402) if balance - open reservations < estimate."""
+        """Insert a `reserved` row; `InsufficientBalance` (402) if balance - open reservations < estimate.
+        `quota_subject`: whose daily token quota the settle counts (`SettleResult.tokens_subject`)."""
         ...
 
     async def settle(self, request_id: str, prompt_tokens: int, completion_tokens: int) -> SettleResult:

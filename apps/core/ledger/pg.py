@@ -48,8 +48,8 @@ WITH claimed AS (
     RETURNING id
 ), inserted AS (
     INSERT INTO usage_ledger (request_id, team_id, key_id, model, prompt_price_per_million,
-                              completion_price_per_million, estimated_cost_microcredits)
-    SELECT %(rid)s, id, %(key)s, %(model)s, %(pp)s, %(cp)s, %(est)s FROM claimed
+                              completion_price_per_million, estimated_cost_microcredits, quota_subject)
+    SELECT %(rid)s, id, %(key)s, %(model)s, %(pp)s, %(cp)s, %(est)s, %(subject)s FROM claimed
     RETURNING 1
 )
 SELECT t.balance_microcredits, t.reserved_microcredits, (SELECT count(*) FROM inserted)
@@ -81,11 +81,11 @@ WITH r AS (
            cost_microcredits = t.charged, uncharged_microcredits = t.cost - t.charged, finalized_at = now()
     FROM t WHERE usage_ledger.request_id = %(rid)s
     RETURNING usage_ledger.team_id, usage_ledger.key_id, usage_ledger.model, t.charged,
-              t.cost - t.charged AS written_off
+              t.cost - t.charged AS written_off, usage_ledger.quota_subject
 )
-SELECT 'settled', team_id, key_id, model, charged, written_off FROM settled
+SELECT 'settled', team_id, key_id, model, charged, written_off, quota_subject FROM settled
 UNION ALL
-SELECT 'final', team_id, key_id, model, 0, 0 FROM usage_ledger
+SELECT 'final', team_id, key_id, model, 0, 0, quota_subject FROM usage_ledger
 WHERE request_id = %(rid)s AND NOT EXISTS (SELECT 1 FROM settled)
 """
 
@@ -130,6 +130,7 @@ class PgLedger:
         model: str,
         estimated_prompt_tokens: int,
         max_tokens: int,
+        quota_subject: str | None = None,
     ) -> Reservation:
         estimate = self.estimate(model, estimated_prompt_tokens, max_tokens)
         prices = self._prices[model]
@@ -138,6 +139,7 @@ class PgLedger:
             "est": estimate,
             "rid": request_id,
             "key": key_id,
+            "subject": quota_subject,
             "model": model,
             "pp": prices.prompt_per_million_microcredits,
             "cp": prices.completion_per_million_microcredits,
@@ -168,9 +170,11 @@ class PgLedger:
             row = await cur.fetchone()
         if row is None:
             return SettleResult(SettleOutcome.UNKNOWN, request_id)
-        outcome, team_id, key_id, model, charged, written_off = row
+        outcome, team_id, key_id, model, charged, written_off, subject = row
         if outcome != "settled":
-            return SettleResult(SettleOutcome.ALREADY_FINAL, request_id, team_id, key_id, model)
+            return SettleResult(
+                SettleOutcome.ALREADY_FINAL, request_id, team_id, key_id, model, quota_subject=subject
+            )
         return SettleResult(
             SettleOutcome.SETTLED,
             request_id,
@@ -181,6 +185,7 @@ class PgLedger:
             completion_tokens,
             int(charged),
             int(written_off),
+            subject,
         )
 
     @postgres_boundary()

@@ -35,6 +35,8 @@ class DrainMsg(_Msg):
 
 
 class LoadModelMsg(_Msg):
+    """Retired (`load_model` answers 501): decoded from an older replica and dropped."""
+
     op: Literal["load_model"] = "load_model"
     name: str
 

@@ -141,6 +141,9 @@ class Cancel(_Frame):
 
 
 class LoadModel(_Frame):
+    """Retired: no orchestrator sends it any more (its endpoint answers 501). Kept in the protocol so
+    an agent still decodes it from an older orchestrator (and logs and ignores it, as it always did)."""
+
     type: Literal["load_model"] = "load_model"
     name: str
 

@@ -160,7 +160,9 @@ def seconds_to_utc_midnight(now: datetime) -> float:
 class QuotaStore:
     """The Redis side of admission; `redis` is a `redis.asyncio.Redis`."""
 
-    def __init__(self, redis: Any, *, lease_s: float = 3600.0) -> None:
+    def __init__(self, redis: Any, *, lease_s: float) -> None:
+        """`lease_s`: the stream slot's lease, the longest request plus a margin
+        (`GatewaySettings.stream_lease_s`)."""
         self._redis = redis
         self._lease_ms = int(lease_s * 1000)
         self._script = redis.register_script(ADMIT_LUA)

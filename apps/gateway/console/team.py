@@ -162,6 +162,7 @@ def team_routes(console: Console) -> list[Route]:
             secret, record = await deps.keys.create(
                 team=session.team_id or 0, model_allowlist=allow, rpm=positive_int(form, "rpm"),
                 tokens_per_day=positive_int(form, "tokens_per_day"), max_streams=positive_int(form, "max_streams"),
+                max_tokens=positive_int(form, "max_tokens"), max_context=positive_int(form, "max_context"),
                 expires_at=expiry(form, deps.clock()), name=name,
             )  # fmt: skip
         except Problem as problem:
