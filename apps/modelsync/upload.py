@@ -73,11 +73,18 @@ def local_files(root: Path) -> list[LocalFile]:
     out: list[LocalFile] = []
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames.sort()
+        for name in dirnames:
+            if (Path(dirpath) / name).is_symlink():  # os.walk does not descend: never skip silently
+                raise ModelSyncError(
+                    f"{Path(dirpath) / name}: symlinked directory, not followed", param="from"
+                )
         for name in sorted(filenames):
             path = Path(dirpath) / name
             relative = PurePosixPath(path.relative_to(root).as_posix())
-            if relative == PurePosixPath(MARKER) or not path.is_file():
+            if relative == PurePosixPath(MARKER):
                 continue
+            if not path.is_file():  # a dangling link (an unfinished download) or a socket/fifo
+                raise ModelSyncError(f"{path}: not a readable regular file", param="from")
             out.append(_hashed(path, relative))
     if not out:
         raise ModelSyncError(f"{root}: no files to upload", param="from")

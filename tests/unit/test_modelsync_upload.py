@@ -15,7 +15,7 @@ from moto import mock_aws
 from apps.cli.main import main
 from apps.core.spec import load_spec
 from apps.modelsync.s3 import Boto3ObjectStore
-from apps.modelsync.sync import MARKER, SyncOutcome, sync_model
+from apps.modelsync.sync import MARKER, ModelSyncError, SyncOutcome, sync_model
 from apps.modelsync.upload import RemoteFile, UploadResult, upload_model
 
 BUCKET = "llmfleet-models"
@@ -132,6 +132,26 @@ def test_uploading_a_synced_cache_copy_leaves_out_the_marker(
     assert (result.files, result.uploaded) == (5, 5)
     keys = {o.key for o in store.list_objects(BUCKET, "copy/rev1/")}
     assert f"copy/rev1/{MARKER}" not in keys
+
+
+def test_symlinked_files_are_read_through_but_dangling_links_and_linked_dirs_refused(
+    s3: object, weights: Path, tmp_path: Path
+) -> None:
+    store = Boto3ObjectStore(s3)  # type: ignore[arg-type]
+    blob = tmp_path / "blob"
+    blob.write_bytes(b"via link")
+    (weights / "linked.json").symlink_to(blob)  # Hugging Face cache snapshots are links into blobs/
+    upload_model(store, BUCKET, MODEL, "rev1", weights)
+    body = s3.get_object(Bucket=BUCKET, Key=f"{MODEL}/rev1/linked.json")["Body"].read()  # type: ignore[attr-defined]
+    assert body == b"via link"
+    (weights / "dangling.json").symlink_to(tmp_path / "missing")
+    with pytest.raises(ModelSyncError, match=r"dangling\.json: not a readable regular file"):
+        upload_model(store, BUCKET, MODEL, "rev2", weights)
+    (weights / "dangling.json").unlink()
+    (weights / "more").symlink_to(tmp_path, target_is_directory=True)
+    with pytest.raises(ModelSyncError, match="more: symlinked directory, not followed"):
+        upload_model(store, BUCKET, MODEL, "rev2", weights)
+    assert not list(store.list_objects(BUCKET, f"{MODEL}/rev2/"))  # refused before anything is sent
 
 
 def _cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
