@@ -99,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
         return _upload(args, settings)
     if not args.model or not args.revision:
         raise ModelSyncError(
-            "--model and --revision are required (or use `model-sync upload`)", param="model"
+            "--model and --revision are required to copy (to upload: model-sync upload)", param="model"
         )
     bucket = _bucket(args, settings)
     dest: Path = args.dest or settings.model_cache_dir
