@@ -61,6 +61,14 @@ def of_kind(objs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
     return [o for o in objs if o["kind"] == kind]
 
 
+def pinned_chart_version(release: str) -> str:
+    """The version `infra/components/addons.py` pins for one Helm release."""
+    with warnings.catch_warnings():  # pulumi_eks warns on import; render_program filters it the same way
+        warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"pulumi_(aws|eks)(\.|$)")
+        from infra.components.addons import CHARTS
+    return CHARTS[release][3]
+
+
 def pinned_controller_charts() -> dict[str, str]:
     """The chart versions of the controllers whose upstream IAM policy the program vendors."""
     with warnings.catch_warnings():  # pulumi_eks warns on import; render_program filters it the same way
