@@ -17,11 +17,16 @@ from infra.manifests import karpenter as manifests
 from infra.manifests.iam import karpenter_controller
 
 KARPENTER_VERSION = "1.14.1"
+# The upstream getting-started template's EventBridge rules and queue policy (infra/policies/karpenter-*).
 INTERRUPTION_EVENTS = {
     "spot-interruption": {"source": ["aws.ec2"], "detail-type": ["EC2 Spot Instance Interruption Warning"]},
     "rebalance": {"source": ["aws.ec2"], "detail-type": ["EC2 Instance Rebalance Recommendation"]},
     "state-change": {"source": ["aws.ec2"], "detail-type": ["EC2 Instance State-change Notification"]},
     "scheduled-change": {"source": ["aws.health"], "detail-type": ["AWS Health Event"]},
+    "capacity-reservation-interruption": {
+        "source": ["aws.ec2"],
+        "detail-type": ["EC2 Capacity Reservation Instance Interruption Warning"],
+    },
 }
 
 
@@ -74,7 +79,15 @@ class Karpenter(pulumi.ComponentResource):
                                 "Principal": {"Service": ["events.amazonaws.com", "sqs.amazonaws.com"]},
                                 "Action": "sqs:SendMessage",
                                 "Resource": arn,
-                            }
+                            },
+                            {
+                                "Sid": "DenyHTTP",
+                                "Effect": "Deny",
+                                "Action": "sqs:*",
+                                "Resource": arn,
+                                "Condition": {"Bool": {"aws:SecureTransport": False}},
+                                "Principal": "*",
+                            },
                         ],
                     }
                 )

@@ -76,10 +76,16 @@ for _tag in ("!Sub", "!Ref", "!GetAtt"):
     _CloudFormationLoader.add_constructor(_tag, _intrinsic)
 
 
+def karpenter_template(version: str) -> dict[str, Any]:
+    """Karpenter's getting-started CloudFormation template for `version` (intrinsics as plain values)."""
+    src = source("karpenter", version)
+    template: dict[str, Any] = yaml.load(src.path.read_text(), Loader=_CloudFormationLoader)  # noqa: S506
+    return template
+
+
 def karpenter_policy_templates(version: str) -> dict[str, str]:
     """The controller's managed policies of the getting-started template, `!Sub` text unresolved."""
-    src = source("karpenter", version)
-    template = yaml.load(src.path.read_text(), Loader=_CloudFormationLoader)  # noqa: S506 (safe loader)
+    template = karpenter_template(version)
     return {
         name: str(res["Properties"]["PolicyDocument"])
         for name, res in template["Resources"].items()

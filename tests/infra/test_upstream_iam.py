@@ -156,3 +156,29 @@ def test_scoping_allows_only_what_upstream_grants_unconditionally() -> None:
     assert is_scoped({"Statement": [ingress]}) != []
     assert is_scoped({"Statement": [delete]}, lbc) != []
     assert is_scoped({"Statement": [{**delete, "Action": ["ec2:*"]}]}, lbc) != []
+
+
+def test_interruption_rules_and_queue_policy_are_upstream_s(resources: list[dict[str, Any]]) -> None:
+    template = upstream.karpenter_template(PINNED["karpenter"])["Resources"]
+    theirs = {
+        json.dumps(r["Properties"]["EventPattern"], sort_keys=True)
+        for r in template.values()
+        if r["Type"] == "AWS::Events::Rule"
+    }
+    ours = {
+        r["inputs"]["eventPattern"]
+        for r in resources
+        if r["type"] == "aws:cloudwatch/eventRule:EventRule" and r["parent"] == "llmfleet:infra:Karpenter"
+    }
+    assert ours == theirs
+    queue = next(r["inputs"] for r in resources if r["type"] == "aws:sqs/queue:Queue")
+    upstream_queue = template["KarpenterInterruptionQueue"]["Properties"]
+    assert queue["messageRetentionSeconds"] == upstream_queue["MessageRetentionPeriod"]
+    assert queue["sqsManagedSseEnabled"] is upstream_queue["SqsManagedSseEnabled"]
+    policy = json.loads(
+        next(r["inputs"]["policy"] for r in resources if r["type"] == "aws:sqs/queuePolicy:QueuePolicy")
+    )
+    arn = policy["Statement"][0]["Resource"]
+    expected = template["KarpenterInterruptionQueuePolicy"]["Properties"]["PolicyDocument"]["Statement"]
+    resolved = json.loads(json.dumps(expected).replace('"KarpenterInterruptionQueue.Arn"', json.dumps(arn)))
+    assert policy["Statement"] == resolved
