@@ -15,6 +15,8 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -93,6 +95,19 @@ def _bucket(args: argparse.Namespace, settings: ModelSyncSettings) -> str:
     return str(bucket)
 
 
+@contextmanager
+def _one_line_errors(url: str, local: Path) -> Iterator[None]:
+    """S3 and file-system failures become one `ModelSyncError` line naming what failed."""
+    from botocore.exceptions import BotoCoreError, ClientError  # present whenever `_store` succeeded
+
+    try:
+        yield
+    except (BotoCoreError, ClientError) as exc:
+        raise ModelSyncError(f"{url}: {exc}") from None
+    except OSError as exc:
+        raise ModelSyncError(f"{local}: {exc}") from None
+
+
 def run(args: argparse.Namespace) -> int:
     settings = ModelSyncSettings()
     if args.action == "upload":
@@ -104,15 +119,9 @@ def run(args: argparse.Namespace) -> int:
     bucket = _bucket(args, settings)
     dest: Path = args.dest or settings.model_cache_dir
     store = _store(args, settings)
-    from botocore.exceptions import BotoCoreError, ClientError
-
     started = time.monotonic()
-    try:
+    with _one_line_errors(f"s3://{bucket}/{args.model}/{args.revision}/", dest):
         result = sync_model(store, bucket, args.model, args.revision, dest)
-    except (BotoCoreError, ClientError) as exc:
-        raise ModelSyncError(f"s3://{bucket}/{args.model}/{args.revision}/: {exc}") from None
-    except OSError as exc:
-        raise ModelSyncError(f"{dest}: {exc}") from None
     _log(
         "model sync finished",
         model=args.model,
@@ -141,15 +150,9 @@ def _upload(args: argparse.Namespace, settings: ModelSyncSettings) -> int:
         raise ModelSyncError(f"--from {source}: no such directory", param="from")
     bucket = _bucket(args, settings)
     store = _store(args, settings)
-    from botocore.exceptions import BotoCoreError, ClientError
-
     started = time.monotonic()
-    try:
+    with _one_line_errors(f"s3://{bucket}/{args.model}/{model.revision}/", source):
         result = upload_model(store, bucket, args.model, model.revision, source)
-    except (BotoCoreError, ClientError) as exc:
-        raise ModelSyncError(f"s3://{bucket}/{args.model}/{model.revision}/: {exc}") from None
-    except OSError as exc:
-        raise ModelSyncError(f"{source}: {exc}") from None
     _log(
         "model upload finished",
         model=args.model,
