@@ -16,12 +16,16 @@ from typing import Any
 
 import yaml
 
+from apps.core.errors import LlmfleetError
+
 POLICY_DIR = Path(__file__).parent
 _PLACEHOLDER = re.compile(r"\$\{([A-Za-z0-9:.]+)\}")
 
 
-class MissingUpstreamPolicy(LookupError):
+class MissingUpstreamPolicy(LlmfleetError):
     """No vendored policy for a pinned chart version (or its source sidecar disagrees)."""
+
+    code = "missing_upstream_policy"
 
 
 @dataclass(frozen=True)

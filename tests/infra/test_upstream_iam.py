@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from apps.core.errors import LlmfleetError
 from infra.manifests.iam import (
     granted_actions,
     is_scoped,
@@ -64,6 +65,8 @@ def test_no_policy_is_vendored_for_a_version_we_do_not_pin() -> None:
 
 
 def test_a_chart_bump_without_its_policy_fails_with_one_clear_message() -> None:
+    # An LlmfleetError: `llmfleet infra render|diff` prints it as one line and exits 2.
+    assert issubclass(MissingUpstreamPolicy, LlmfleetError)
     with pytest.raises(MissingUpstreamPolicy, match=r"chart aws-load-balancer-controller 9\.9\.9: add"):
         load_balancer_controller("9.9.9")
     with pytest.raises(MissingUpstreamPolicy, match=r"chart karpenter 9\.9\.9: add"):
