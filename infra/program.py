@@ -50,14 +50,12 @@ def define(config: InfraConfig, spec: StackSpec | None = None) -> None:
             system_max=config.system_nodes_max,
         ),
     )
-    cluster_arn = pulumi.Output.concat("arn:aws:eks:", config.region, ":", account_id, ":cluster/", name)
     Karpenter(
         "karpenter",
         KarpenterArgs(
             cluster_name=name,
             region=config.region,
             account_id=account_id,
-            cluster_arn=cluster_arn,
             oidc_provider_arn=cluster.oidc_provider_arn,
             oidc_provider_url=cluster.oidc_provider_url,
             provider=cluster.provider,

@@ -61,7 +61,7 @@ class ObjectStore(Protocol):
     def download(self, bucket: str, key: str, dest: Path) -> None: ...
 
 
-def _safe_component(value: str, field: str) -> str:
+def safe_component(value: str, field: str) -> str:
     if not value or value in (".", "..") or "/" in value or value.startswith("."):
         raise ModelSyncError(f"{field}: {value!r} is not a valid path component", param=field)
     return value
@@ -95,7 +95,7 @@ def sync_model(
 
     `now` (wall-clock seconds, injectable for tests) ages leftovers of killed copies.
     """
-    final = root / _safe_component(name, "model") / _safe_component(revision, "revision")
+    final = root / safe_component(name, "model") / safe_component(revision, "revision")
     marker = final / MARKER
     if marker.is_file():
         return _result_from_marker(SyncOutcome.SKIPPED, final)

@@ -175,7 +175,7 @@ class Addons(pulumi.ComponentResource):
             oidc_provider_url=args.oidc_provider_url,
             namespace="kube-system",
             service_account="aws-load-balancer-controller",
-            policy=load_balancer_controller(args.cluster_name),
+            policy=load_balancer_controller(CHARTS["aws-load-balancer-controller"][3]),
             parent=self,
         )
         values: dict[str, dict[str, Any]] = {

@@ -17,11 +17,16 @@ from infra.manifests import karpenter as manifests
 from infra.manifests.iam import karpenter_controller
 
 KARPENTER_VERSION = "1.14.1"
+# The upstream getting-started template's EventBridge rules and queue policy (infra/policies/karpenter-*).
 INTERRUPTION_EVENTS = {
     "spot-interruption": {"source": ["aws.ec2"], "detail-type": ["EC2 Spot Instance Interruption Warning"]},
     "rebalance": {"source": ["aws.ec2"], "detail-type": ["EC2 Instance Rebalance Recommendation"]},
     "state-change": {"source": ["aws.ec2"], "detail-type": ["EC2 Instance State-change Notification"]},
     "scheduled-change": {"source": ["aws.health"], "detail-type": ["AWS Health Event"]},
+    "capacity-reservation-interruption": {
+        "source": ["aws.ec2"],
+        "detail-type": ["EC2 Capacity Reservation Instance Interruption Warning"],
+    },
 }
 
 
@@ -30,7 +35,6 @@ class KarpenterArgs:
     cluster_name: str
     region: str
     account_id: pulumi.Input[str]
-    cluster_arn: pulumi.Input[str]
     oidc_provider_arn: pulumi.Input[str]
     oidc_provider_url: pulumi.Input[str]
     provider: pulumi.ProviderResource
@@ -75,7 +79,15 @@ class Karpenter(pulumi.ComponentResource):
                                 "Principal": {"Service": ["events.amazonaws.com", "sqs.amazonaws.com"]},
                                 "Action": "sqs:SendMessage",
                                 "Resource": arn,
-                            }
+                            },
+                            {
+                                "Sid": "DenyHTTP",
+                                "Effect": "Deny",
+                                "Action": "sqs:*",
+                                "Resource": arn,
+                                "Condition": {"Bool": {"aws:SecureTransport": False}},
+                                "Principal": "*",
+                            },
                         ],
                     }
                 )
@@ -87,14 +99,15 @@ class Karpenter(pulumi.ComponentResource):
                 f"{name}-{rule_name}", event_pattern=json.dumps(pattern, sort_keys=True), opts=child
             )
             aws.cloudwatch.EventTarget(f"{name}-{rule_name}", rule=rule.name, arn=queue.arn, opts=child)
-        policy = pulumi.Output.all(args.cluster_arn, self.node_role.arn, queue.arn, args.account_id).apply(
+        # Upstream's controller policy for the pinned chart (infra/policies), resolved for this cluster.
+        policy = pulumi.Output.all(self.node_role.arn, queue.arn, args.account_id).apply(
             lambda v: karpenter_controller(
+                version=KARPENTER_VERSION,
                 cluster_name=args.cluster_name,
-                cluster_arn=str(v[0]),
-                node_role_arn=str(v[1]),
-                queue_arn=str(v[2]),
+                node_role_arn=str(v[0]),
+                queue_arn=str(v[1]),
                 region=args.region,
-                account=str(v[3]),
+                account=str(v[2]),
             )
         )
         controller = irsa_role(

@@ -4,7 +4,9 @@ Three boards: the platform overview, per-team usage, the on-premises fleet. Each
 Prometheus datasource, `model` and `team` variables (multi-select, "All" = `.*`), and panels
 whose queries read the recording rules of `infra.manifests.alerts` where one exists.
 kube-prometheus-stack's Grafana sidecar loads every ConfigMap labelled `grafana_dashboard: "1"`
-in Grafana's namespace (the chart's `grafana.sidecar.dashboards.label` / `labelValue` defaults).
+in any namespace (chart 79.5.0's `grafana.sidecar.dashboards` defaults: `label`, `labelValue`,
+`searchNamespace: ALL`; vendored in tests/fixtures/infra/charts/ and checked by
+tests/infra/test_grafana_sidecar.py). They live in Grafana's own namespace all the same.
 """
 
 from __future__ import annotations

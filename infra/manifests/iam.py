@@ -1,12 +1,16 @@
 """IAM policy documents (pure dicts): least privilege, every statement scoped.
 
 A statement may use `Resource: "*"` only for read-only describe/list actions (AWS cannot
-scope those) or behind a condition on the cluster's tags; tests enforce that rule.
+scope those), behind a condition on the cluster's tags, or where the controller's upstream
+policy for the pinned chart grants that action unconditionally; tests enforce that rule. The
+controller policies come from the upstream documents in `infra/policies/`.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+from infra.policies import upstream
 
 Policy = dict[str, Any]
 
@@ -58,210 +62,70 @@ def model_sync_read(bucket_arn: str) -> Policy:
 
 
 def karpenter_controller(
-    *, cluster_name: str, cluster_arn: str, node_role_arn: str, queue_arn: str, region: str, account: str
+    *, version: str, cluster_name: str, node_role_arn: str, queue_arn: str, region: str, account: str
 ) -> Policy:
-    tag_condition = {"StringEquals": {f"aws:RequestTag/kubernetes.io/cluster/{cluster_name}": "owned"}}
-    resource_tag = {"StringEquals": {f"aws:ResourceTag/kubernetes.io/cluster/{cluster_name}": "owned"}}
-    ec2 = f"arn:aws:ec2:{region}"
+    """Karpenter's controller policy for chart `version`, built from the upstream template's policies."""
+    return upstream.karpenter_controller(
+        version,
+        {
+            "AWS::Partition": "aws",
+            "AWS::Region": region,
+            "AWS::AccountId": account,
+            "ClusterName": cluster_name,
+            "KarpenterNodeRole.Arn": node_role_arn,
+            "KarpenterInterruptionQueue.Arn": queue_arn,
+        },
+    )
+
+
+def load_balancer_controller(version: str) -> Policy:
+    """AWS Load Balancer Controller: upstream's policy for chart `version` (it scopes by the cluster tag)."""
+    return upstream.load_balancer_controller(version)
+
+
+def _listed(value: str | list[str] | None) -> list[str]:
+    if value is None:
+        return []
+    return [value] if isinstance(value, str) else list(value)
+
+
+def _read_only(action: str) -> bool:
+    return action.split(":", 1)[1].startswith(("Describe", "List", "Get"))
+
+
+def _unscoped(stmt: Policy) -> bool:
+    return "*" in _listed(stmt.get("Resource")) and "Condition" not in stmt
+
+
+def unscoped_mutations(policy: Policy) -> set[str]:
+    """Mutating actions a policy grants on `Resource: "*"` with no condition."""
     return {
-        "Version": "2012-10-17",
-        "Statement": [
-            {
-                "Sid": "ReadOnly",
-                "Effect": "Allow",
-                "Action": [
-                    "ec2:DescribeAvailabilityZones",
-                    "ec2:DescribeImages",
-                    "ec2:DescribeInstances",
-                    "ec2:DescribeInstanceTypeOfferings",
-                    "ec2:DescribeInstanceTypes",
-                    "ec2:DescribeLaunchTemplates",
-                    "ec2:DescribeSecurityGroups",
-                    "ec2:DescribeSpotPriceHistory",
-                    "ec2:DescribeSubnets",
-                    "pricing:GetProducts",
-                ],
-                "Resource": "*",
-            },
-            {
-                "Sid": "LaunchScopedToCluster",
-                "Effect": "Allow",
-                "Action": ["ec2:RunInstances", "ec2:CreateFleet", "ec2:CreateLaunchTemplate"],
-                "Resource": [
-                    f"{ec2}:*:fleet/*",
-                    f"{ec2}:*:instance/*",
-                    f"{ec2}:*:volume/*",
-                    f"{ec2}:*:network-interface/*",
-                    f"{ec2}:*:launch-template/*",
-                    f"{ec2}:*:spot-instances-request/*",
-                ],
-                "Condition": tag_condition,
-            },
-            {
-                "Sid": "UseSharedResources",
-                "Effect": "Allow",
-                "Action": ["ec2:RunInstances", "ec2:CreateFleet"],
-                "Resource": [
-                    f"{ec2}::image/*",
-                    f"{ec2}::snapshot/*",
-                    f"{ec2}:{account}:security-group/*",
-                    f"{ec2}:{account}:subnet/*",
-                    f"{ec2}:{account}:launch-template/*",
-                ],
-            },
-            {
-                "Sid": "TagOnCreate",
-                "Effect": "Allow",
-                "Action": ["ec2:CreateTags"],
-                "Resource": [
-                    f"{ec2}:*:fleet/*",
-                    f"{ec2}:*:instance/*",
-                    f"{ec2}:*:volume/*",
-                    f"{ec2}:*:launch-template/*",
-                ],
-                "Condition": tag_condition,
-            },
-            {
-                "Sid": "TerminateOwn",
-                "Effect": "Allow",
-                "Action": ["ec2:TerminateInstances", "ec2:DeleteLaunchTemplate"],
-                "Resource": [f"{ec2}:*:instance/*", f"{ec2}:*:launch-template/*"],
-                "Condition": resource_tag,
-            },
-            {
-                "Sid": "PassNodeRole",
-                "Effect": "Allow",
-                "Action": ["iam:PassRole"],
-                "Resource": [node_role_arn],
-            },
-            {
-                "Sid": "InstanceProfiles",
-                "Effect": "Allow",
-                "Action": [
-                    "iam:CreateInstanceProfile",
-                    "iam:TagInstanceProfile",
-                    "iam:AddRoleToInstanceProfile",
-                    "iam:RemoveRoleFromInstanceProfile",
-                    "iam:DeleteInstanceProfile",
-                    "iam:GetInstanceProfile",
-                ],
-                "Resource": [f"arn:aws:iam::{account}:instance-profile/*"],
-            },
-            {
-                "Sid": "Interruption",
-                "Effect": "Allow",
-                "Action": ["sqs:DeleteMessage", "sqs:GetQueueUrl", "sqs:ReceiveMessage"],
-                "Resource": [queue_arn],
-            },
-            {
-                "Sid": "Cluster",
-                "Effect": "Allow",
-                "Action": ["eks:DescribeCluster"],
-                "Resource": [cluster_arn],
-            },
-            {
-                "Sid": "AmiParameters",
-                "Effect": "Allow",
-                "Action": ["ssm:GetParameter"],
-                "Resource": [f"arn:aws:ssm:{region}::parameter/aws/service/*"],
-            },
-        ],
+        action
+        for stmt in policy.get("Statement", [])
+        if stmt.get("Effect") == "Allow" and _unscoped(stmt)
+        for action in _listed(stmt.get("Action"))
+        if not _read_only(action)
     }
 
 
-def load_balancer_controller(cluster_name: str) -> Policy:
-    """AWS Load Balancer Controller: reads anything, changes only what carries the cluster tag."""
-    cluster_tag = {"Null": {"aws:ResourceTag/elbv2.k8s.aws/cluster": "false"}}
-    request_tag = {"Null": {"aws:RequestTag/elbv2.k8s.aws/cluster": "false"}}
+def granted_actions(policy: Policy) -> set[str]:
     return {
-        "Version": "2012-10-17",
-        "Statement": [
-            {
-                "Sid": "ReadOnly",
-                "Effect": "Allow",
-                "Action": [
-                    "ec2:DescribeAccountAttributes",
-                    "ec2:DescribeAddresses",
-                    "ec2:DescribeAvailabilityZones",
-                    "ec2:DescribeInternetGateways",
-                    "ec2:DescribeVpcs",
-                    "ec2:DescribeSubnets",
-                    "ec2:DescribeSecurityGroups",
-                    "ec2:DescribeInstances",
-                    "ec2:DescribeNetworkInterfaces",
-                    "ec2:DescribeTags",
-                    "elasticloadbalancing:DescribeLoadBalancers",
-                    "elasticloadbalancing:DescribeLoadBalancerAttributes",
-                    "elasticloadbalancing:DescribeListeners",
-                    "elasticloadbalancing:DescribeListenerCertificates",
-                    "elasticloadbalancing:DescribeListenerAttributes",
-                    "elasticloadbalancing:DescribeSSLPolicies",
-                    "elasticloadbalancing:DescribeRules",
-                    "elasticloadbalancing:DescribeTargetGroups",
-                    "elasticloadbalancing:DescribeTargetGroupAttributes",
-                    "elasticloadbalancing:DescribeTargetHealth",
-                    "elasticloadbalancing:DescribeTags",
-                    "acm:ListCertificates",
-                    "acm:DescribeCertificate",
-                ],
-                "Resource": "*",
-            },
-            {
-                "Sid": "CreateTagged",
-                "Effect": "Allow",
-                "Action": [
-                    "ec2:CreateSecurityGroup",
-                    "elasticloadbalancing:CreateLoadBalancer",
-                    "elasticloadbalancing:CreateTargetGroup",
-                    "ec2:CreateTags",
-                    "elasticloadbalancing:AddTags",
-                ],
-                "Resource": "*",
-                "Condition": request_tag,
-            },
-            {
-                "Sid": "ModifyTagged",
-                "Effect": "Allow",
-                "Action": [
-                    "ec2:AuthorizeSecurityGroupIngress",
-                    "ec2:RevokeSecurityGroupIngress",
-                    "ec2:DeleteSecurityGroup",
-                    "elasticloadbalancing:CreateListener",
-                    "elasticloadbalancing:DeleteListener",
-                    "elasticloadbalancing:CreateRule",
-                    "elasticloadbalancing:DeleteRule",
-                    "elasticloadbalancing:ModifyLoadBalancerAttributes",
-                    "elasticloadbalancing:SetSecurityGroups",
-                    "elasticloadbalancing:SetSubnets",
-                    "elasticloadbalancing:DeleteLoadBalancer",
-                    "elasticloadbalancing:ModifyTargetGroup",
-                    "elasticloadbalancing:ModifyTargetGroupAttributes",
-                    "elasticloadbalancing:DeleteTargetGroup",
-                    "elasticloadbalancing:RegisterTargets",
-                    "elasticloadbalancing:DeregisterTargets",
-                    "elasticloadbalancing:ModifyListener",
-                    "elasticloadbalancing:AddListenerCertificates",
-                    "elasticloadbalancing:RemoveListenerCertificates",
-                    "elasticloadbalancing:ModifyRule",
-                ],
-                "Resource": "*",
-                "Condition": cluster_tag,
-            },
-        ],
+        a for s in policy.get("Statement", []) if s.get("Effect") == "Allow" for a in _listed(s.get("Action"))
     }
 
 
-def is_scoped(policy: Policy) -> list[str]:
-    """Problems of a policy: wildcard actions, or `Resource: "*"` on a mutating action without a condition."""
+def is_scoped(policy: Policy, upstream_policy: Policy | None = None) -> list[str]:
+    """Problems of a policy: wildcard actions, or `Resource: "*"` on a mutating action without a
+    condition unless the controller's upstream policy grants that very action the same way (the
+    AWS Load Balancer Controller edits backend rules on security groups it did not create)."""
+    allowed = unscoped_mutations(upstream_policy) if upstream_policy else set()
     problems: list[str] = []
     for index, stmt in enumerate(policy.get("Statement", [])):
-        actions = stmt.get("Action", [])
-        actions = [actions] if isinstance(actions, str) else actions
-        resources = stmt.get("Resource", [])
-        resources = [resources] if isinstance(resources, str) else resources
+        actions = _listed(stmt.get("Action"))
         if any(a == "*" or a.endswith(":*") for a in actions):
             problems.append(f"statement {index}: wildcard action {actions}")
-        read_only = all(a.split(":", 1)[1].startswith(("Describe", "List", "Get")) for a in actions)
-        if "*" in resources and not read_only and "Condition" not in stmt:
-            problems.append(f"statement {index}: Resource '*' for {actions} without a condition")
+        if _unscoped(stmt):
+            loose = [a for a in actions if not _read_only(a) and a not in allowed]
+            if loose:
+                problems.append(f"statement {index}: Resource '*' for {loose} without a condition")
     return problems

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import pytest
@@ -58,3 +59,43 @@ def kube(resources: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def of_kind(objs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
     return [o for o in objs if o["kind"] == kind]
+
+
+def pinned_chart_version(release: str) -> str:
+    """The version `infra/components/addons.py` pins for one Helm release."""
+    with warnings.catch_warnings():  # pulumi_eks warns on import; render_program filters it the same way
+        warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"pulumi_(aws|eks)(\.|$)")
+        from infra.components.addons import CHARTS
+    return CHARTS[release][3]
+
+
+def pinned_controller_charts() -> dict[str, str]:
+    """The chart versions of the controllers whose upstream IAM policy the program vendors."""
+    with warnings.catch_warnings():  # pulumi_eks warns on import; render_program filters it the same way
+        warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"pulumi_(aws|eks)(\.|$)")
+        from infra.components.addons import CHARTS
+        from infra.components.karpenter import KARPENTER_VERSION
+    return {
+        "aws-load-balancer-controller": CHARTS["aws-load-balancer-controller"][3],
+        "karpenter": KARPENTER_VERSION,
+    }
+
+
+def upstream_controller_policies() -> dict[str, dict[str, Any]]:
+    """Upstream's policy for each controller role the program renders, by RolePolicy name
+    (placeholders resolved with stand-ins: the comparisons look at actions and scoping only)."""
+    from infra.policies import upstream
+
+    pinned = pinned_controller_charts()
+    stand_ins = {
+        "AWS::Partition": "aws",
+        "AWS::Region": "us-east-1",
+        "AWS::AccountId": "123456789012",
+        "ClusterName": "cluster",
+        "KarpenterNodeRole.Arn": "arn:aws:iam::123456789012:role/node",
+        "KarpenterInterruptionQueue.Arn": "arn:aws:sqs:us-east-1:123456789012:queue",
+    }
+    return {
+        "addons-lb-controller": upstream.load_balancer_controller(pinned["aws-load-balancer-controller"]),
+        "karpenter-controller": upstream.karpenter_controller(pinned["karpenter"], stand_ins),
+    }
