@@ -141,7 +141,8 @@ class Relay:
         self._queued_early = False  # a frame up to the first token went through the send queue
         self.socket_pieces = 0  # pieces forwarded from the engine socket's callback (`_first_piece`)
         self.tokens = 0  # content chunks (the first-token logic; billing only without a tally)
-        self.tally = TokenTally(keep_chunk_usage=client_wants_chunk_usage(assign))
+        n = assign.body.get("n")
+        self.tally = TokenTally(client_wants_chunk_usage(assign), n if isinstance(n, int) and n > 1 else 1)
         self.finish_reason: str | None = None
         self.outcome: Outcome | None = None
 

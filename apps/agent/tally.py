@@ -27,21 +27,27 @@ _PROMPT_KEY = b'"prompt_tokens":'
 _COMPLETION_KEY = b'"completion_tokens":'
 
 
-def _int_at(buf: bytes, at: int) -> int | None:
-    end = at
-    n = len(buf)
-    while end < n and 48 <= buf[end] <= 57:
-        end += 1
-    return int(buf[at:end]) if end > at else None
+def _int_after(buf: bytes, at: int, stop: int) -> int | None:
+    """The JSON integer that starts at `at` and ends at the next `,` or `}` before `stop`."""
+    end = buf.find(b",", at, stop)
+    if end < 0:
+        end = buf.find(b"}", at, stop)
+    try:
+        return int(buf[at : end if end >= 0 else stop])
+    except ValueError:
+        return None
 
 
 def _field(buf: bytes, key: bytes, start: int, stop: int) -> int | None:
     at = buf.find(key, start, stop)
-    return None if at < 0 else _int_at(buf, at + len(key))
+    return None if at < 0 else _int_after(buf, at + len(key), stop)
 
 
 def _usage_end(payload: bytes, start: int) -> int:
     """Index just past the `}` that closes the usage object opened before `start`; -1 if none."""
+    close = payload.find(b"}", start)
+    if close >= 0 and payload.find(b"{", start, close) < 0:
+        return close + 1  # the usual case: no nested object (`completion_tokens_details` null)
     depth = 1
     at = start
     while depth:
@@ -59,24 +65,35 @@ def _usage_end(payload: bytes, start: int) -> int:
 
 
 class TokenTally:
-    """`keep_chunk_usage`: the client itself asked for `continuous_usage_stats` (its chunks keep it)."""
+    """`keep_chunk_usage`: the client itself asked for `continuous_usage_stats` (its chunks keep it).
+    `choices`: the request's `n`; with one choice every chunk is choice 0 and its index is not read.
 
-    __slots__ = ("_per_choice", "keep_chunk_usage", "prompt_tokens")
+    Per chunk only the usage object is located (and cut out); its numbers are read when they are
+    needed, after an abort or a failure, from the last chunk kept per choice."""
 
-    def __init__(self, keep_chunk_usage: bool = False) -> None:
+    __slots__ = ("_last", "_one_choice", "keep_chunk_usage")
+
+    def __init__(self, keep_chunk_usage: bool = False, choices: int = 1) -> None:
         self.keep_chunk_usage = keep_chunk_usage
-        self._per_choice: dict[int, int] = {}
-        self.prompt_tokens: int | None = None  # from the engine's usage, once a chunk carried it
+        self._one_choice = choices == 1
+        self._last: dict[int, tuple[bytes, int, int]] = {}  # choice -> (payload, usage start, end)
 
     @property
     def seen(self) -> bool:
         """The engine reported a running count (else the relay falls back to counting chunks)."""
-        return bool(self._per_choice)
+        return bool(self._last)
 
     @property
     def completion_tokens(self) -> int:
         """Completion tokens generated so far, summed over choices (as the final usage sums them)."""
-        return sum(self._per_choice.values())
+        return sum(_field(p, _COMPLETION_KEY, body, end) or 0 for p, body, end in self._last.values())
+
+    @property
+    def prompt_tokens(self) -> int | None:
+        """The prompt as the engine counted it (the same on every chunk), once a chunk carried it."""
+        for payload, body, end in self._last.values():
+            return _field(payload, _PROMPT_KEY, body, end)
+        return None
 
     def take(self, payload: bytes) -> bytes:
         """Note one chunk event's usage; the event's payload as it is forwarded."""
@@ -87,14 +104,12 @@ class TokenTally:
         end = _usage_end(payload, body)
         if end < 0:
             return payload  # not an object we understand: forwarded untouched, not counted
-        completion = _field(payload, _COMPLETION_KEY, body, end)
-        if completion is not None:
+        if self._one_choice:
+            index = 0
+        else:
             index_at = payload.find(_INDEX_KEY, 0, at)
-            index = _int_at(payload, index_at + len(_INDEX_KEY)) if index_at >= 0 else 0
-            self._per_choice[index or 0] = completion
-            prompt = _field(payload, _PROMPT_KEY, body, end)
-            if prompt is not None:
-                self.prompt_tokens = prompt
+            index = (_int_after(payload, index_at + len(_INDEX_KEY), at) or 0) if index_at >= 0 else 0
+        self._last[index] = (payload, body, end)
         if self.keep_chunk_usage:
             return payload
         return payload[:at] + payload[end:]

@@ -63,12 +63,15 @@ def test_a_merged_chunk_counts_every_token_it_stands_for() -> None:
 
 
 def test_running_counts_are_per_choice_and_summed() -> None:
-    tally = TokenTally()
+    tally = TokenTally(choices=2)
     for completion in (1, 2, 3):
         tally.take(_choice_chunk(0, completion))
         tally.take(_choice_chunk(1, completion))
     tally.take(_choice_chunk(1, 4))
     assert tally.completion_tokens == 3 + 4  # as the final usage sums the choices
+    single = TokenTally()  # n = 1: the index is not even read
+    single.take(_choice_chunk(0, 5))
+    assert single.completion_tokens == 5
 
 
 def test_kept_for_a_client_that_asked_for_it() -> None:
