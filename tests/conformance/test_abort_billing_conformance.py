@@ -24,7 +24,9 @@ from tests.conformance.agent_env import PRICES, AgentFleet, agent_fleet, poll
 from tests.conformance.conftest import MAX_NUM_SEQS, EngineUnderTest
 
 LONG = 1000  # with the 8-token prompt, fits max-model-len 1024
-ABORT_AFTER = 12  # content chunks every stream has received before the abort
+# Content chunks every stream has received before the abort: few, so the abort beats completion
+# on the fast real model too (real-vllm-on-cpu.md 5); the client-disconnect test waits for more.
+ABORT_AFTER = 3
 CHUNK_USAGE = {"include_usage": True, "continuous_usage_stats": True}
 
 
@@ -126,7 +128,13 @@ async def test_aborts_under_load_settle_the_engines_running_usage(fleet: AgentFl
         assert all(r.completion_tokens < LONG for r in rows.values())
     # The ledger invariant: the balance moved by exactly the settled costs; nothing left reserved.
     assert await fleet.team_money() == (balance_before - sum(r.cost_microcredits for r in rows.values()), 0)
-    print(f"\n{fleet.engine.kind}: {merged} of {streams} aborted streams had merged chunks")
+    chunks = sum(seen[rid].content_chunks for rid in ids)
+    billed = sum(r.completion_tokens for r in rows.values())
+    print(
+        f"\n{fleet.engine.kind}: {merged} of {streams} aborted streams had merged chunks; "
+        f"{billed} completion tokens billed for {chunks} content chunks; "
+        f"{sum(r.completion_tokens < LONG for r in rows.values())} cut short by the abort"
+    )
 
 
 async def test_a_client_that_disconnects_is_billed_at_least_what_it_was_sent(fleet: AgentFleet) -> None:
