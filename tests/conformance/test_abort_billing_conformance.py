@@ -14,35 +14,17 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
-import pytest
-
-from tests.conformance.agent_env import PRICES, AgentFleet, agent_fleet, poll
-from tests.conformance.conftest import MAX_NUM_SEQS, EngineUnderTest
+from tests.conformance.agent_env import AgentFleet, cost, fleet, poll
+from tests.conformance.conftest import MAX_NUM_SEQS
 
 LONG = 1000  # with the 8-token prompt, fits max-model-len 1024
 # Content chunks every stream has received before the abort: few, so the abort beats completion
 # on the fast real model too (real-vllm-on-cpu.md 5); the client-disconnect test waits for more.
 ABORT_AFTER = 3
 CHUNK_USAGE = {"include_usage": True, "continuous_usage_stats": True}
-
-
-@pytest.fixture
-async def fleet(
-    engine: EngineUnderTest, migrated_db_url: str, redis_url: str, tmp_path: Path
-) -> AsyncIterator[AgentFleet]:
-    async with agent_fleet(engine, migrated_db_url, redis_url, tmp_path) as env:
-        yield env
-
-
-def _cost(prompt_tokens: int, completion_tokens: int) -> int:
-    return (
-        prompt_tokens * PRICES.prompt_per_million_microcredits
-        + completion_tokens * PRICES.completion_per_million_microcredits
-    ) // 1_000_000
+__all__ = ["fleet"]  # the fixture, imported from agent_env
 
 
 class Seen:
@@ -114,7 +96,7 @@ async def test_aborts_under_load_settle_the_engines_running_usage(fleet: AgentFl
         assert (row.prompt_tokens, row.completion_tokens) == (s.prompt_tokens, s.engine_count), rid
         assert row.completion_tokens >= s.content_chunks >= ABORT_AFTER
         merged += row.completion_tokens != s.content_chunks
-        assert row.cost_microcredits == _cost(row.prompt_tokens, row.completion_tokens)
+        assert row.cost_microcredits == cost(row.prompt_tokens, row.completion_tokens)
     if fleet.engine.traits.one_chunk_per_token:
         assert merged == 0
     # Tokens the engine ran past the last chunk it sent are not billed; nothing beyond its counters is.

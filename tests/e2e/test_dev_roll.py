@@ -9,7 +9,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import openai
@@ -17,22 +16,9 @@ import psutil
 import pytest
 
 from apps.cli.procs import free_port
+from tests.e2e.devproc import wait_credentials
 
 pytestmark = pytest.mark.slow
-
-START_DEADLINE_S = 150.0
-
-
-def _wait_credentials(proc: subprocess.Popen[bytes], path: Path) -> dict[str, str]:
-    deadline = time.monotonic() + START_DEADLINE_S
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, f"llmfleet dev exited with {proc.returncode}"
-        if path.exists():
-            lines = path.read_text().splitlines()
-            if len(lines) == 3:
-                return dict(line.split("=", 1) for line in lines)
-        time.sleep(0.2)  # polling for the file the child writes (no event to wait on)
-    raise AssertionError("llmfleet dev did not write credentials.env in time")
 
 
 def _pids(dev_pid: int, prefix: str) -> set[int]:
@@ -72,7 +58,7 @@ def test_roll_orchestrators_then_gateway(tmp_path: Path, migrated_db_url: str, r
             [*argv, "--orchestrators", "2", "--speed", "20"], stdout=out, stderr=subprocess.STDOUT, env=env
         )
     try:
-        creds = _wait_credentials(proc, data_dir / "credentials.env")
+        creds = wait_credentials(proc, data_dir / "credentials.env")
         assert _answer(creds)
         orchestrators = _pids(proc.pid, "orchestrator")
         assert len(orchestrators) == 2
