@@ -2,9 +2,11 @@
 
 Owns the life of one request on this node:
 
-* The body goes to the engine's `/v1/chat/completions` with `stream: true` and
+* The body goes to the engine's `/v1/chat/completions` with `stream: true`,
   `stream_options.include_usage: true` forced (the measured erratum of
-  vllm-behaviour.md: `{}` gives no usage on 0.32).
+  vllm-behaviour.md: `{}` gives no usage on 0.32) and `continuous_usage_stats: true`, so
+  every chunk carries the running usage (`tally.py`); that per-chunk usage is cut out of
+  the forwarded bytes unless the client asked for it itself.
 * SSE events are forwarded as `chunk` frames, each the engine's `data: ...\\n\\n` bytes
   as text. Events that arrive in one socket read are coalesced into one frame (no timer,
   so coalescing adds no latency). The usage chunk and `[DONE]` are not forwarded; the
@@ -13,11 +15,11 @@ Owns the life of one request on this node:
   cancel; `error` with `chunks_sent: 0` (nothing forwarded: a retry elsewhere is safe)
   or `chunks_sent > 0` with the usage so far.
 
-Exception to D5 (documented in docs/agent.md): after an abort or a mid-stream failure
-the engine sends no usage, so completion tokens are counted as content chunks (vLLM
-sends one chunk per token, real-vllm-on-cpu.md §4.2; the role chunk carries none) and
-prompt tokens come from the engine's `POST /tokenize` with the same messages. An abort
-before the first chunk bills nothing: the engine had not finished prefill.
+After an abort or a mid-stream failure the engine sends no final usage chunk: the usage
+billed is the running usage of the last chunk the node saw (per choice, summed), the
+engine's own count (D5; docs/agent.md). Only an engine that sends no per-chunk usage makes
+the agent count content chunks and ask `POST /tokenize` for the prompt. An abort before the
+first chunk bills nothing: the engine had not finished prefill.
 
 Phases have deadlines: response headers and first event within
 `first_byte_timeout_s`, then at most `idle_timeout_s` (plus a slack of at most 1 s, so the
@@ -36,6 +38,7 @@ from typing import Any, Protocol
 
 from apps.agent import errors
 from apps.agent.engine import EngineClient
+from apps.agent.tally import TokenTally
 from apps.core.protocol.node import Assign, Chunk, Done, Error
 from apps.core.protocol.openai import (
     DONE_PAYLOAD,
@@ -93,15 +96,23 @@ class RelayTimeouts:
 
 
 def engine_body(assign: Assign) -> dict[str, Any]:
-    """The body as the engine gets it: streaming with usage forced on."""
+    """The body as the engine gets it: streaming with usage forced on, on every chunk too."""
     body = dict(assign.body)
     body["model"] = assign.model
     body["stream"] = True
     options = body.get("stream_options")
     options = dict(options) if isinstance(options, dict) else {}
     options["include_usage"] = True
+    options["continuous_usage_stats"] = True
     body["stream_options"] = options
     return body
+
+
+def client_wants_chunk_usage(assign: Assign) -> bool:
+    """The client asked for per-chunk usage itself (the gateway drops the option when the client
+    did not ask for usage at all, apps/gateway/validate.py)."""
+    options = assign.body.get("stream_options")
+    return isinstance(options, dict) and options.get("continuous_usage_stats") is True
 
 
 def _finish_reason(payload: bytes) -> str | None:
@@ -129,13 +140,20 @@ class Relay:
         self.events_sent = 0  # SSE events forwarded (role chunk included)
         self._queued_early = False  # a frame up to the first token went through the send queue
         self.socket_pieces = 0  # pieces forwarded from the engine socket's callback (`_first_piece`)
-        self.tokens = 0  # content chunks = completion tokens
+        self.tokens = 0  # content chunks (the first-token logic; billing only without a tally)
+        n = assign.body.get("n")
+        self.tally = TokenTally(client_wants_chunk_usage(assign), n if isinstance(n, int) and n > 1 else 1)
         self.finish_reason: str | None = None
         self.outcome: Outcome | None = None
 
     @property
     def request_id(self) -> str:
         return self.assign.request_id
+
+    @property
+    def completion_tokens(self) -> int:
+        """Completion tokens so far: the engine's running count, else the content chunks seen."""
+        return self.tally.completion_tokens if self.tally.seen else self.tokens
 
     def abort(self, reason: str) -> None:
         """Stop the request: close the upstream connection (vLLM aborts on disconnect)."""
@@ -223,7 +241,7 @@ class Relay:
                     err = errors.from_stream_event(payload)
                     return await self._failed(err.status, err.message, err.error_type, err.param)
                 else:
-                    out.append(sse_event(payload))
+                    out.append(sse_event(self.tally.take(payload)))
                     if _ROLE_MARK not in payload:
                         self.tokens += 1
                     reason = _finish_reason(payload)
@@ -256,7 +274,7 @@ class Relay:
             return Done(
                 request_id=self.request_id,
                 prompt_tokens=await self._prompt_tokens(),
-                completion_tokens=self.tokens,
+                completion_tokens=self.completion_tokens,
                 finish_reason=self.finish_reason,
             )
         return await self._failed(502, "engine closed the stream before it finished", "server_error", None)
@@ -293,7 +311,7 @@ class Relay:
         payloads = SseSplitter().feed(data)
         if not payloads or any(p == DONE_PAYLOAD or is_usage_event(p) or is_error_event(p) for p in payloads):
             return False
-        events = [sse_event(p) for p in payloads]
+        events = [sse_event(self.tally.take(p)) for p in payloads]
         frame = Chunk(request_id=self.request_id, delta=b"".join(events).decode())
         if not self._sink.send_first_now(frame):
             return False
@@ -322,6 +340,8 @@ class Relay:
     async def _prompt_tokens(self) -> int:
         if self.events_sent == 0:
             return 0  # no first token: prefill never finished, nothing billable
+        if self.tally.prompt_tokens is not None:
+            return self.tally.prompt_tokens  # the engine's own count, on every chunk
         count = await self._engine.prompt_tokens(self._body)
         if count is None:
             log.warning(
@@ -334,7 +354,7 @@ class Relay:
         return Done(
             request_id=self.request_id,
             prompt_tokens=await self._prompt_tokens(),
-            completion_tokens=self.tokens,
+            completion_tokens=self.completion_tokens,
             finish_reason="abort",
         )
 
@@ -347,5 +367,5 @@ class Relay:
             param=param,
             chunks_sent=self.events_sent,
             prompt_tokens=await self._prompt_tokens(),
-            completion_tokens=self.tokens,
+            completion_tokens=self.completion_tokens,
         )

@@ -92,7 +92,7 @@ class Work:
                     status=502,
                     message="node agent failure",
                     chunks_sent=relay.events_sent,
-                    completion_tokens=relay.tokens,
+                    completion_tokens=relay.completion_tokens,
                 )
             self._metrics.assignments.labels(relay.outcome.value if relay.outcome else "failed").inc()
             self._metrics.netio.served(

@@ -8,8 +8,12 @@ with credits and a demo key. Prints `OPENAI_BASE_URL=`, `OPENAI_API_KEY=` and
 and one-time sign-in links for the demo team and the admin (`# console...` lines). With
 `--prometheus`, also a real Prometheus on loopback scraping every process with the platform's
 rules and alerts (`apps.cli.prometheus`), and `PROMETHEUS_URL=`.
+`--orchestrators N` runs N orchestrator replicas behind the gateway (the agents spread over them).
 Ctrl-C or SIGTERM stops everything in reverse order; a child that dies on its own stops
 the rest too (exit 1) rather than leaving a half platform running.
+
+`llmfleet dev roll orchestrators|gateway --data-dir DIR` rolls the replicas of the platform running
+on DIR one at a time (`apps/cli/roll.py`); a rolled child is restarted, not taken for a crash.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import threading
 from pathlib import Path
 from types import FrameType
 
+from apps.cli import roll
 from apps.cli.console_links import console_links
 from apps.cli.platform import DEMO_TEAM, LocalPlatform, PlatformConfig
 from apps.cli.procs import free_port
@@ -40,11 +45,22 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--speed", type=float, default=1.0, help="enginesim time scale (default 1: real time)"
     )
     parser.add_argument(
+        "--orchestrators", type=int, default=1, help="orchestrator replicas behind the gateway (default 1)"
+    )
+    parser.add_argument(
         "--prometheus",
         action="store_true",
         help="also start a Prometheus (the `prometheus` binary on PATH) scraping every process, with the"
         " platform's rules and alerts; prints PROMETHEUS_URL=",
     )
+    sub = parser.add_subparsers(dest="dev_command")
+    rolling = sub.add_parser(
+        "roll", help="roll the replicas of a running dev platform one at a time (exit 0 when all are back)"
+    )
+    rolling.add_argument("target", choices=roll.TARGETS)
+    # SUPPRESS: a `--data-dir` given before `roll` is not overwritten by this default.
+    rolling.add_argument("--data-dir", type=Path, default=argparse.SUPPRESS, help="the running platform's")
+    rolling.add_argument("--timeout", type=float, default=600.0, help="seconds (default 600)")
 
 
 def _write_credentials(path: Path, lines: list[str]) -> None:
@@ -55,9 +71,15 @@ def _write_credentials(path: Path, lines: list[str]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if getattr(args, "dev_command", None) == "roll":
+        return roll.request_roll(args.data_dir, args.target, args.timeout)
+    if args.orchestrators < 1:
+        print("llmfleet dev: --orchestrators must be at least 1", file=sys.stderr)
+        return 2
     config = PlatformConfig(
         data_dir=args.data_dir,
         gateway_port=args.port,
+        orchestrators=args.orchestrators,
         database_url=os.environ.get("LLMFLEET_DATABASE_URL") or None,
         redis_url=os.environ.get("LLMFLEET_REDIS_URL") or None,
         speed=args.speed,
@@ -80,6 +102,8 @@ def run(args: argparse.Namespace) -> int:
             raise _Interrupted(signal.Signals(signum).name)
 
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+    roll_requested = threading.Event()
+    previous[signal.SIGUSR1] = signal.signal(signal.SIGUSR1, lambda *_: roll_requested.set())
     platform = LocalPlatform(config)
     try:
         try:
@@ -94,6 +118,7 @@ def run(args: argparse.Namespace) -> int:
             return 130
         starting = False
         _write_credentials(platform.data_dir / "credentials.env", lines)
+        roll.write_pid(platform.data_dir)
         print("\n".join(lines), flush=True)
         links = console_links(platform.gateway_url, platform.issuer, DEMO_TEAM)
         print("\n".join(links.lines(DEMO_TEAM)), flush=True)
@@ -103,8 +128,12 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
             flush=True,
         )
-        # Wake up once a second to notice a child that died on its own.
+        # Wake up once a second to notice a child that died on its own, or a roll request.
         while not stop.wait(1.0):
+            if roll_requested.is_set():
+                roll_requested.clear()
+                roll.serve_request(platform)  # the rolled children are replaced, not reported dead
+                continue
             dead = [c for c in platform.supervisor.children if not c.alive()]
             if dead:
                 child = dead[0]
@@ -120,6 +149,7 @@ def run(args: argparse.Namespace) -> int:
         # No second signal may interrupt the ordered stop; it is bounded by the supervisor.
         for sig in previous:
             signal.signal(sig, signal.SIG_IGN)
+        roll.remove_pid(platform.data_dir)
         platform.stop()
         for sig, handler in previous.items():
             signal.signal(sig, handler)

@@ -197,10 +197,7 @@ class LocalPlatform:
         api_key = asyncio.run(self._bootstrap())
         for spec in cfg.nodes:
             self.start_agent(spec.node_id)
-        self.gateway = self.supervisor.start(
-            "gateway", llmfleet_argv("gateway", "--port", str(self.gateway_port)), self._gateway_env()
-        )
-        self.supervisor.wait_http_ok(self.gateway, self.gateway_url + "/readyz", cfg.ready_timeout_s)
+        self.start_gateway()
         self.credentials = Credentials(self.gateway_url + "/v1", api_key, self.admin_token)
         self.wait_nodes_ready([n.node_id for n in cfg.nodes], cfg.ready_timeout_s)
         return self.credentials
@@ -248,6 +245,14 @@ class LocalPlatform:
             "LLMFLEET_JWT_AUDIENCE": self.issuer.audience,
             **self.config.gateway_env,
         }
+
+    def start_gateway(self) -> Child:
+        """(Re)start the gateway on its port and wait for its `/readyz`."""
+        self.gateway = self.supervisor.start(
+            "gateway", llmfleet_argv("gateway", "--port", str(self.gateway_port)), self._gateway_env()
+        )
+        self.supervisor.wait_http_ok(self.gateway, self.gateway_url + "/readyz", self.config.ready_timeout_s)
+        return self.gateway
 
     def start_orchestrator(self, index: int) -> Child:
         name = f"orchestrator-{index}"

@@ -116,6 +116,11 @@ class SizingDefaults(_Strict):
     gpu_memory_utilization: Annotated[float, Field(gt=0, le=1)] = 0.9
     activation_reserve_gib_per_gpu: NonNegFloat = 2.0
     block_size: PositiveInt = 16
+    # Cold start (scale from zero): weights read from the node's model cache (local NVMe) at this
+    # rate, then the engine's own start-up (CUDA graphs, warm-up). `sizing.coldstart` turns them into
+    # a model's expected load time, the `Retry-After` of a request that meets a loading model.
+    cache_gib_per_s: PositiveFloat = 2.0
+    engine_start_s: NonNegFloat = 60.0
 
 
 class CostInputs(_Strict):

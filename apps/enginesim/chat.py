@@ -112,6 +112,7 @@ class ChatJob:
     prompt_tokens: int
     stream: bool
     include_usage: bool
+    continuous_usage: bool = False  # every chunk carries its choice's running usage (vLLM's rule)
     choices: list[Choice] = field(default_factory=list)
     user: str | None = None  # the body's `user` (benchmarks tag requests with it to join timings)
 
@@ -195,6 +196,12 @@ def plan_chat(
         stream=bool(req.stream),
         # Measured on 0.32: `stream_options: {}` gives no usage chunk; only an explicit true does.
         include_usage=bool(req.stream_options and req.stream_options.include_usage),
+        # As vLLM's `should_include_usage`: only together with include_usage.
+        continuous_usage=bool(
+            req.stream_options
+            and req.stream_options.include_usage
+            and req.stream_options.continuous_usage_stats
+        ),
         user=req.user,
     )
     for index in range(n):
@@ -244,9 +251,16 @@ def chunk(job: ChatJob, choices: list[dict[str, Any]], extra: dict[str, Any] | N
     return sse_event(chunk_payload(job.request_id, job.model, job.created, choices, extra))
 
 
+def running_usage(job: ChatJob, completion_tokens: int) -> dict[str, Any]:
+    """The per-chunk usage of `continuous_usage_stats` (measured on 0.32: with a null
+    `completion_tokens_details`, placed right after `choices`)."""
+    return {**usage(job, completion_tokens), "completion_tokens_details": None}
+
+
 def role_chunk(job: ChatJob, index: int) -> bytes:
     choice = delta_choice({"role": "assistant", "content": ""}, index=index)
-    return chunk(job, [choice], {"prompt_token_ids": None, "prompt_text": None})
+    extra: dict[str, Any] = {"usage": running_usage(job, 0)} if job.continuous_usage else {}
+    return chunk(job, [choice], {**extra, "prompt_token_ids": None, "prompt_text": None})
 
 
 def content_chunk(job: ChatJob, choice: Choice, token_index: int, last: bool, final_of_stream: bool) -> bytes:
@@ -256,7 +270,11 @@ def content_chunk(job: ChatJob, choice: Choice, token_index: int, last: bool, fi
     if last:
         body["stop_reason"] = choice.stop_reason
     body["token_ids"] = None
-    extra = {"system_fingerprint": fingerprint()} if final_of_stream else None
+    extra: dict[str, Any] = {}
+    if job.continuous_usage:  # the running count of this choice: tokens 0..token_index
+        extra["usage"] = running_usage(job, token_index + 1)
+    if final_of_stream:
+        extra["system_fingerprint"] = fingerprint()
     return chunk(job, [body], extra)
 
 

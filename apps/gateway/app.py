@@ -12,7 +12,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
-from apps.core.errors import ForwardedError, LlmfleetError, NotFound, unknown_route
+from apps.core.errors import ForwardedError, LlmfleetError, NotFound, Unavailable, unknown_route
 from apps.gateway.admin_routes import admin_routes
 from apps.gateway.auth import authenticate
 from apps.gateway.chat import ChatHandler
@@ -50,9 +50,17 @@ def create_app(settings: GatewaySettings, deps: GatewayDeps) -> GatewayApp:
         return PlainTextResponse("ok")
 
     async def readyz(request: Request) -> Response:
+        if deps.lifecycle.stopping:
+            return JSONResponse({"stopping": True}, status_code=503)
         pg, rd = await asyncio.gather(deps.health.postgres_ok(), deps.health.redis_ok())
         body = {"postgres": pg, "redis": rd}
         return JSONResponse(body, status_code=200 if pg and rd else 503)
+
+    async def chat_completions(request: Request) -> Response:
+        if deps.lifecycle.stopping:
+            # A request on a kept-alive connection after SIGTERM: nothing reserved, retry elsewhere.
+            raise Unavailable("The gateway is shutting down.", code="shutting_down", retry_after=1)
+        return await chat.handle(request)
 
     async def metrics_view(request: Request) -> Response:
         server = request.scope.get("server")
@@ -85,7 +93,7 @@ def create_app(settings: GatewaySettings, deps: GatewayDeps) -> GatewayApp:
                 await close()
 
     routes = [
-        Route("/v1/chat/completions", chat.handle, methods=["POST"]),
+        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/v1/models", models, methods=["GET"]),
         Route("/v1/models/{model:path}", model, methods=["GET"]),
         Route("/v1/usage", usage_route(settings, deps), methods=["GET"]),

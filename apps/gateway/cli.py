@@ -30,6 +30,7 @@ import uvicorn
 
 from apps.core.logs import setup_json_logging
 from apps.gateway.app import create_app
+from apps.gateway.deps import Lifecycle
 from apps.gateway.settings import GatewaySettings
 from apps.gateway.wiring import build_deps
 
@@ -80,7 +81,24 @@ async def _serve(settings: GatewaySettings, socks: list[socket.socket] | None) -
     gc.freeze()
     if socks is None and settings.metrics_port is not None:
         socks = listen_sockets(settings)
-    await uvicorn.Server(uvicorn_config(app, settings)).serve(sockets=socks)
+    await StoppingServer(uvicorn_config(app, settings), deps.lifecycle).serve(sockets=socks)
+
+
+class StoppingServer(uvicorn.Server):
+    """uvicorn, which on SIGTERM/SIGINT stops accepting, lets the requests in flight finish within
+    `timeout_graceful_shutdown` (then cancels them: their cleanup cancels upstream and settles)
+    and exits; this also turns the app not-ready first (`/readyz` 503, new chat requests on
+    kept-alive connections refused) for anything that still reaches it."""
+
+    def __init__(self, config: uvicorn.Config, lifecycle: Lifecycle) -> None:
+        super().__init__(config)
+        self._lifecycle = lifecycle
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if not self._lifecycle.stopping:
+            self._lifecycle.stopping = True
+            log.info("gateway_stopping", extra={"signal": sig, "in_flight": len(self.server_state.tasks)})
+        super().handle_exit(sig, frame)
 
 
 def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
@@ -151,6 +169,10 @@ class Supervisor:
         return code
 
     def _shutdown(self) -> None:
+        # The listening sockets first: while this process holds them the kernel keeps accepting
+        # connections into the backlog that no stopping worker will ever take (they would hang).
+        for sock in self._socks:
+            sock.close()
         for proc, _ in self._procs.values():
             if proc.is_alive() and proc.pid is not None:
                 os.kill(proc.pid, signal.SIGTERM)
@@ -161,8 +183,6 @@ class Supervisor:
             if proc.is_alive():
                 proc.kill()
                 proc.join()
-        for sock in self._socks:
-            sock.close()
 
 
 def run(args: argparse.Namespace) -> int:

@@ -27,6 +27,14 @@ from apps.gateway.ports import (
 
 
 @dataclass
+class Lifecycle:
+    """Set once the process was told to stop (SIGTERM): `/readyz` answers 503 and new chat
+    requests are refused while the streams in flight finish (apps/gateway/cli.py)."""
+
+    stopping: bool = False
+
+
+@dataclass
 class GatewayDeps:
     spec: StackSpec
     ledger: Ledger
@@ -43,5 +51,6 @@ class GatewayDeps:
     slo: SloSource | None = None  # the admin view's SLO status (None: Prometheus not configured)
     registry: CollectorRegistry = field(default_factory=CollectorRegistry)
     clock: Callable[[], datetime] = SYSTEM.now  # apps.core.clock
+    lifecycle: Lifecycle = field(default_factory=Lifecycle)
     # Closed in order at shutdown (pools, clients, sessions).
     closers: list[Callable[[], Awaitable[None]]] = field(default_factory=list)

@@ -219,6 +219,10 @@ def upstream_body(req: ChatRequest) -> dict[str, Any]:
     body["n"] = req.n
     body["stream"] = True
     options = dict(body.get("stream_options") or {})
+    if not req.wants_usage:
+        # vLLM sends per-chunk usage only with include_usage; forcing that on must not give a
+        # client per-chunk usage it did not ask for (the agent keeps it only when this is set).
+        options.pop("continuous_usage_stats", None)
     options["include_usage"] = True
     body["stream_options"] = options
     return body

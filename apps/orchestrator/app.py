@@ -23,6 +23,7 @@ from apps.core.ledger.pg import PgLedger
 from apps.core.metering import settle_usage
 from apps.core.nodes.store import NodeStore
 from apps.core.protocol.dispatch import DISPATCH_PATH
+from apps.core.sizing.coldstart import model_load_times_s
 from apps.core.spec import load_spec
 from apps.orchestrator.exposure import hide_server_version, openai_errors, restrict_ports
 from apps.orchestrator.logs import event
@@ -142,6 +143,7 @@ async def build_deps(settings: OrchestratorSettings) -> tuple[OrchestratorDeps, 
         ledger=ledger,
         settle=functools.partial(settle_usage, ledger, redis),
         models=frozenset(spec.models),
+        load_time_s=model_load_times_s(spec),
     )
     return deps, pool
 

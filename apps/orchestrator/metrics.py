@@ -139,8 +139,15 @@ class Metrics:
             ["location", "state"],
             registry=r,
         )
+        self.cold_start_pending = Gauge(
+            "llmfleet_orchestrator_cold_start_pending",
+            "1 while this replica waits for a replica of the model to start from zero (a KEDA demand term)",
+            ["model"],
+            registry=r,
+        )
         for model in models:
             self.queue_depth.labels(model=model).set(0)
+            self.cold_start_pending.labels(model=model).set(0)
 
     def observe_nodes(self, conns: Iterable[NodeState], now: float) -> None:
         """Set the node gauges from this replica's connections (called per scrape)."""

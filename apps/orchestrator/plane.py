@@ -9,7 +9,7 @@ other replicas, the fleet view, the model queues and the pub/sub bus. Relays cal
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Collection
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,6 +34,7 @@ from apps.core.protocol.node import (
     decode_node_frame,
 )
 from apps.orchestrator.bus import Bus
+from apps.orchestrator.coldstart import ColdStarts
 from apps.orchestrator.connection import NodeConnection, RemoteRoute
 from apps.orchestrator.fleet import Fleet
 from apps.orchestrator.logs import event
@@ -56,6 +57,8 @@ class OrchestratorDeps:
     ledger: Ledger
     settle: SettleFn  # `apps.core.metering.settle_usage` bound to the ledger and Redis
     models: Collection[str]  # the stack's catalog
+    # Each model's expected load time from zero (apps.core.sizing.coldstart); absent: not startable.
+    load_time_s: Mapping[str, float] = field(default_factory=dict)
     wall_clock: Callable[[], float] = field(default=SYSTEM.wall)  # apps.core.clock
     monotonic: Callable[[], float] = field(default=SYSTEM.monotonic)
 
@@ -79,6 +82,14 @@ class ControlPlane:
             max_len=settings.queue_max_per_model,
             on_wait=self._observe_wait,
             monotonic=deps.monotonic,
+        )
+        self.cold = ColdStarts(
+            deps.redis,
+            deps.load_time_s,
+            scale_from_zero=settings.scale_from_zero,
+            pending=self.metrics.cold_start_pending,
+            wall_clock=deps.wall_clock,
+            grace_s=settings.cold_start_grace_s,
         )
         self.bus = Bus(deps.redis, self.id, self.on_node_message, self.on_replica_message)
         self.local: dict[str, NodeConnection] = {}

@@ -100,6 +100,12 @@ class _Relay:
         last_retry: Retry | None = None
         plane.metrics.active_relays.inc()
         try:
+            if not self._served():
+                try:
+                    await plane.cold.check(dreq.model, queue_limit)
+                except LlmfleetError as exc:
+                    self.outcome = exc.code or "unavailable"
+                    return await self._fail_before_output(exc)
             for attempt in range(1, MAX_ATTEMPTS + 1):
                 remaining = queue_limit - (plane.deps.monotonic() - self._t0)
                 if attempt > 1:
@@ -168,6 +174,14 @@ class _Relay:
                 chunks=self.chunks,
                 seconds=round(plane.deps.monotonic() - self._t0, 4),
             )
+
+    def _served(self) -> bool:
+        """A node of the model is in the fleet (else: a cold start, `apps/orchestrator/coldstart.py`)."""
+        model = self.dreq.model
+        if any(model in n.models for n in self.plane.fleet.snapshot()):
+            self.plane.cold.served(model)
+            return True
+        return False
 
     def _retry_hint(self) -> float:
         serving = any(self.dreq.model in n.models for n in self.plane.fleet.snapshot())

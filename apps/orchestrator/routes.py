@@ -118,6 +118,7 @@ class Background:
                 try:
                     await self.plane.fleet.refresh()
                     self.plane.check_remote_streams()
+                    self.plane.cold.expire()
                     self.plane.queues.notify()
                 except RedisError as exc:
                     event("fleet_refresh_failed", logging.WARNING, error=type(exc).__name__)

@@ -52,6 +52,13 @@ class OrchestratorSettings(BaseSettings):
     queue_max_per_model: int = Field(default=2000, gt=0)
     kv_cache_max: float = Field(default=0.95, gt=0, le=1)
     fleet_refresh_s: float = Field(default=0.5, gt=0)
+    # Replicas of a model are started on demand (KEDA scales from zero; true in the k8s manifests):
+    # a request for a model no node serves is told when one should be ready (apps/orchestrator/coldstart.py).
+    # False (`llmfleet dev`): such a request gets 503 at once, nothing will start.
+    scale_from_zero: bool = False
+    # A model whose last node left less than this ago (or a replica this young) is not a cold start:
+    # its requests queue, the node is probably reconnecting or restarting.
+    cold_start_grace_s: float = Field(default=30.0, ge=0)
 
     # Relay bounds.
     send_queue_frames: int = Field(default=4096, gt=0)

@@ -54,6 +54,9 @@ NODE_LAUNCH_BUDGET_S = 300
 DEMAND_WINDOW = "2m"
 SCRAPE_STEP = "15s"
 ORCHESTRATOR_QUEUE_METRIC = "llmfleet_orchestrator_queue_depth"
+# 1 per orchestrator replica that told a request the model is loading (apps/orchestrator/coldstart.py):
+# such a request is answered at once instead of waiting in the queue, so this is its demand.
+ORCHESTRATOR_COLD_START_METRIC = "llmfleet_orchestrator_cold_start_pending"
 SCALE_UP_PODS_PER_MINUTE = 2
 SCALE_DOWN_PODS_PER_PERIOD = 1
 SCALE_DOWN_PERIOD_S = 300
@@ -98,12 +101,14 @@ def _or_zero(query: str) -> str:
 
 
 def demand_query(model: str, base_replicas: int = 0, per_replica: float = 0.0) -> str:
-    """Streams in service + vLLM waiting + orchestrator queue (all replicas), max over 2 minutes."""
+    """Streams in service + vLLM waiting + orchestrator queue + cold starts told to wait (all
+    replicas), max over 2 minutes."""
     vllm_sel = f'{{model_name="{model}"}}'
     terms = [
         _or_zero(f"sum(vllm:num_requests_running{vllm_sel})"),
         _or_zero(f"sum(vllm:num_requests_waiting{vllm_sel})"),
         _or_zero(f'sum({ORCHESTRATOR_QUEUE_METRIC}{{model="{model}"}})'),
+        _or_zero(f'sum({ORCHESTRATOR_COLD_START_METRIC}{{model="{model}"}})'),
     ]
     query = f"max_over_time(({' + '.join(terms)})[{DEMAND_WINDOW}:{SCRAPE_STEP}])"
     if base_replicas == 0:

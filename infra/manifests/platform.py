@@ -27,6 +27,13 @@ from infra.manifests.common import (
 PUBLIC_PATHS = ("/v1", "/admin", "/console")
 
 APP_SECRET = "llmfleet-app"
+# Gateway shutdown (README "Deploys without downtime"): endpoints are removed in parallel with the
+# pod's termination, so the preStop sleep keeps it serving while that propagates; then SIGTERM, and
+# the streams in flight get GATEWAY_DRAIN_S to finish (a 2k-token answer at 20 tokens/s is 100 s)
+# before they are cancelled (and settled); the grace period covers both plus slack for the exit.
+PRESTOP_SLEEP_S = 10
+GATEWAY_DRAIN_S = 300
+GATEWAY_GRACE_S = PRESTOP_SLEEP_S + GATEWAY_DRAIN_S + 20
 SYSTEM_POOL_SELECTOR = {"llmfleet.io/pool": "system"}
 
 
@@ -66,7 +73,11 @@ def _env(app: str, stack: str) -> list[Manifest]:
         )
         env.append({"name": "LLMFLEET_METRICS_PORT", "value": str(GATEWAY_METRICS_PORT)})
         env.append({"name": "LLMFLEET_PROMETHEUS_URL", "value": PROMETHEUS_URL})  # the console's SLO status
+        env.append({"name": "LLMFLEET_GRACEFUL_SHUTDOWN_S", "value": str(GATEWAY_DRAIN_S)})
     if app == "orchestrator":
+        # KEDA starts replicas from zero here: a request for a model without a node is told when
+        # one should be ready (apps/orchestrator/coldstart.py) instead of waiting the queue limit.
+        env.append({"name": "LLMFLEET_SCALE_FROM_ZERO", "value": "true"})
         env.append({"name": "LLMFLEET_NODE_PORT", "value": str(NODE_PORT)})
         env.append({"name": "LLMFLEET_METRICS_PORT", "value": str(ORCHESTRATOR_METRICS_PORT)})
     return env
@@ -107,7 +118,7 @@ def _deployment(app: str, image: str, port: int, replicas: int | None, stack: st
                         },
                         "livenessProbe": {"httpGet": {"path": "/livez", "port": "http"}, "periodSeconds": 10},
                         # Endpoints are removed in parallel with SIGTERM: keep serving a few seconds.
-                        "lifecycle": {"preStop": {"sleep": {"seconds": 10}}},
+                        "lifecycle": {"preStop": {"sleep": {"seconds": PRESTOP_SLEEP_S}}},
                         "resources": {
                             "requests": {"cpu": "500m", "memory": "512Mi"},
                             "limits": {"memory": "1Gi"},
@@ -285,8 +296,8 @@ def platform_objects(t: PlatformTarget) -> list[Manifest]:
     return [
         _service_account("gateway"),
         _service_account("orchestrator"),
-        # uvicorn stops listening at SIGTERM; streams get the grace period to finish.
-        _deployment("gateway", t.gateway_image, GATEWAY_PORT, None, t.stack, 120),
+        # At SIGTERM the gateway turns not-ready, stops listening and lets its streams finish.
+        _deployment("gateway", t.gateway_image, GATEWAY_PORT, None, t.stack, GATEWAY_GRACE_S),
         _deployment(
             "orchestrator", t.orchestrator_image, ORCHESTRATOR_PORT, t.orchestrator_replicas, t.stack, 120
         ),

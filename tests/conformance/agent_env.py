@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import aiohttp
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from psycopg_pool import AsyncConnectionPool
 from redis.asyncio import Redis
@@ -252,6 +253,23 @@ class AgentFleet:
             if node["node_id"] == NODE_ID:
                 return node
         raise AssertionError(f"node {NODE_ID} not listed")
+
+
+def cost(prompt_tokens: int, completion_tokens: int) -> int:
+    """What the ledger charges at `PRICES`."""
+    return (
+        prompt_tokens * PRICES.prompt_per_million_microcredits
+        + completion_tokens * PRICES.completion_per_million_microcredits
+    ) // 1_000_000
+
+
+@pytest.fixture
+async def fleet(
+    engine: EngineUnderTest, migrated_db_url: str, redis_url: str, tmp_path: Path
+) -> AsyncIterator[AgentFleet]:
+    """The node path around the engine under test (import it into a test module to use it)."""
+    async with agent_fleet(engine, migrated_db_url, redis_url, tmp_path) as env:
+        yield env
 
 
 @contextlib.asynccontextmanager

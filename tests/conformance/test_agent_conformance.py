@@ -14,31 +14,14 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
-from collections.abc import AsyncIterator
-from pathlib import Path
 
 import aiohttp
-import pytest
 
-from tests.conformance.agent_env import PRICES, AgentFleet, agent_fleet, is_content, poll
+from tests.conformance.agent_env import AgentFleet, cost, fleet, is_content, poll
 from tests.conformance.conftest import MAX_NUM_SEQS, EngineUnderTest
 
 LONG = 1000  # with the 8-token prompt, fits max-model-len 1024
-
-
-@pytest.fixture
-async def fleet(
-    engine: EngineUnderTest, migrated_db_url: str, redis_url: str, tmp_path: Path
-) -> AsyncIterator[AgentFleet]:
-    async with agent_fleet(engine, migrated_db_url, redis_url, tmp_path) as env:
-        yield env
-
-
-def _cost(prompt_tokens: int, completion_tokens: int) -> int:
-    return (
-        prompt_tokens * PRICES.prompt_per_million_microcredits
-        + completion_tokens * PRICES.completion_per_million_microcredits
-    ) // 1_000_000
+__all__ = ["fleet"]  # the fixture, imported from agent_env
 
 
 async def test_stream_relays_engine_chunks_and_settles_engine_usage(fleet: AgentFleet) -> None:
@@ -75,7 +58,7 @@ async def test_stream_relays_engine_chunks_and_settles_engine_usage(fleet: Agent
     row = await fleet.final_row(request_id)
     assert row.status == "settled"
     assert (row.prompt_tokens, row.completion_tokens) == (usage["prompt_tokens"], usage["completion_tokens"])
-    assert row.cost_microcredits == _cost(row.prompt_tokens, row.completion_tokens)
+    assert row.cost_microcredits == cost(row.prompt_tokens, row.completion_tokens)
     assert await fleet.team_money() == (balance_before - row.cost_microcredits, 0)
     # The engine's own counters saw exactly what the ledger billed.
     await fleet.engine_token_deltas(before, want=(row.prompt_tokens, row.completion_tokens))
@@ -129,7 +112,7 @@ async def test_cancel_mid_stream_aborts_in_the_engine_and_settles_what_ran(fleet
     row = await fleet.final_row(request_id)
     assert row.status == "settled"  # not left `reserved`, not cancelled: tokens were produced
     assert seen <= row.completion_tokens <= LONG  # at least what the client received
-    assert row.cost_microcredits == _cost(row.prompt_tokens, row.completion_tokens)
+    assert row.cost_microcredits == cost(row.prompt_tokens, row.completion_tokens)
     assert (await fleet.team_money())[1] == 0
     # Prompt tokens after an abort come from the engine's /tokenize: exactly what it prefilled.
     _, generated = await poll(

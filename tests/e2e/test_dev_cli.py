@@ -13,7 +13,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 
@@ -22,24 +21,12 @@ import psutil
 import pytest
 
 from apps.cli.procs import free_port
+from tests.e2e.devproc import wait_credentials
 
 pytestmark = pytest.mark.slow
 
 MODELS = ("llama-3.1-8b-instruct", "qwen2.5-32b-instruct", "llama-3.3-70b-instruct-fp8")
-START_DEADLINE_S = 150.0
 STOP_DEADLINE_S = 60.0
-
-
-def _wait_credentials(proc: subprocess.Popen[bytes], path: Path) -> dict[str, str]:
-    deadline = time.monotonic() + START_DEADLINE_S
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, f"llmfleet dev exited with {proc.returncode}"
-        if path.exists():
-            lines = path.read_text().splitlines()
-            if len(lines) == 3:
-                return dict(line.split("=", 1) for line in lines)
-        time.sleep(0.2)
-    raise AssertionError("llmfleet dev did not write credentials.env in time")
 
 
 def _descendants(pid: int) -> list[psutil.Process]:
@@ -83,7 +70,7 @@ def test_dev_serves_three_models_lists_four_nodes_and_stops_clean(tmp_path: Path
         env=env,
     )
     try:
-        creds = _wait_credentials(proc, data_dir / "credentials.env")
+        creds = wait_credentials(proc, data_dir / "credentials.env")
         assert set(creds) == {"OPENAI_BASE_URL", "OPENAI_API_KEY", "LLMFLEET_ADMIN_TOKEN"}
         assert creds["OPENAI_BASE_URL"] == f"http://127.0.0.1:{port}/v1"
         assert oct((data_dir / "credentials.env").stat().st_mode & 0o777) == "0o600"

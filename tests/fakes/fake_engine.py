@@ -8,7 +8,14 @@ ignores unknown fields, so the agent forwards it untouched):
 
     {"tokens": 5, "pace_s": 0, "prompt_tokens": 12,
      "mode": "ok" | "http_error" | "stream_error" | "die" | "no_usage" | "infinite",
-     "status": 400, "shape": "nested" | "flat" | "unauthorized", "after": 0}
+     "status": 400, "shape": "nested" | "flat" | "unauthorized", "after": 0,
+     "tokens_per_chunk": 1, "chunk_usage": true}
+
+`tokens` is the number of content chunks; each stands for `tokens_per_chunk` generated tokens
+(vLLM merges tokens into one chunk when its HTTP side falls behind). With
+`stream_options: {"include_usage": true, "continuous_usage_stats": true}` every chunk carries
+the running usage, placed as vLLM 0.32 places it, unless `chunk_usage` is false (an engine
+without the option).
 
 Client disconnects are recorded in `aborted` (request ids, in order) with an event.
 """
@@ -30,13 +37,25 @@ MODEL = "fake-8b"
 CREATED = 1730000000
 
 
-def _chunk(cid: str, model: str, delta: dict[str, Any], finish: str | None = None) -> bytes:
+def _chunk(
+    cid: str,
+    model: str,
+    delta: dict[str, Any],
+    finish: str | None = None,
+    usage: dict[str, Any] | None = None,
+) -> bytes:
     choice = delta_choice(delta, finish)
     if "role" not in delta:
         choice["token_ids"] = None
     if finish is not None:
         choice["stop_reason"] = None
-    return sse_event(chunk_payload(cid, model, CREATED, [choice]))
+    extra = {"usage": usage} if usage is not None else None
+    return sse_event(chunk_payload(cid, model, CREATED, [choice], extra))
+
+
+def running_usage(prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
+    """vLLM 0.32's per-chunk usage (`continuous_usage_stats`)."""
+    return {**usage_block(prompt_tokens, completion_tokens), "completion_tokens_details": None}
 
 
 def _error_body(shape: str, status: int, message: str) -> dict[str, Any]:
@@ -162,6 +181,13 @@ class FakeEngine:
         prompt_tokens = int(fake.get("prompt_tokens", 12))
         opts = body.get("stream_options")
         include_usage = isinstance(opts, dict) and opts.get("include_usage") is True and mode != "no_usage"
+        continuous = (
+            include_usage
+            and isinstance(opts, dict)
+            and opts.get("continuous_usage_stats") is True
+            and fake.get("chunk_usage", True) is True
+        )
+        per_chunk = int(fake.get("tokens_per_chunk", 1))
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8"})
         await resp.prepare(request)
         written = 0
@@ -179,7 +205,8 @@ class FakeEngine:
                 )
                 await resp.write(b"data: " + err.encode() + b"\n\n" + b"data: [DONE]\n\n")
                 return resp
-            await resp.write(_chunk(rid, self.model, {"role": "assistant", "content": ""}))
+            role_usage = running_usage(prompt_tokens, 0) if continuous else None
+            await resp.write(_chunk(rid, self.model, {"role": "assistant", "content": ""}, usage=role_usage))
             i = 0
             while mode == "infinite" or i < tokens:
                 if mode in ("stream_error", "die") and i == after:
@@ -187,8 +214,11 @@ class FakeEngine:
                 if pace:
                     await asyncio.sleep(pace)
                 last = mode != "infinite" and i == tokens - 1
-                await resp.write(_chunk(rid, self.model, {"content": f"t{i} "}, "length" if last else None))
-                written += 1
+                written += per_chunk
+                usage = running_usage(prompt_tokens, written) if continuous else None
+                await resp.write(
+                    _chunk(rid, self.model, {"content": f"t{i} "}, "length" if last else None, usage)
+                )
                 self.generated[rid] = written
                 i += 1
             if mode == "die":

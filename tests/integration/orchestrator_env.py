@@ -39,7 +39,10 @@ class Env:
         self.nodes: list[FakeNode] = []
         self.session = aiohttp.ClientSession()
 
-    async def orchestrator(self, **overrides: Any) -> RunningOrchestrator:
+    async def orchestrator(
+        self, deps_extra: dict[str, Any] | None = None, **overrides: Any
+    ) -> RunningOrchestrator:
+        """A replica with settings `overrides`; `deps_extra`: more `OrchestratorDeps` fields (clocks...)."""
         values: dict[str, Any] = {
             "orchestrator_id": f"orch-{len(self.orchestrators)}-{uuid.uuid4().hex[:4]}",
             "internal_token": TOKEN,
@@ -55,6 +58,7 @@ class Env:
             ledger=self.ledger,
             settle=self.ledger.settle,
             models={"m", "big"},
+            **(deps_extra or {}),
         )
         orch = await start_orchestrator(OrchestratorSettings(**values), deps)
         self.orchestrators.append(orch)

@@ -18,6 +18,8 @@ from apps.core.protocol.openai import SseSplitter
 from tests.fakes.fake_engine import MODEL, FakeEngine
 from tests.fakes.fake_orchestrator import running_agent
 
+FORCED_OPTIONS = {"include_usage": True, "continuous_usage_stats": True}
+
 
 class ListSink:
     def __init__(self, *, takes_first_now: bool = False, declines: int = 0) -> None:
@@ -86,8 +88,9 @@ def test_engine_body_forces_streaming_and_usage() -> None:
         _assign(stream=False, stream_options={"include_usage": False, "continuous_usage_stats": False})
     )
     assert body["stream"] is True
-    assert body["stream_options"] == {"include_usage": True, "continuous_usage_stats": False}
-    assert engine_body(_assign(stream_options={}))["stream_options"] == {"include_usage": True}
+    # Per-chunk usage is always asked for: the exact count after an abort (tally.py).
+    assert body["stream_options"] == {"include_usage": True, "continuous_usage_stats": True}
+    assert engine_body(_assign(stream_options={}))["stream_options"] == FORCED_OPTIONS
     assert engine_body(_assign())["model"] == MODEL
 
 
@@ -104,7 +107,8 @@ async def test_stream_forwards_engine_bytes_and_reports_usage(engine: FakeEngine
     assert b'"role":"assistant"' in events[0]
     sent = engine.requests[0]
     assert sent["stream"] is True
-    assert sent["stream_options"] == {"include_usage": True}
+    assert sent["stream_options"] == FORCED_OPTIONS
+    assert all(b'"usage"' not in e for e in events)  # the per-chunk usage the client did not ask for
     assert relay.outcome is Outcome.COMPLETED
     assert engine.tokenize_requests == []  # D5: usage from the engine, no counting when it reports
 
@@ -256,9 +260,23 @@ async def test_in_stream_error_mid_stream_reports_usage_so_far(engine: FakeEngin
     assert frame.status == 502
     assert frame.message == "EngineCore died"
     assert frame.chunks_sent == 4  # role + 3 tokens reached the orchestrator
+    # The running usage of the last chunk: the engine's own counts, no /tokenize round trip.
+    assert (frame.prompt_tokens, frame.completion_tokens) == (12, 3)
+    assert engine.tokenize_requests == []
+    assert relay.outcome is Outcome.FAILED
+
+
+async def test_an_engine_without_per_chunk_usage_is_counted_in_chunks_and_tokenized(
+    engine: FakeEngine,
+) -> None:
+    frame, _sink, relay = await _relay(
+        engine, _assign({"mode": "stream_error", "after": 3, "chunk_usage": False})
+    )
+    assert isinstance(frame, proto.Error)
+    assert frame.chunks_sent == 4
     assert (frame.prompt_tokens, frame.completion_tokens) == (33, 3)  # /tokenize + counted chunks
     assert engine.tokenize_requests[0]["messages"] == [{"role": "user", "content": "hi"}]
-    assert relay.outcome is Outcome.FAILED
+    assert not relay.tally.seen
 
 
 async def test_engine_dying_mid_stream_is_an_error_with_partial_usage(engine: FakeEngine) -> None:
@@ -266,7 +284,7 @@ async def test_engine_dying_mid_stream_is_an_error_with_partial_usage(engine: Fa
     assert isinstance(frame, proto.Error)
     assert frame.status == 502
     assert frame.chunks_sent == 3
-    assert (frame.prompt_tokens, frame.completion_tokens) == (33, 2)
+    assert (frame.prompt_tokens, frame.completion_tokens) == (12, 2)
     assert len(sink.events()) == 3
 
 
@@ -283,6 +301,16 @@ async def test_missing_usage_chunk_falls_back_to_counting(engine: FakeEngine) ->
     frame, _, _ = await _relay(engine, _assign({"mode": "no_usage", "tokens": 4}))
     assert isinstance(frame, proto.Done)
     assert (frame.prompt_tokens, frame.completion_tokens, frame.usage_event) == (33, 4, None)
+
+
+async def test_per_chunk_usage_reaches_a_client_that_asked_for_it(engine: FakeEngine) -> None:
+    options = {"include_usage": True, "continuous_usage_stats": True}
+    frame, sink, relay = await _relay(engine, _assign({"tokens": 3}, stream_options=options))
+    assert isinstance(frame, proto.Done)
+    assert frame.completion_tokens == 3
+    running = [json.loads(e)["usage"]["completion_tokens"] for e in sink.events()]
+    assert running == [0, 1, 2, 3]  # the role chunk, then each token: the engine's bytes, kept
+    assert relay.tally.keep_chunk_usage
 
 
 async def test_idle_deadline_between_tokens(engine: FakeEngine) -> None:
@@ -311,9 +339,9 @@ async def test_assign_over_the_websocket(tmp_path: Path) -> None:
 
 
 async def test_cancel_closes_upstream_and_reports_tokens_so_far(tmp_path: Path) -> None:
-    engine = FakeEngine(tokenize_count=21)
+    engine = FakeEngine(tokenize_count=99)
     async with running_agent(tmp_path, engine=engine) as run:
-        await run.orch.send(run.assign("c1", {"mode": "infinite", "pace_s": 0.005}))
+        await run.orch.send(run.assign("c1", {"mode": "infinite", "pace_s": 0.005, "prompt_tokens": 21}))
         await run.orch.wait_for(lambda _: run.chunks("c1").count("data: ") >= 4)
         await run.orch.send(proto.Cancel(request_id="c1"))
         done = await run.result("c1")
@@ -322,9 +350,32 @@ async def test_cancel_closes_upstream_and_reports_tokens_so_far(tmp_path: Path) 
         assert done.usage_event is None
         forwarded_tokens = run.chunks("c1").count("data: ") - 1  # minus the role chunk
         assert done.completion_tokens == forwarded_tokens >= 3
-        assert done.prompt_tokens == 21
+        assert done.prompt_tokens == 21  # the engine's running usage
+        assert engine.tokenize_requests == []
         assert await engine.wait_aborted(1) == ["chatcmpl-fake-1"]
         assert run.agent.in_flight == []
+
+
+async def test_cancel_bills_the_engines_running_usage_when_it_merges_tokens_into_chunks(
+    tmp_path: Path,
+) -> None:
+    """vLLM under load puts several tokens into one chunk: after a cancel the bill is the running
+    usage of the last chunk the node saw (what the engine generated), not the chunk count."""
+    engine = FakeEngine(tokenize_count=99)
+    async with running_agent(tmp_path, engine=engine) as run:
+        fake = {"mode": "infinite", "pace_s": 0.005, "tokens_per_chunk": 3, "prompt_tokens": 17}
+        await run.orch.send(run.assign("m1", fake))
+        await run.orch.wait_for(lambda _: run.chunks("m1").count("data: ") >= 4)
+        await run.orch.send(proto.Cancel(request_id="m1"))
+        done = await run.result("m1")
+        assert isinstance(done, proto.Done)
+        assert done.finish_reason == "abort"
+        await engine.wait_aborted(1)
+        forwarded = run.chunks("m1").count("data: ") - 1  # minus the role chunk
+        assert done.completion_tokens == 3 * forwarded  # counting chunks would bill a third
+        assert done.completion_tokens <= engine.generated["chatcmpl-fake-1"]  # it may have run ahead
+        assert done.prompt_tokens == 17
+        assert '"usage"' not in run.chunks("m1")  # the client never asked for per-chunk usage
 
 
 async def test_wrong_model_and_unknown_cancel(tmp_path: Path) -> None:

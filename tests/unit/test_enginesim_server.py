@@ -156,6 +156,39 @@ async def test_stop_string_ends_with_stop(sim: RunningEngine) -> None:
     assert cut["usage"]["completion_tokens"] <= 6
 
 
+async def test_continuous_usage_stats_put_each_choices_running_count_on_every_chunk(
+    sim: RunningEngine,
+) -> None:
+    options = {"include_usage": True, "continuous_usage_stats": True}
+    body = _body(max_tokens=4, ignore_eos=True, n=2, stream=True, stream_options=options)
+    async with aiohttp.ClientSession() as s, s.post(f"{sim.url}/v1/chat/completions", json=body) as resp:
+        events = await _events(resp)
+    chunks = [json.loads(e) for e in events[:-1]]
+    *per_chunk, final = chunks
+    running: dict[int, int] = {}
+    for c in per_chunk:
+        (choice,) = c["choices"]
+        index = choice["index"]
+        expected = 0 if "role" in choice["delta"] else running.get(index, 0) + 1
+        running[index] = expected
+        assert c["usage"] == {
+            "prompt_tokens": final["usage"]["prompt_tokens"],
+            "total_tokens": final["usage"]["prompt_tokens"] + expected,
+            "completion_tokens": expected,
+            "completion_tokens_details": None,
+        }
+        assert list(c)[list(c).index("choices") + 1] == "usage"  # where vLLM 0.32 puts it
+    assert running == {0: 4, 1: 4}
+    assert final["choices"] == []
+    assert final["usage"]["completion_tokens"] == 8
+    # Without the option (or without include_usage) no chunk but the final one carries usage.
+    for opts in ({"include_usage": True}, {"continuous_usage_stats": True}):
+        plain = _body(max_tokens=4, ignore_eos=True, stream=True, stream_options=opts)
+        async with aiohttp.ClientSession() as s, s.post(f"{sim.url}/v1/chat/completions", json=plain) as resp:
+            got = [json.loads(e) for e in (await _events(resp))[:-1]]
+        assert all("usage" not in c for c in got if c["choices"])
+
+
 async def test_openai_sdk_streams_with_usage(sim: RunningEngine) -> None:
     client = openai.AsyncOpenAI(base_url=f"{sim.url}/v1", api_key="unused")
     try:

@@ -32,6 +32,18 @@ def test_defaults_and_forced_usage() -> None:
     assert streamed.wants_usage is False
 
 
+def test_per_chunk_usage_goes_upstream_only_for_a_client_that_wants_usage() -> None:
+    def sent(options: dict[str, object]) -> object:
+        body = {"model": MODEL, "messages": [{"role": "user"}], "stream": True, "stream_options": options}
+        return upstream_body(validate_chat(body, SPEC))["stream_options"]
+
+    both = {"include_usage": True, "continuous_usage_stats": True}
+    assert sent(both) == both  # the agent keeps each chunk's usage for this client
+    # Forcing include_usage on must not switch per-chunk usage on for a client that did not ask.
+    assert sent({"continuous_usage_stats": True}) == {"include_usage": True}
+    assert sent({"include_usage": False, "continuous_usage_stats": True}) == {"include_usage": True}
+
+
 def test_estimate_is_an_upper_bound_on_bytes() -> None:
     messages = [{"role": "user", "content": "héllo wörld " * 50}]
     text_bytes = len(("héllo wörld " * 50).encode())

@@ -49,5 +49,10 @@ def done_key(request_id: str) -> str:
     return f"done:{request_id}"
 
 
+def coldstart_key(model: str) -> str:
+    """The wall time a replica of `model` that is starting from zero should be ready (apps/orchestrator/coldstart.py)."""
+    return f"coldstart:{model}"
+
+
 def partial_key(request_id: str) -> str:
     return f"partial:{request_id}"

@@ -1,0 +1,118 @@
+"""Gateway graceful shutdown (issue 15 section 1): SIGTERM to a real gateway process (one worker,
+and a supervisor with two) while streams run through the whole platform.
+
+Every stream in flight completes (all its tokens, `[DONE]`, no error event) and is billed once;
+after the SIGTERM the gateway takes no new request (the connection is refused, or a request
+that still reached it is answered 503 `shutting_down`); then the process exits by itself.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+
+from apps.cli.platform import MODEL_8B, LocalPlatform
+from tests.chaos.conftest import PlatformFactory, eight_b_nodes
+from tests.chaos.helpers import balance_consistent, ledger_totals, settled_rows, wait_until
+
+pytestmark = pytest.mark.chaos
+
+STREAMS = 8
+MAX_TOKENS = 400  # a few seconds at speed 2: long enough to still run at the SIGTERM
+
+
+def _body() -> dict[str, object]:
+    return {
+        "model": MODEL_8B,
+        "messages": [{"role": "user", "content": "tell me a long story"}],
+        "max_tokens": MAX_TOKENS,
+        "stream": True,
+        "ignore_eos": True,
+    }
+
+
+def _stream(platform: LocalPlatform, started: threading.Event) -> list[str]:
+    assert platform.credentials is not None
+    payloads: list[str] = []
+    with httpx.stream(
+        "POST",
+        platform.gateway_url + "/v1/chat/completions",
+        json=_body(),
+        headers={"Authorization": f"Bearer {platform.credentials.api_key}"},
+        timeout=90,
+    ) as resp:
+        assert resp.status_code == 200, resp.read()
+        for line in resp.iter_lines():
+            if line.startswith("data: "):
+                payloads.append(line[6:])
+                if '"content":"' in line and '"role"' not in line:
+                    started.set()
+    return payloads
+
+
+def _refused(platform: LocalPlatform) -> str | None:
+    """How a new request is turned away now (None: it was admitted)."""
+    assert platform.credentials is not None
+    try:
+        resp = httpx.post(
+            platform.gateway_url + "/v1/chat/completions",
+            json={**_body(), "stream": False, "max_tokens": 1},
+            headers={"Authorization": f"Bearer {platform.credentials.api_key}"},
+            timeout=10,
+        )
+    except httpx.ConnectError:
+        return "connection refused"
+    if resp.status_code == 503 and resp.json()["error"]["code"] == "shutting_down":
+        return "503 shutting_down"
+    return None
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_sigterm_lets_every_stream_finish_and_takes_no_new_request(
+    make_platform: PlatformFactory, migrated_db_url: str, workers: int
+) -> None:
+    platform = make_platform(
+        orchestrators=1,
+        nodes=eight_b_nodes(1),
+        speed=2.0,
+        gateway_env={
+            "LLMFLEET_PG_POOL_MIN": "1",
+            "LLMFLEET_PG_POOL_MAX": "8",
+            "LLMFLEET_WORKERS": str(workers),
+            "LLMFLEET_GRACEFUL_SHUTDOWN_S": "60",
+        },
+    )
+    assert platform.gateway is not None
+    gateway = platform.gateway.popen
+    started = [threading.Event() for _ in range(STREAMS)]
+    with ThreadPoolExecutor(STREAMS) as pool:
+        streams = [pool.submit(_stream, platform, ev) for ev in started]
+        for ev in started:
+            assert ev.wait(60), "a stream did not start"
+        assert not any(f.done() for f in streams), "a stream ended before the SIGTERM: make them longer"
+        gateway.send_signal(signal.SIGTERM)
+        # The signal is handled asynchronously: from some moment on, nothing new is admitted.
+        how = wait_until(lambda: _refused(platform), 15, "new requests to be refused")
+        results = [f.result(timeout=90) for f in streams]
+    for payloads in results:
+        assert payloads[-1] == "[DONE]"
+        assert not any(p.startswith('{"error"') for p in payloads), payloads[-3:]
+        content = [p for p in payloads if '"content":"' in p and '"role"' not in p]
+        assert len(content) == MAX_TOKENS  # enginesim: one chunk per token, every one delivered
+    wait_until(lambda: gateway.poll() is not None, 30, "the gateway to exit")
+    code = gateway.returncode
+    # One worker re-raises SIGTERM after its graceful shutdown (uvicorn); the supervisor exits 0.
+    assert code in (0, -signal.SIGTERM), code
+    assert _refused(platform) == "connection refused"
+    rows = wait_until(lambda: [r for r in settled_rows(migrated_db_url) if r[2] == MAX_TOKENS], 20, "settles")
+    assert len(rows) == STREAMS  # every stream billed, once
+    assert (
+        ledger_totals(migrated_db_url).reserved == 0
+    )  # nothing left open (a probe admitted early settles too)
+    balance, expected = balance_consistent(migrated_db_url)
+    assert balance == expected
+    print(f"\nworkers={workers}: after SIGTERM a new request got: {how}")
