@@ -40,9 +40,12 @@ async def settle_usage(
     prompt_tokens: int,
     completion_tokens: int,
     *,
+    resume_prompt_tokens: int = 0,
     now: datetime | None = None,
 ) -> SettleResult:
-    result = await ledger.settle(request_id, prompt_tokens, completion_tokens)
+    result = await ledger.settle(
+        request_id, prompt_tokens, completion_tokens, resume_prompt_tokens=resume_prompt_tokens
+    )
     if result.outcome is SettleOutcome.SETTLED and result.key_id is not None:
         key = tpd_key(result.key_id, now or datetime.now(UTC))
         count = redis.register_script(_COUNT_LUA)  # a local object: EVALSHA, loaded on first use

@@ -142,6 +142,7 @@ async def build_deps(settings: OrchestratorSettings) -> tuple[OrchestratorDeps, 
         ledger=ledger,
         settle=functools.partial(settle_usage, ledger, redis),
         models=frozenset(spec.models),
+        resume_models=frozenset(name for name, m in spec.models.items() if m.serving.resume_streams),
     )
     return deps, pool
 

@@ -231,6 +231,7 @@ class NodeSockets:
                         frame.prompt_tokens,
                         frame.completion_tokens,
                         ack_to,
+                        from_error=isinstance(frame, Error),
                     )
                 )
             else:

@@ -39,7 +39,9 @@ class Env:
         self.nodes: list[FakeNode] = []
         self.session = aiohttp.ClientSession()
 
-    async def orchestrator(self, **overrides: Any) -> RunningOrchestrator:
+    async def orchestrator(
+        self, *, resume_models: frozenset[str] | None = None, **overrides: Any
+    ) -> RunningOrchestrator:
         values: dict[str, Any] = {
             "orchestrator_id": f"orch-{len(self.orchestrators)}-{uuid.uuid4().hex[:4]}",
             "internal_token": TOKEN,
@@ -55,6 +57,7 @@ class Env:
             ledger=self.ledger,
             settle=self.ledger.settle,
             models={"m", "big"},
+            resume_models=resume_models,
         )
         orch = await start_orchestrator(OrchestratorSettings(**values), deps)
         self.orchestrators.append(orch)

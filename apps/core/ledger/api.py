@@ -67,8 +67,12 @@ class Ledger(Protocol):
         """Insert a `reserved` row; `InsufficientBalance` (402) if balance - open reservations < estimate."""
         ...
 
-    async def settle(self, request_id: str, prompt_tokens: int, completion_tokens: int) -> SettleResult:
-        """Exactly once: `reserved -> settled` and debit the team in one transaction."""
+    async def settle(
+        self, request_id: str, prompt_tokens: int, completion_tokens: int, *, resume_prompt_tokens: int = 0
+    ) -> SettleResult:
+        """Exactly once: `reserved -> settled` and debit the team in one transaction.
+        `resume_prompt_tokens`: a resumed stream's re-prefill on its second node, recorded on the row
+        as platform cost (never charged)."""
         ...
 
     async def cancel(self, request_id: str) -> bool:

@@ -78,6 +78,7 @@ WITH r AS (
     RETURNING 1
 ), settled AS (
     UPDATE usage_ledger SET status = 'settled', prompt_tokens = %(p)s, completion_tokens = %(c)s,
+           resume_prompt_tokens = %(r)s,
            cost_microcredits = t.charged, uncharged_microcredits = t.cost - t.charged, finalized_at = now()
     FROM t WHERE usage_ledger.request_id = %(rid)s
     RETURNING usage_ledger.team_id, usage_ledger.key_id, usage_ledger.model, t.charged,
@@ -156,9 +157,16 @@ class PgLedger:
             )
         return Reservation(request_id, team_id, key_id, model, estimate)
 
-    async def settle(self, request_id: str, prompt_tokens: int, completion_tokens: int) -> SettleResult:
+    async def settle(
+        self, request_id: str, prompt_tokens: int, completion_tokens: int, *, resume_prompt_tokens: int = 0
+    ) -> SettleResult:
         prompt_tokens, completion_tokens = max(prompt_tokens, 0), max(completion_tokens, 0)
-        params = {"rid": request_id, "p": prompt_tokens, "c": completion_tokens}
+        params = {
+            "rid": request_id,
+            "p": prompt_tokens,
+            "c": completion_tokens,
+            "r": max(resume_prompt_tokens, 0),
+        }
         async with self._pool.connection() as conn:
             # One statement, so one transaction by itself (one round trip on an autocommit connection):
             # lock the reserved row, then the team's row, debit, finalise. A concurrent settle of the
