@@ -40,6 +40,7 @@ from apps.orchestrator.scheduling.view import NodeView, PickRequest
 from apps.orchestrator.streams import ChunkEv, DoneEv, ErrorEv, LostEv, RequestStream
 
 _CLEANUP_S = 5.0
+DRAINING = "node_draining"  # the agent's `error_type` for a stream its drain handed off
 _NO_RESUME_FIELDS = ("logprobs", "top_logprobs", "tools", "functions", "prompt_logprobs")
 
 
@@ -284,6 +285,8 @@ def resume_reason(ev: ErrorEv | LostEv | None) -> Reason | None:
     if ev is None:
         return Reason.IDLE_TIMEOUT
     if isinstance(ev, ErrorEv):
+        if ev.frame.error_type == DRAINING:
+            return Reason.DRAIN  # the node's drain budget ran out (a spot reclaim): hand it over
         return Reason.ENGINE_ERROR if ev.frame.status >= 500 else None
     if ev.reason.value in ("relay_overflow", "shutdown"):
         return None  # the gateway is too slow / this replica is stopping: not the node's failure

@@ -4,7 +4,9 @@ Runs its own event loop in a daemon thread so synchronous tests can drive it. `c
 closes every live connection and refuses new ones (accept-then-close, which the agent
 sees as a failed dial) until `restore()`; every accepted connection's time is recorded so
 a test can see the agent's backoff. `drop_downstream` keeps forwarding agent -> server
-bytes but swallows server -> agent bytes (acknowledgements never arrive).
+bytes but swallows server -> agent bytes (acknowledgements never arrive). `silent` swallows
+both directions without closing anything: a link that died without a FIN or RST, which only
+missed heartbeats reveal.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ class TcpProxy:
         self.refused: list[float] = []  # ... of those refused while cut
         self._cut = False
         self.drop_downstream = False
+        self.silent = False
         self._writers: set[asyncio.StreamWriter] = set()
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="chaos-proxy", daemon=True)
@@ -44,7 +47,7 @@ class TcpProxy:
     async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, down: bool) -> None:
         try:
             while data := await reader.read(65536):
-                if down and self.drop_downstream:
+                if self.silent or (down and self.drop_downstream):
                     continue
                 writer.write(data)
                 await writer.drain()
