@@ -50,6 +50,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="poll this instance-action URL (EC2: http://169.254.169.254/latest/meta-data/spot/instance-action);"
         " a Spot interruption notice starts the drain with a budget that fits it",
     )
+    parser.add_argument("--spot-poll", dest="spot_poll_s", type=float, help="seconds between notice polls")
     parser.add_argument(
         "--spot-handoff",
         dest="spot_handoff_s",

@@ -191,3 +191,27 @@ async def test_resume_off_for_the_model_keeps_the_error_event(env: Env) -> None:
     assert second.assigns.empty()
     await eventually(lambda: _done(env.ledger.status("r1") is ReservationStatus.SETTLED))
     assert env.ledger.settle_calls == [("r1", 7, 2)]
+
+
+async def test_a_stream_handed_off_by_a_drain_resumes_with_reason_drain(env: Env) -> None:
+    orch = await env.orchestrator()
+    first = await env.node(orch, "n1")
+    second = await env.node(orch, "n2", location="cloud")
+    task = await _start_and_deliver(env, orch, first)
+    # The agent's drain budget (a spot notice) ran out with the stream unfinished.
+    await first.error(
+        "r1",
+        503,
+        "the node drained",
+        error_type="node_draining",
+        chunks_sent=3,
+        prompt_tokens=7,
+        completion_tokens=2,
+    )
+    await _continue_on(second, prompt=9)
+    status, _, body = await task
+    assert status == 200
+    _check_client_stream(body, prompt=7)
+    await second.wait_for(lambda: "r1" in second.acks)
+    assert env.ledger.settle_calls == [("r1", 7, 5)]
+    assert _resumes(orch, "drain", "completed") == 1
