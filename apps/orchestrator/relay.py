@@ -252,6 +252,10 @@ class _Relay:
                     resumed, ev = await self._resume(node, reason, ev)
                     if resumed:
                         return
+                elif isinstance(ev, ErrorEv):
+                    # Not a failure to resume from (a refusal mid-stream): its report was not
+                    # settled by the socket's owner (the request could resume), so settle it here.
+                    await self._settle_partial(ev.frame)
             if ev is None:
                 message, status = f"no output from the node for {dreq.deadlines.idle_s:g} s", 504
             elif isinstance(ev, ErrorEv):

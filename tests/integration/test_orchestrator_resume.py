@@ -215,3 +215,44 @@ async def test_a_stream_handed_off_by_a_drain_resumes_with_reason_drain(env: Env
     await second.wait_for(lambda: "r1" in second.acks)
     assert env.ledger.settle_calls == [("r1", 7, 5)]
     assert _resumes(orch, "drain", "completed") == 1
+
+
+async def test_a_refusal_mid_stream_is_not_resumed_and_is_settled_once(env: Env) -> None:
+    orch = await env.orchestrator()
+    first = await env.node(orch, "n1")
+    second = await env.node(orch, "n2", location="cloud")
+    task = await _start_and_deliver(env, orch, first)
+    await first.error(
+        "r1",
+        400,
+        "bad",
+        error_type="invalid_request_error",
+        chunks_sent=3,
+        prompt_tokens=7,
+        completion_tokens=2,
+    )
+    status, _, body = await asyncio.wait_for(task, 10)
+    assert status == 200
+    assert json.loads(events(body)[-2])["error"]["message"] == "bad"
+    assert second.assigns.empty()
+    await eventually(lambda: _done(env.ledger.status("r1") is ReservationStatus.SETTLED))
+    assert env.ledger.settle_calls == [("r1", 7, 2)]
+
+
+async def test_a_relay_on_another_replica_resumes_through_the_owners(env: Env) -> None:
+    a = await env.orchestrator()
+    b = await env.orchestrator()
+    first = await env.node(a, "n1")
+    second = await env.node(b, "n2", location="cloud")
+    await eventually(
+        lambda: _done(b.plane.fleet.get("n1") is not None and a.plane.fleet.get("n2") is not None)
+    )
+    task = await _start_and_deliver(env, b, first)  # relayed by b, n1 owned by a
+    await first.error("r1", 500, "engine died", chunks_sent=2, prompt_tokens=7, completion_tokens=2)
+    await _continue_on(second, prompt=9)
+    status, _, body = await task
+    assert status == 200
+    _check_client_stream(body, prompt=7)
+    await second.wait_for(lambda: "r1" in second.acks)
+    assert env.ledger.settle_calls == [("r1", 7, 5)]
+    assert _resumes(b, "engine_error", "completed") == 1
