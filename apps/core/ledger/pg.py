@@ -78,7 +78,6 @@ WITH r AS (
     RETURNING 1
 ), settled AS (
     UPDATE usage_ledger SET status = 'settled', prompt_tokens = %(p)s, completion_tokens = %(c)s,
-           resume_prompt_tokens = %(r)s,
            cost_microcredits = t.charged, uncharged_microcredits = t.cost - t.charged, finalized_at = now()
     FROM t WHERE usage_ledger.request_id = %(rid)s
     RETURNING usage_ledger.team_id, usage_ledger.key_id, usage_ledger.model, t.charged,
@@ -89,6 +88,15 @@ UNION ALL
 SELECT 'final', team_id, key_id, model, 0, 0 FROM usage_ledger
 WHERE request_id = %(rid)s AND NOT EXISTS (SELECT 1 FROM settled)
 """
+
+
+# A resumed stream's settle also records its second node's prefill (migration 0008); only that
+# statement names the column, so a settle of any other request runs on a schema without it.
+_SETTLE_RESUMED = _SETTLE.replace(
+    "uncharged_microcredits = t.cost - t.charged, finalized_at = now()",
+    "uncharged_microcredits = t.cost - t.charged, finalized_at = now(), resume_prompt_tokens = %(r)s",
+)
+assert _SETTLE_RESUMED != _SETTLE
 
 
 _CANCEL = """
@@ -172,7 +180,7 @@ class PgLedger:
             # lock the reserved row, then the team's row, debit, finalise. A concurrent settle of the
             # same request waits for the row lock and then finds it no longer `reserved` (PostgreSQL
             # re-checks the condition on the new version).
-            cur = await conn.execute(_SETTLE, params)
+            cur = await conn.execute(_SETTLE_RESUMED if resume_prompt_tokens > 0 else _SETTLE, params)
             row = await cur.fetchone()
         if row is None:
             return SettleResult(SettleOutcome.UNKNOWN, request_id)
