@@ -1,4 +1,4 @@
-"""Resuming a stream on another node when its node is lost after output started (docs/protocol.md).
+"""Resuming a stream on another node when its node is lost after output started (docs/control-plane.md, "Resume").
 
 The relay keeps the SSE events it wrote to the gateway (one list append per write, only for a
 request that could be resumed). When the node fails mid-answer (engine error event, lost socket,
@@ -228,7 +228,9 @@ class Resumer:
         if not others:
             return Outcome.NO_NODE  # nobody to wait for: fail now, not at the deadline
         try:
-            node = await plane.queues.acquire(pick, dreq.deadlines.first_token_s, self.retry_hint)
+            # The client has been waiting since its last chunk: within its idle deadline too.
+            wait = min(dreq.deadlines.first_token_s, dreq.deadlines.idle_s)
+            node = await plane.queues.acquire(pick, wait, self.retry_hint)
         except LlmfleetError:
             return Outcome.NO_NODE
         self.node_id = node.node_id
