@@ -27,6 +27,7 @@ import aiohttp
 from aiohttp import web
 from pydantic import ValidationError
 
+from apps.agent import spot
 from apps.agent.backoff import Backoff
 from apps.agent.connection import Connection, ConnectionLost, RegistrationFailed, register
 from apps.agent.deps import AgentConfigError, AgentDeps, AgentState, agent_version
@@ -96,9 +97,9 @@ class Agent:
     def _running(self) -> int:
         return len(self._work) if self._work is not None else 0
 
-    def _abort_all(self, reason: str) -> None:
+    def _abort_all(self, reason: str, *, handoff: bool = False) -> None:
         if self._work is not None:
-            self._work.abort_all(reason)
+            self._work.abort_all(reason, handoff=handoff)
 
     def ready(self) -> bool:
         return self.state is AgentState.READY
@@ -140,6 +141,8 @@ class Agent:
                     async with asyncio.TaskGroup() as tg:
                         tg.create_task(self._connection_loop(), name="agent-connection-loop")
                         tg.create_task(self._drain_watcher(), name="agent-drain")
+                        if self.settings.spot_notice_url:
+                            tg.create_task(self._spot_watcher(session), name="agent-spot")
                     # Every request finished (the drain waited for them or aborted them).
                     self._abort_all("agent stopping")
                 await self._engine.aclose()
@@ -447,14 +450,27 @@ class Agent:
 
     # -- drain --------------------------------------------------------------------------
 
+    async def _spot_watcher(self, session: aiohttp.ClientSession) -> None:
+        url = self.settings.spot_notice_url
+        assert url is not None
+        await spot.watch(
+            session,
+            url,
+            poll_s=self.settings.spot_poll_s,
+            handoff_s=self.settings.spot_handoff_s,
+            on_notice=lambda budget: self.drain(budget, reason="spot_interruption"),
+            stop=self._stopping,
+        )
+
     async def _drain_watcher(self) -> None:
         await self._drain.requested.wait()
         assert self._work is not None
         log.info("draining", extra={"deadline_s": self._drain.deadline_s, "in_flight": self._running()})
         await self.send_heartbeat_now()
         if not await self._drain.wait_idle(self._work.idle):
-            log.warning("drain deadline passed: aborting", extra={"in_flight": self._running()})
-            self._abort_all("drain deadline passed")
+            log.warning("drain deadline passed: handing off", extra={"in_flight": self._running()})
+            # Streams with output end with a `node_draining` error: the orchestrator resumes them.
+            self._abort_all("drain deadline passed", handoff=True)
             await wait_for(self._work.idle, _ABORT_WAIT_S)
         await self._wait_for_acks()
         conn = self._conn

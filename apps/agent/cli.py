@@ -45,6 +45,18 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--heartbeat-interval", dest="heartbeat_interval_s", type=float)
     parser.add_argument("--drain-timeout", dest="drain_timeout_s", type=float, help="SIGTERM drain bound, s")
     parser.add_argument("--dcgm-url", help="DCGM exporter /metrics URL for GPU utilisation")
+    parser.add_argument(
+        "--spot-notice-url",
+        help="poll this instance-action URL (EC2: http://169.254.169.254/latest/meta-data/spot/instance-action);"
+        " a Spot interruption notice starts the drain with a budget that fits it",
+    )
+    parser.add_argument("--spot-poll", dest="spot_poll_s", type=float, help="seconds between notice polls")
+    parser.add_argument(
+        "--spot-handoff",
+        dest="spot_handoff_s",
+        type=float,
+        help="seconds of the notice kept for handing off streams",
+    )
     parser.add_argument("--log-level", default="info")
 
 

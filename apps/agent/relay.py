@@ -56,6 +56,7 @@ log = logging.getLogger("llmfleet.agent.relay")
 _ROLE_MARK = b'"delta":{"role"'
 _FINISH_MARK = b'"finish_reason":"'
 _MAX_ERROR_BODY = 64 * 1024
+DRAINING = "node_draining"  # the `error_type` of a stream handed off by a drain (resumed elsewhere)
 
 
 async def _read_bounded(resp: HttpResponse, limit: int) -> bytes:
@@ -135,6 +136,7 @@ class Relay:
         self._body = engine_body(assign)
         self._scope: asyncio.Timeout | None = None
         self._abort_reason: str | None = None
+        self._handoff = False
         self._deadline_phase = "response headers"
         # What has happened so far, for partial usage.
         self.events_sent = 0  # SSE events forwarded (role chunk included)
@@ -155,11 +157,15 @@ class Relay:
         """Completion tokens so far: the engine's running count, else the content chunks seen."""
         return self.tally.completion_tokens if self.tally.seen else self.tokens
 
-    def abort(self, reason: str) -> None:
-        """Stop the request: close the upstream connection (vLLM aborts on disconnect)."""
+    def abort(self, reason: str, *, handoff: bool = False) -> None:
+        """Stop the request: close the upstream connection (vLLM aborts on disconnect).
+        `handoff` (a drain whose deadline passed): a request that already sent output ends with
+        an `error` of type `node_draining` (503) instead of `done(abort)`, so the orchestrator
+        resumes it on another node (docs/control-plane.md, "Resume")."""
         if self._abort_reason is not None:
             return
         self._abort_reason = reason
+        self._handoff = handoff
         scope = self._scope
         if scope is not None and not scope.expired():
             scope.reschedule(asyncio.get_running_loop().time())
@@ -183,6 +189,8 @@ class Relay:
                     scope.reschedule(loop.time())
                 return await self._stream(scope)
         except TimeoutError:
+            if self._abort_reason is not None and self._handoff and self.events_sent > 0:
+                return await self._failed(503, "the node drained before the answer finished", DRAINING, None)
             if self._abort_reason is not None:
                 return await self._aborted()
             return await self._failed(

@@ -45,6 +45,12 @@ class AgentSettings(BaseSettings):
     drain_timeout_s: float = Field(
         default=120.0, gt=0
     )  # SIGTERM drain bound (a `drain` frame brings its own)
+    # Spot reclaim (apps/agent/spot.py): the instance-action URL of the metadata service (None: off;
+    # on EC2 http://169.254.169.254/latest/meta-data/spot/instance-action), how often to poll it, and
+    # how much of the notice to keep for handing the unfinished streams to other nodes.
+    spot_notice_url: str | None = None
+    spot_poll_s: float = Field(default=5.0, gt=0)
+    spot_handoff_s: float = Field(default=20.0, ge=0)
     drain_ack_wait_s: float = Field(default=5.0, ge=0)  # wait this long for done_acks before `drained`
     done_resend_s: float = Field(default=30.0, gt=0)  # resend an unacknowledged `done` on a live connection
     journal_compact_lines: int = Field(default=1000, gt=0)

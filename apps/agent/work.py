@@ -76,9 +76,9 @@ class Work:
         relay.abort(reason)
         return True
 
-    def abort_all(self, reason: str) -> None:
+    def abort_all(self, reason: str, *, handoff: bool = False) -> None:
         for relay in list(self._relays.values()):
-            relay.abort(reason)
+            relay.abort(reason, handoff=handoff)
 
     async def _run(self, relay: Relay) -> None:
         rid = relay.request_id

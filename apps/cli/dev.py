@@ -122,6 +122,11 @@ def run(args: argparse.Namespace) -> int:
         print("\n".join(lines), flush=True)
         links = console_links(platform.gateway_url, platform.issuer, DEMO_TEAM)
         print("\n".join(links.lines(DEMO_TEAM)), flush=True)
+        # Where to inject a fault (`POST <engine>/_sim/faults`) and watch the orchestrator's metrics.
+        for node_id, engine in platform.engines.items():
+            print(f"# engine of {node_id}: {engine.url}", file=sys.stderr, flush=True)
+        for i in range(len(platform.orchestrator_ports)):
+            print(f"# orchestrator {i}: {platform.orchestrator_url(i)}", file=sys.stderr, flush=True)
         print(
             f"# llmfleet dev: {len(config.nodes)} nodes ready; logs in {platform.supervisor.log_dir}; "
             "Ctrl-C stops everything",

@@ -41,9 +41,12 @@ async def settle_usage(
     prompt_tokens: int,
     completion_tokens: int,
     *,
+    resume_prompt_tokens: int = 0,
     now: datetime | None = None,
 ) -> SettleResult:
-    result = await ledger.settle(request_id, prompt_tokens, completion_tokens)
+    result = await ledger.settle(
+        request_id, prompt_tokens, completion_tokens, resume_prompt_tokens=resume_prompt_tokens
+    )
     subject = result.tokens_subject
     if result.outcome is SettleOutcome.SETTLED and subject is not None:
         key = tpd_key(subject, now or datetime.now(UTC))

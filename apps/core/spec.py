@@ -74,6 +74,9 @@ class Serving(_Strict):
     mean_answer_tokens: PositiveInt = 400
     default_max_tokens: PositiveInt = 1024
     spot: bool = False
+    # A stream whose node is lost after output started continues on another node of the model
+    # (apps/orchestrator/resume.py); off: the client gets the error event and the partial settle.
+    resume_streams: bool = True
     on_demand_min_replicas: NonNegInt = 0
     office_hours_warm_replicas: NonNegInt = 0
 

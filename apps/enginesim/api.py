@@ -273,7 +273,9 @@ async def tokenize(request: web.Request) -> web.Response:
             )
         if isinstance(body.get("messages"), list):
             pieces = textgen.chat_prompt_pieces(
-                body["messages"], bool(body.get("add_generation_prompt", True))
+                body["messages"],
+                bool(body.get("add_generation_prompt", True)),
+                continue_final=bool(body.get("continue_final_message", False)),
             )
         elif isinstance(body.get("prompt"), str):
             pieces = textgen.text_tokens(body["prompt"])

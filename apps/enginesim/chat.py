@@ -69,6 +69,10 @@ class ChatRequest(BaseModel):
     top_p: float | None = None
     stop: str | list[str] | None = None
     ignore_eos: bool = False
+    # vLLM's chat-template switches: continue the final (assistant) message instead of opening a
+    # new one (the orchestrator's stream resume sends exactly this pair).
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
     user: str | None = None  # OpenAI's end-user id; enginesim only echoes it into the timing log
 
 
@@ -144,6 +148,15 @@ def plan_chat(
             f"The model `{req.model}` does not exist. Valid aliases: {served_model}.",
             "model",
         )
+    if req.continue_final_message and req.add_generation_prompt:
+        # A pydantic model validator in vLLM: the "Bad Request" shape with `param "body"`.
+        raise VllmError(
+            400,
+            "Bad Request",
+            "1 validation error:\n  {'type': 'value_error', 'loc': 'body', 'msg': 'Value error, Cannot set "
+            "both `continue_final_message` and `add_generation_prompt` to True.'}",
+            "body",
+        )
     if req.stream_options is not None and not req.stream:
         raise bad_request("Stream options can only be defined when `stream=True`.", "stream_options")
     if not req.messages:
@@ -163,7 +176,9 @@ def plan_chat(
     if any(s == "" for s in stops):
         raise bad_request("stop cannot contain an empty string.", "stop")
 
-    prompt = textgen.chat_prompt_tokens(req.messages)
+    prompt = textgen.chat_prompt_tokens(
+        req.messages, req.add_generation_prompt, continue_final=req.continue_final_message
+    )
     if prompt > max_model_len:
         raise bad_request(
             f"This model's maximum context length is {max_model_len} tokens. However, your prompt contains at "
@@ -187,7 +202,12 @@ def plan_chat(
         raise bad_request(f"max_tokens must be at least 1, got {room}.", "max_tokens", room)
     limit = min(asked, room) if asked is not None else room
 
-    fingerprint = textgen.prompt_fingerprint(req.messages)
+    # Continuing an assistant message: the answer is the one the conversation without it would get,
+    # from the token after the given text when that text is its beginning (so a resumed stream
+    # reads as if never interrupted); otherwise a fresh answer for the whole conversation.
+    continued = req.continue_final_message and req.messages[-1].get("role") == "assistant"
+    given = textgen.message_text(req.messages[-1].get("content")) if continued else ""
+    fingerprint = textgen.prompt_fingerprint(req.messages[:-1] if continued else req.messages)
     job = ChatJob(
         request_id=f"chatcmpl-{uuid.uuid4().hex[:16]}",
         model=served_model,
@@ -207,6 +227,12 @@ def plan_chat(
     for index in range(n):
         rng = textgen.output_rng(server_seed, req.seed, f"{fingerprint}:{index}")
         natural = None if req.ignore_eos else textgen.natural_length(rng, mean_answer_tokens)
+        if continued:
+            done = textgen.continue_from(rng, given)
+            if done is None:
+                rng = textgen.output_rng(server_seed, req.seed, f"{fingerprint}:{given}:{index}")
+            elif natural is not None:
+                natural = natural - done if natural > done else None
         if natural is not None and natural <= limit:
             target, reason = natural, "stop"
             words = [*textgen.generate_words(rng, target - 1), ""]  # the EOS token is counted, not shown

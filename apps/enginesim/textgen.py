@@ -176,7 +176,11 @@ def message_text(content: Any) -> str:
     return "".join(parts)
 
 
-def chat_prompt_pieces(messages: Sequence[dict[str, Any]], add_generation_prompt: bool = True) -> list[str]:
+def chat_prompt_pieces(
+    messages: Sequence[dict[str, Any]], add_generation_prompt: bool = True, *, continue_final: bool = False
+) -> list[str]:
+    """The rendered prompt. `continue_final` (vLLM's `continue_final_message`): the text stops right
+    after the last message's content (no end of message), as transformers truncates the template."""
     pieces = [BOS]
     for msg in messages:
         pieces += [
@@ -186,13 +190,17 @@ def chat_prompt_pieces(messages: Sequence[dict[str, Any]], add_generation_prompt
             EOS,
         ]
         pieces.append("\n")
+    if continue_final and messages:
+        return pieces[:-2]
     if add_generation_prompt:
         pieces += ["<|assistant|>", "\n"]
     return pieces
 
 
-def chat_prompt_tokens(messages: Sequence[dict[str, Any]], add_generation_prompt: bool = True) -> int:
-    return len(chat_prompt_pieces(messages, add_generation_prompt))
+def chat_prompt_tokens(
+    messages: Sequence[dict[str, Any]], add_generation_prompt: bool = True, *, continue_final: bool = False
+) -> int:
+    return len(chat_prompt_pieces(messages, add_generation_prompt, continue_final=continue_final))
 
 
 def token_ids(pieces: Sequence[str]) -> list[int]:
@@ -225,6 +233,19 @@ def prompt_fingerprint(messages: Sequence[dict[str, Any]]) -> str:
 
 def generate_words(rng: random.Random, count: int) -> list[str]:
     return [" " + rng.choice(WORDS) for _ in range(count)]
+
+
+def continue_from(rng: random.Random, given: str) -> int | None:
+    """Advance `rng` past `given` when it is the beginning of the answer `rng` draws (one word a
+    token): the number of tokens it holds; None (rng state undefined) when it is not."""
+    text = ""
+    count = 0
+    while len(text) < len(given):
+        text += generate_words(rng, 1)[0]
+        count += 1
+        if not given.startswith(text):
+            return None
+    return count
 
 
 def natural_length(rng: random.Random, mean: int) -> int:

@@ -144,6 +144,7 @@ async def build_deps(settings: OrchestratorSettings) -> tuple[OrchestratorDeps, 
         settle=functools.partial(settle_usage, ledger, redis),
         models=frozenset(spec.models),
         load_time_s=model_load_times_s(spec),
+        resume_models=frozenset(name for name, m in spec.models.items() if m.serving.resume_streams),
     )
     return deps, pool
 

@@ -60,7 +60,7 @@ return -1
 
 _ACQUIRE_LUA = """
 -- KEYS: node hash, inflight zset, req hash, quarantined set.
--- ARGV: request_id, max, now, expiry, node_id, origin, req_ttl_s, max_prompt, max_completion
+-- ARGV: request_id, max, now, expiry, node_id, origin, req_ttl_s, max_prompt, max_completion, resumable
 if redis.call('SISMEMBER', KEYS[4], ARGV[5]) == 1 then return -1 end
 local h = redis.call('HMGET', KEYS[1], 'conn', 'draining')
 if not h[1] then return -1 end
@@ -71,6 +71,7 @@ redis.call('ZADD', KEYS[2], ARGV[4], ARGV[1])
 redis.call('EXPIRE', KEYS[2], ARGV[7])
 redis.call('HSET', KEYS[3], 'node', ARGV[5], 'origin', ARGV[6])
 if ARGV[8] ~= '' then redis.call('HSET', KEYS[3], 'max_prompt', ARGV[8], 'max_completion', ARGV[9]) end
+if ARGV[10] == '1' then redis.call('HSET', KEYS[3], 'resumable', '1') end
 redis.call('HINCRBY', KEYS[3], 'attempt', 1)
 redis.call('EXPIRE', KEYS[3], ARGV[7])
 return 1
@@ -213,9 +214,12 @@ class Fleet:
         origin: str,
         *,
         usage_bound: tuple[int, int] | None = None,
+        resumable: bool = False,
     ) -> int:
         """1 taken; 0 full; -1 node gone (or quarantined); -2 draining. Records `req:{id}` =
-        {node, origin, attempt} and, given, the usage bound the settle caps the node's report at."""
+        {node, origin, attempt} and, given, the usage bound the settle caps the node's report at
+        and whether the stream may resume elsewhere (`resumable`: a mid-stream error of this node is
+        not settled from its own report, see `settle.py`)."""
         now = self._clock()
         bound = [str(usage_bound[0]), str(usage_bound[1])] if usage_bound is not None else ["", ""]
         result = int(
@@ -235,6 +239,7 @@ class Fleet:
                     origin,
                     int(self._max_request_s) + 60,
                     *bound,
+                    "1" if resumable else "0",
                 ],
             )
         )

@@ -61,6 +61,19 @@ class Metrics:
             ["model", "reason"],
             registry=r,
         )
+        self.resumes = Counter(
+            "llmfleet_orchestrator_resumes_total",
+            "Streams whose node was lost after output started, by why and by what the resume did",
+            ["model", "reason", "outcome"],
+            registry=r,
+        )
+        self.resume_prefill_tokens = Counter(
+            "llmfleet_orchestrator_resume_prefill_tokens_total",
+            "Prompt tokens a resumed stream's second node prefilled (prompt and delivered text): "
+            "platform cost, never billed to the team",
+            ["model"],
+            registry=r,
+        )
         self.node_deaths = Counter(
             "llmfleet_orchestrator_node_deaths_total",
             "Node sockets lost other than by drain",

@@ -57,6 +57,7 @@ from apps.orchestrator.settle import SettleJob, Settler
 from apps.orchestrator.streams import ChunkEv, LostReason, RequestStream
 
 CLOSE_GOING_AWAY = 1001
+_CLOSE_HANDSHAKE_S = 2.0  # a peer that does not answer the close frame in this time is gone anyway
 
 
 class NodeSockets:
@@ -231,6 +232,7 @@ class NodeSockets:
                         frame.prompt_tokens,
                         frame.completion_tokens,
                         ack_to,
+                        from_error=isinstance(frame, Error),
                     )
                 )
             else:
@@ -295,6 +297,11 @@ class NodeSockets:
         code = conn.close_code if conn.closing.is_set() else CLOSE_NORMAL
         conn.close(code, conn.close_reason or "closed")
         self._ws.pop(conn.conn_id, None)
+        # The relays first: a silent peer (a link that died without FIN or RST) never answers the
+        # close handshake (last, below), and its streams must not wait for that (they resume elsewhere).
+        reason = LostReason.SHUTDOWN if plane.stopping else LostReason.NODE_GONE
+        for request_id, origin in plane.fail_routes(conn, reason):
+            await plane.bus.to_replica(origin, msgs.LostMsg(request_id=request_id, reason=reason.value))
         owned = plane.local.get(conn.node_id) is conn
         if owned:
             del plane.local[conn.node_id]
@@ -303,7 +310,7 @@ class NodeSockets:
             await plane.bus.unsubscribe_node(conn.node_id)
         await plane.fleet.remove(conn.node_id, conn.conn_id)
         plane.fleet.forget(conn.node_id)
-        reason = LostReason.SHUTDOWN if plane.stopping else LostReason.NODE_GONE
+        # Routes added since (none should be: the connection is closing) fail too.
         for request_id, origin in plane.fail_routes(conn, reason):
             await plane.bus.to_replica(origin, msgs.LostMsg(request_id=request_id, reason=reason.value))
         if conn.drained or (code == CLOSE_NORMAL and conn.draining):
@@ -321,10 +328,12 @@ class NodeSockets:
                 conn.node_id, "disconnected", plane.id, death or "drained"
             )
         event("node_disconnected", logging.INFO, node_id=conn.node_id, code=code, reason=death or "drained")
-        # Last: the close handshake waits for the peer, which a silently cut node never answers
-        # (aiohttp waits up to its close timeout). Routing and the node's requests must not wait for it.
+        # Last, and bounded: the close handshake waits for the peer, which a silently cut node never
+        # answers (aiohttp waits up to its close timeout). Routing and the node's requests must not wait.
         if not ws.closed:
-            await ws.close(code=code, message=conn.close_reason.encode()[:120])
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(_CLOSE_HANDSHAKE_S):
+                    await ws.close(code=code, message=conn.close_reason.encode()[:120])
 
     async def close_all(self) -> None:
         """Replica shutdown: close every node socket (nodes reconnect to another replica)."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from pydantic import ValidationError
 from redis.asyncio import Redis
@@ -45,7 +45,13 @@ from apps.orchestrator.scheduling.view import NodeView, PickRequest
 from apps.orchestrator.settings import OrchestratorSettings
 from apps.orchestrator.streams import ChunkEv, DoneEv, ErrorEv, LostEv, LostReason, RequestStream
 
-SettleFn = Callable[[str, int, int], Awaitable[SettleResult]]
+
+class SettleFn(Protocol):
+    """`apps.core.metering.settle_usage` bound to the ledger and Redis."""
+
+    def __call__(
+        self, request_id: str, prompt_tokens: int, completion_tokens: int, *, resume_prompt_tokens: int = 0
+    ) -> Awaitable[SettleResult]: ...
 
 
 @dataclass
@@ -59,6 +65,9 @@ class OrchestratorDeps:
     models: Collection[str]  # the stack's catalog
     # Each model's expected load time from zero (apps.core.sizing.coldstart); absent: not startable.
     load_time_s: Mapping[str, float] = field(default_factory=dict)
+    # Models whose streams resume on another node when theirs is lost (`serving.resume_streams`);
+    # None: every catalog model.
+    resume_models: Collection[str] | None = None
     wall_clock: Callable[[], float] = field(default=SYSTEM.wall)  # apps.core.clock
     monotonic: Callable[[], float] = field(default=SYSTEM.monotonic)
 
@@ -107,7 +116,7 @@ class ControlPlane:
         self.metrics.queue_depth.labels(model=req.model).set(self.queues.depth(req.model))
         for node in rank(req, self.fleet.snapshot()):
             result = await self.fleet.acquire_slot(
-                node, req.model, req.request_id, self.id, usage_bound=req.usage_bound
+                node, req.model, req.request_id, self.id, usage_bound=req.usage_bound, resumable=req.resumable
             )
             if result == 1:
                 return self.fleet.get(node.node_id) or node

@@ -3,8 +3,10 @@
 Phases and deadlines: queue wait (min of the request's and the replica's 30 s limit;
 503/429 + Retry-After), first token (`deadlines.first_token_s`: a connected but silent
 node is cancelled and the request retried), idle between chunks (`deadlines.idle_s`).
-A request is retried once on another node only while nothing has been sent to the
-gateway; once output started a failure becomes one error event and `data: [DONE]`.
+A request is retried once on another node while nothing has been sent to the gateway; once
+output started, a node failure resumes the stream once on another node (`resume.py`) when the
+model and the request allow it, and otherwise (or when that fails) becomes one error event and
+`data: [DONE]`.
 Content chunks are written as the node sent them (ARCHITECTURE D5). Cleanup (slot release,
 route removal, cancel on the node, reservation cancel) is shielded and bounded.
 """
@@ -31,11 +33,13 @@ from apps.core.errors import (
 )
 from apps.core.nodes import keys
 from apps.core.protocol.dispatch import QUEUE_WAIT_HEADER, DispatchRequest, InternalToken
+from apps.core.protocol.node import Error
 from apps.core.protocol.openai import SSE_DONE, error_body, sse_event, sse_json
 from apps.netio import fastpath
 from apps.netio.aiohttp_server import ChunkWriter, chunk_writer
 from apps.orchestrator.logs import event
 from apps.orchestrator.plane import ControlPlane
+from apps.orchestrator.resume import Outcome, Reason, Resumer, can_resume, resume_reason
 from apps.orchestrator.scheduling.view import NodeView, PickRequest
 from apps.orchestrator.streams import ChunkEv, DoneEv, ErrorEv, LostEv, RequestStream
 
@@ -91,6 +95,8 @@ class _Relay:
         self.queued_s = 0.0  # time in the model's queue waiting for a node (all attempts)
         self._direct: ChunkWriter | None = None
         self._writes = 0  # pieces written through `response.write`
+        # What went to the gateway, kept only for a request that can be resumed (one append per write).
+        self.sent: list[str] | None = [] if can_resume(dreq, plane.deps.resume_models) else None
 
     async def run(self) -> web.StreamResponse:
         plane, dreq = self.plane, self.dreq
@@ -116,6 +122,7 @@ class _Relay:
                     frozenset(excluded),
                     settings.kv_cache_max,
                     usage_bound=_usage_bound(dreq),
+                    resumable=self.sent is not None,
                 )
                 queued_at = plane.deps.monotonic()
                 try:
@@ -251,6 +258,19 @@ class _Relay:
             if ev is None:
                 self.outcome = "idle_timeout"
                 await shielded(plane.cancel(node.node_id, dreq.request_id), CLEANUP_S, "cancel")
+            elif isinstance(ev, LostEv) and ev.reason.value == "relay_overflow":
+                await shielded(plane.cancel(node.node_id, dreq.request_id), CLEANUP_S, "cancel")
+            if self.sent is not None:
+                reason = resume_reason(ev)
+                if reason is not None:
+                    resumed, ev = await self._resume(node, reason, ev)
+                    if resumed:
+                        return
+                elif isinstance(ev, ErrorEv):
+                    # Not a failure to resume from (a refusal mid-stream): its report was not
+                    # settled by the socket's owner (the request could resume), so settle it here.
+                    await self._settle_partial(ev.frame)
+            if ev is None:
                 message, status = f"no output from the node for {dreq.deadlines.idle_s:g} s", 504
             elif isinstance(ev, ErrorEv):
                 self.outcome = "node_error_mid_stream"
@@ -258,11 +278,46 @@ class _Relay:
             else:
                 self.outcome = f"lost_mid_stream_{ev.reason.value}"
                 message, status = "the node serving this request was lost", 502
-                if ev.reason.value == "relay_overflow":
-                    await shielded(plane.cancel(node.node_id, dreq.request_id), CLEANUP_S, "cancel")
                 await self._record_partial(node)
             await self._write(sse_json(error_body(message, "server_error", None, status)) + SSE_DONE)
             return
+
+    async def _resume(
+        self, node: NodeView, reason: Reason, ev: ErrorEv | LostEv | None
+    ) -> tuple[bool, ErrorEv | LostEv | None]:
+        """Continue on another node (at most once): (True, _) when the client's stream completed,
+        else (False, how the stream ended: the second node's failure if it got that far)."""
+        sent, self.sent = self.sent, None
+        assert sent is not None
+        error = ev.frame if isinstance(ev, ErrorEv) else None
+        resumer = Resumer(self.plane, self.dreq, self._write, self._retry_hint)
+        outcome = await resumer.run(sent, node, reason, error)
+        event(
+            "stream_resume",
+            request_id=self.dreq.request_id,
+            node_id=node.node_id,
+            to_node=resumer.node_id,
+            reason=reason.value,
+            outcome=outcome.value,
+        )
+        if outcome is Outcome.COMPLETED:
+            self.outcome = f"resumed_{reason.value}"
+            return True, ev
+        if resumer.assigned:
+            return False, resumer.end
+        if error is not None:
+            # The first node's error frame was not settled (the request could resume): settle
+            # what it reported now, as for any mid-stream failure.
+            await self._settle_partial(error)
+        return False, ev
+
+    async def _settle_partial(self, error: Error) -> None:
+        prompt, completion = error.prompt_tokens, error.completion_tokens
+        if self.dreq.max_prompt_tokens is not None:
+            prompt = min(prompt, self.dreq.max_prompt_tokens)
+        if self.dreq.max_completion_tokens is not None:
+            completion = min(completion, self.dreq.max_completion_tokens)
+        await shielded(self.plane.deps.settle(self.dreq.request_id, prompt, completion), CLEANUP_S, "settle")
 
     async def _record_partial(self, node: NodeView) -> None:
         """What the sweeper bills if the node never reports: one content event = one token (vLLM)."""
@@ -304,6 +359,10 @@ class _Relay:
         """This chunk and every chunk queued behind it in one write: one syscall for all
         of them (a relay that fell behind catches up in one go)."""
         more = stream.take_chunks()
+        sent = self.sent
+        if sent is not None:
+            sent.append(first.delta)
+            sent.extend(more)
         if more:
             await self._write((first.delta + "".join(more)).encode())
         else:
@@ -317,6 +376,9 @@ class _Relay:
         data = delta.encode()
         if direct is None or not direct.write(data):
             return False
+        sent = self.sent
+        if sent is not None:
+            sent.append(delta)
         self.chunks += data.count(b"\n\n")
         return True
 

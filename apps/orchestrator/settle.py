@@ -7,7 +7,10 @@ script: the record the sweeper settles from if this replica dies before the sett
 then settles through `settle_usage`, and only
 after the commit sends `done_ack`, so the agent forgets the request only once it is
 billed. A `done` from a node that no longer holds the assignment (`req:{id}` names the
-node the request was retried on) is acknowledged without settling: the retry bills it.
+node the request was retried or resumed on) is acknowledged without settling: the retry bills it.
+A resumed stream's second node settles the whole request (`resume.py` states the rule); a
+mid-stream `error` of the first node of a stream that may resume is not settled here (the relay
+resumes it or settles that report itself).
 
 The sweeper (one replica at a time, Redis lock) takes reservations older than the
 maximum request time: settles them from a done record, else from a partial record (the
@@ -44,9 +47,28 @@ from apps.orchestrator.plane import SettleFn
 # {recorded, slot freed, max_prompt or false, max_completion or false}.
 _RECORD_DONE_LUA = """
 local freed = redis.call('ZREM', KEYS[3], ARGV[4])
-local req = redis.call('HMGET', KEYS[1], 'node', 'max_prompt', 'max_completion')
+local req = redis.call('HMGET', KEYS[1], 'node', 'max_prompt', 'max_completion', 'resumable',
+                       'resume_delivered', 'resume_prompt')
 if req[1] and req[1] ~= ARGV[1] then return {0, freed, false, false} end
 local record = cjson.decode(ARGV[2])
+local platform = 0
+if req[5] then
+  -- The second node of a resumed stream (apps/orchestrator/resume.py `billed`): the team pays its
+  -- prompt once and every completion token it received; this node's prompt is platform cost.
+  platform = tonumber(record.prompt_tokens)
+  if req[6] and req[6] ~= '' then
+    record.prompt_tokens = tonumber(req[6])
+  else
+    record.prompt_tokens = math.max(0, platform - tonumber(req[5]))
+  end
+  record.completion_tokens = tonumber(record.completion_tokens) + tonumber(req[5])
+  record.resume_prompt_tokens = platform
+elseif req[4] == '1' and ARGV[5] == '1' then
+  -- The first node's mid-stream error of a stream that may resume: the relay resumes it (the
+  -- second node settles) or settles this report itself; the record is the sweeper's fallback.
+  redis.call('SET', KEYS[2], cjson.encode(record), 'EX', ARGV[3])
+  return {2, freed, false, false}
+end
 local capped = 0
 if req[2] and tonumber(record.prompt_tokens) > tonumber(req[2]) then
   record.prompt_tokens = tonumber(req[2]); capped = 1
@@ -55,7 +77,7 @@ if req[3] and tonumber(record.completion_tokens) > tonumber(req[3]) then
   record.completion_tokens = tonumber(req[3]); capped = 1
 end
 redis.call('SET', KEYS[2], cjson.encode(record), 'EX', ARGV[3])
-return {1, freed, capped, record.prompt_tokens, record.completion_tokens}
+return {1, freed, capped, record.prompt_tokens, record.completion_tokens, platform}
 """
 
 
@@ -66,6 +88,7 @@ class SettleJob:
     prompt_tokens: int
     completion_tokens: int
     ack_to: NodeConnection | None  # send `done_ack` here after the commit (None: an error frame)
+    from_error: bool = False  # an `error` frame after output started (not a `done`)
 
 
 class Settler:
@@ -133,20 +156,23 @@ class Settler:
                 keys.done_key(job.request_id),
                 keys.node_inflight(job.node_id),
             ],
-            args=[job.node_id, json.dumps(record), self._ttl, job.request_id],
+            args=[job.node_id, json.dumps(record), self._ttl, job.request_id, "1" if job.from_error else "0"],
         )
         recorded, freed = int(answer[0]), int(answer[1])
         if freed:
             self._fleet.slot_freed(job.node_id)
         self._on_slot_freed()
+        if recorded == 2:
+            self._metrics.settles.labels(outcome="deferred_resume").inc()
+            return
         if not recorded:
             self._metrics.settles.labels(outcome="superseded").inc()
             self._ack(job)
             return
-        prompt, completion = int(answer[3]), int(answer[4])
+        prompt, completion, platform = int(answer[3]), int(answer[4]), int(answer[5])
         if int(answer[2]):
             await self._overreported(job, prompt, completion)
-        result = await self._settle(job.request_id, prompt, completion)
+        result = await self._settle(job.request_id, prompt, completion, resume_prompt_tokens=platform)
         self._metrics.settles.labels(outcome=result.outcome.value).inc()
         self._metrics.writeoff.inc(result.written_off_microcredits)
         self._ack(job)

@@ -172,7 +172,21 @@ def agent_node_id(pool: str = NODE_POOL) -> str:
     return f"{pool}/$(POD_NAME)"
 
 
-def _agent_container(t: VllmTarget, tm: Timing) -> Manifest:
+# EC2 announces a Spot reclaim two minutes ahead; Karpenter (its interruption queue) drains the node
+# at once. A spot pod's agent drains within what is left of the notice minus the time another node
+# needs to take over the streams handed off at the deadline (resumed there: docs/control-plane.md).
+SPOT_NOTICE_S = 120
+SPOT_HANDOFF_S = 20
+
+
+def agent_drain_s(tm: Timing, capacity: Capacity) -> int:
+    """The agent's drain bound: the stream budget, within the Spot notice on the spot pool."""
+    if capacity is Capacity.ON_DEMAND:
+        return tm.stream_budget_s
+    return min(tm.stream_budget_s, SPOT_NOTICE_S - SPOT_HANDOFF_S)
+
+
+def _agent_container(t: VllmTarget, tm: Timing, capacity: Capacity) -> Manifest:
     p = t.plan
     return {
         "name": "agent",
@@ -196,7 +210,7 @@ def _agent_container(t: VllmTarget, tm: Timing) -> Manifest:
             "--location",
             "cloud",
             "--drain-timeout",
-            str(tm.stream_budget_s),
+            str(agent_drain_s(tm, capacity)),
             "--journal",
             "/var/lib/llmfleet/journal",
             "--health-host",
@@ -340,7 +354,7 @@ def deployment(t: VllmTarget, capacity: Capacity, replicas: int | None) -> Manif
                 "serviceAccountName": MODEL_SYNC_SERVICE_ACCOUNT,
                 "terminationGracePeriodSeconds": tm.grace_period_s,
                 "initContainers": [_model_sync_container(t)],
-                "containers": [_vllm_container(t, tm), _agent_container(t, tm)],
+                "containers": [_vllm_container(t, tm), _agent_container(t, tm, capacity)],
                 **_scheduling(t, capacity),
                 "topologySpreadConstraints": [
                     {

@@ -7,7 +7,7 @@ a test can see the agent's backoff. `drop_downstream` keeps forwarding agent -> 
 bytes but swallows server -> agent bytes (acknowledgements never arrive). `blackhole()` is a
 silent partition: bytes in both directions are swallowed and no close is passed on either way (no
 FIN, no RST), as when a NAT or a link drops everything, so each side learns only from its own
-heartbeat timeout.
+heartbeat timeout. `silent` is that state as a switch (`blackhole()` sets it; a test may clear it).
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ class TcpProxy:
         self.accepts: list[float] = []  # monotonic time of every accepted client connection
         self.refused: list[float] = []  # ... of those refused while cut
         self._cut = False
-        self._blackhole = False
         self.drop_downstream = False
+        self.silent = False
         self._writers: set[asyncio.StreamWriter] = set()
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="chaos-proxy", daemon=True)
@@ -48,14 +48,14 @@ class TcpProxy:
     async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, down: bool) -> None:
         try:
             while data := await reader.read(65536):
-                if self._blackhole or (down and self.drop_downstream):
+                if self.silent or (down and self.drop_downstream):
                     continue
                 writer.write(data)
                 await writer.drain()
         except (ConnectionError, OSError):
             pass
         finally:
-            if not self._blackhole:  # a silent partition passes no close on
+            if not self.silent:  # a silent partition passes no close on
                 writer.close()
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -88,7 +88,7 @@ class TcpProxy:
 
     def blackhole(self) -> None:
         """From now on forward nothing and close nothing (the connections stay open)."""
-        self._blackhole = True
+        self.silent = True
 
     def restore(self) -> None:
         self._cut = False

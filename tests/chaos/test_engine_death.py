@@ -1,7 +1,9 @@
 """Chaos 2: an engine dies mid-stream (enginesim fault injection: the connection drops).
 
-- after chunks reached the client: the client gets an error event and `[DONE]` (no hang)
-  and the ledger settles exactly the tokens produced;
+- after chunks reached the client, on every engine: the stream is resumed once on another node
+  (tests/chaos/test_resume.py covers the resume itself), that node's engine dies too, and the
+  client gets an error event and `[DONE]` (no hang, no second resume); the ledger settles
+  exactly the tokens the client received;
 - before any chunk: the request is retried once on another node and succeeds.
 """
 
@@ -55,14 +57,24 @@ def test_engine_dying_mid_stream_gives_an_error_event_and_settles_the_partial_to
     payloads, elapsed = _stream(platform, max_tokens=50)
     content = [p for p in payloads if b'"content"' in p and b'"role"' not in p]
     errors = [p for p in payloads if p.startswith(b'{"error"')]
-    assert len(content) == 3
+    assert len(content) == 6  # three on the first node, three on the one it resumed on
+    assert len([p for p in payloads if b'"role"' in p]) == 1
     assert len(errors) == 1, payloads
+    failed = sum(
+        metric_sum(
+            http_text(platform.orchestrator_url(i) + "/metrics"),
+            "llmfleet_orchestrator_resumes_total",
+            outcome="failed",
+        )
+        for i in range(len(platform.orchestrators))
+    )
+    assert failed == 1
     assert json.loads(errors[0])["error"]["message"]
     assert payloads[-1] == b"[DONE]"
     assert elapsed < 30  # ended by the failure, not by a client-side timeout
     rows = wait_until(lambda: settled_rows(migrated_db_url), 20, "the partial stream settled")
     assert len(rows) == 1
-    assert rows[0][2] == 3  # the three tokens the client received, billed
+    assert rows[0][2] == 6  # the six tokens the client received, billed
     assert rows[0][1] > 0  # prompt tokens from the engine's /tokenize
 
 

@@ -33,6 +33,7 @@ class FakeLedger:
     rows: dict[str, Row] = field(default_factory=dict)
     settle_calls: list[tuple[str, int, int]] = field(default_factory=list)
     cancel_calls: list[str] = field(default_factory=list)
+    resume_prompt_tokens: dict[str, int] = field(default_factory=dict)  # platform cost per request
 
     async def reserve(
         self,
@@ -54,8 +55,12 @@ class FakeLedger:
     def add(self, request_id: str, model: str = "m", created_at: datetime | None = None) -> None:
         self.rows[request_id] = Row(request_id, 1, 1, model, 100, created_at or self.clock())
 
-    async def settle(self, request_id: str, prompt_tokens: int, completion_tokens: int) -> SettleResult:
+    async def settle(
+        self, request_id: str, prompt_tokens: int, completion_tokens: int, *, resume_prompt_tokens: int = 0
+    ) -> SettleResult:
         self.settle_calls.append((request_id, prompt_tokens, completion_tokens))
+        if resume_prompt_tokens:
+            self.resume_prompt_tokens[request_id] = resume_prompt_tokens
         row = self.rows.get(request_id)
         if row is None:
             return SettleResult(SettleOutcome.UNKNOWN, request_id)

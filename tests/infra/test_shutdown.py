@@ -9,7 +9,15 @@ import sys
 from apps.cli.procs import free_port as _free_port
 from apps.core.sizing.plan import plan_fleet
 from apps.core.spec import load_spec
-from infra.manifests.vllm import timing, wait_for_agent_exit
+from infra.manifests.vllm import (
+    SPOT_HANDOFF_S,
+    SPOT_NOTICE_S,
+    Capacity,
+    agent_drain_s,
+    deployment,
+    timing,
+    wait_for_agent_exit,
+)
 
 
 def test_hook_returns_at_once_when_the_agent_is_gone() -> None:
@@ -41,3 +49,29 @@ def test_grace_period_covers_drain_and_vllm_shutdown() -> None:
         assert tm.shutdown_timeout_s > tm.stream_budget_s
         assert tm.grace_period_s > tm.stream_budget_s + tm.shutdown_timeout_s
         assert tm.startup_failure_threshold * 10 >= 300
+
+
+def test_a_spot_pods_agent_drains_within_the_interruption_notice() -> None:
+    """On a Spot reclaim the node goes two minutes after the notice: the agent's drain must end
+    (handing its unfinished streams to other nodes) with time left for them to take over."""
+    for name, mp in plan_fleet(load_spec("prod")).models.items():
+        tm = timing(mp)
+        assert agent_drain_s(tm, Capacity.ON_DEMAND) == tm.stream_budget_s, name
+        spot = agent_drain_s(tm, Capacity.SPOT)
+        assert spot <= SPOT_NOTICE_S - SPOT_HANDOFF_S, name
+        assert spot == min(tm.stream_budget_s, SPOT_NOTICE_S - SPOT_HANDOFF_S), name
+
+
+def test_the_rendered_spot_deployment_passes_the_spot_drain_bound() -> None:
+    from infra.manifests.vllm import VllmTarget
+
+    mp = plan_fleet(load_spec("prod")).models["llama-3.1-8b-instruct"]
+    target = VllmTarget(mp, "rev", "vllm:img", "agent:img", "bucket")
+    for capacity in (Capacity.SPOT, Capacity.ON_DEMAND):
+        spec = deployment(target, capacity, None)["spec"]["template"]["spec"]
+        (agent,) = [c for c in spec["containers"] if c["name"] == "agent"]
+        args = agent["args"]
+        drain = int(args[args.index("--drain-timeout") + 1])
+        assert drain == agent_drain_s(timing(mp), capacity)
+        # The pod's grace period still covers the drain and vLLM's shutdown.
+        assert spec["terminationGracePeriodSeconds"] > drain

@@ -40,7 +40,11 @@ class Env:
         self.session = aiohttp.ClientSession()
 
     async def orchestrator(
-        self, deps_extra: dict[str, Any] | None = None, **overrides: Any
+        self,
+        deps_extra: dict[str, Any] | None = None,
+        *,
+        resume_models: frozenset[str] | None = None,
+        **overrides: Any,
     ) -> RunningOrchestrator:
         """A replica with settings `overrides`; `deps_extra`: more `OrchestratorDeps` fields (clocks...)."""
         values: dict[str, Any] = {
@@ -59,6 +63,7 @@ class Env:
             settle=self.ledger.settle,
             models={"m", "big"},
             **(deps_extra or {}),
+            resume_models=resume_models,
         )
         orch = await start_orchestrator(OrchestratorSettings(**values), deps)
         self.orchestrators.append(orch)

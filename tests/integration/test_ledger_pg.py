@@ -106,6 +106,21 @@ async def test_reserve_settle_once_cancel(ledger: Env) -> None:
     assert await lg.stale_reservations(old + timedelta(seconds=5)) == ["r4"]
 
 
+async def test_a_resumed_request_records_its_re_prefill_as_platform_cost_never_charged(ledger: Env) -> None:
+    lg, teams, pool = ledger
+    team = await teams.create_team("t")
+    await teams.add_credits(team.id, 1_000)
+    await lg.reserve(
+        request_id="r1", team_id=team.id, key_id=None, model="m", estimated_prompt_tokens=100, max_tokens=200
+    )
+    result = await lg.settle("r1", 10, 20, resume_prompt_tokens=30)
+    assert result.cost_microcredits == 50  # the team's prompt once + what it received: as without resume
+    assert await lg.settle("r1", 10, 20, resume_prompt_tokens=30) is not None
+    row = await scalar(pool, "SELECT resume_prompt_tokens FROM usage_ledger WHERE request_id=%s", "r1")
+    assert row == 30
+    assert await invariants(pool, team.id) == (950, 50)
+
+
 @pytest.mark.parametrize(
     ("prompt", "completion"), [(0, 0), (1, 0), (0, 1), (7, 13), (999_999, 1), (12_345, 67_890)]
 )

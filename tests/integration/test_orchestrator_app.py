@@ -270,7 +270,7 @@ async def test_node_lost_before_the_first_chunk_is_retried_once_on_another_node(
 
 
 async def test_node_lost_mid_stream_gives_error_event_and_done_and_a_partial_record(env: Env) -> None:
-    orch = await env.orchestrator()
+    orch = await env.orchestrator(resume_models=frozenset())  # resume off (test_orchestrator_resume.py)
     node = await env.node(orch, "n1")
     await env.node(orch, "n2", location="cloud", auto=Auto())
     env.ledger.add("r1")

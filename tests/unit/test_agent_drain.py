@@ -51,15 +51,18 @@ async def test_drain_frame_finishes_in_flight_refuses_new_work_and_exits(tmp_pat
         assert [r["messages"] for r in run.engine.requests] == [[{"role": "user", "content": "hi"}]]
 
 
-async def test_drain_deadline_aborts_what_is_left(tmp_path: Path) -> None:
+async def test_drain_deadline_hands_off_what_is_left(tmp_path: Path) -> None:
     async with running_agent(tmp_path) as run:
         await run.orch.send(run.assign("slow", {"mode": "infinite", "pace_s": 0.005}))
         await run.orch.wait_for(lambda _: run.chunks("slow").count("data: ") >= 3)
         await run.orch.send(proto.Drain(deadline_s=0.2))
-        done = await run.result("slow")
-        assert isinstance(done, proto.Done)
-        assert done.finish_reason == "abort"
-        assert done.completion_tokens == run.chunks("slow").count("data: ") - 1
+        handed = await run.result("slow")
+        # An `error` the orchestrator resumes elsewhere (not `done(abort)`, a silent truncation),
+        # with the usage so far for the settle.
+        assert isinstance(handed, proto.Error)
+        assert (handed.status, handed.error_type) == (503, "node_draining")
+        assert handed.chunks_sent == run.chunks("slow").count("data: ")
+        assert handed.completion_tokens == run.chunks("slow").count("data: ") - 1
         async with asyncio.timeout(10):
             assert await run.task == 0
         assert isinstance(run.orch.frames[-1][1], proto.Drained)

@@ -79,8 +79,12 @@ class Ledger(Protocol):
         `quota_subject`: whose daily token quota the settle counts (`SettleResult.tokens_subject`)."""
         ...
 
-    async def settle(self, request_id: str, prompt_tokens: int, completion_tokens: int) -> SettleResult:
-        """Exactly once: `reserved -> settled` and debit the team in one transaction."""
+    async def settle(
+        self, request_id: str, prompt_tokens: int, completion_tokens: int, *, resume_prompt_tokens: int = 0
+    ) -> SettleResult:
+        """Exactly once: `reserved -> settled` and debit the team in one transaction.
+        `resume_prompt_tokens`: a resumed stream's re-prefill on its second node, recorded on the row
+        as platform cost (never charged)."""
         ...
 
     async def cancel(self, request_id: str) -> bool:

@@ -90,6 +90,15 @@ WHERE request_id = %(rid)s AND NOT EXISTS (SELECT 1 FROM settled)
 """
 
 
+# A resumed stream's settle also records its second node's prefill (migration 0008); only that
+# statement names the column, so a settle of any other request runs on a schema without it.
+_SETTLE_RESUMED = _SETTLE.replace(
+    "uncharged_microcredits = t.cost - t.charged, finalized_at = now()",
+    "uncharged_microcredits = t.cost - t.charged, finalized_at = now(), resume_prompt_tokens = %(r)s",
+)
+assert _SETTLE_RESUMED != _SETTLE
+
+
 _CANCEL = """
 WITH done AS (
     UPDATE usage_ledger SET status = 'cancelled', finalized_at = now()
@@ -158,15 +167,22 @@ class PgLedger:
             )
         return Reservation(request_id, team_id, key_id, model, estimate)
 
-    async def settle(self, request_id: str, prompt_tokens: int, completion_tokens: int) -> SettleResult:
+    async def settle(
+        self, request_id: str, prompt_tokens: int, completion_tokens: int, *, resume_prompt_tokens: int = 0
+    ) -> SettleResult:
         prompt_tokens, completion_tokens = max(prompt_tokens, 0), max(completion_tokens, 0)
-        params = {"rid": request_id, "p": prompt_tokens, "c": completion_tokens}
+        params = {
+            "rid": request_id,
+            "p": prompt_tokens,
+            "c": completion_tokens,
+            "r": max(resume_prompt_tokens, 0),
+        }
         async with self._pool.connection() as conn:
             # One statement, so one transaction by itself (one round trip on an autocommit connection):
             # lock the reserved row, then the team's row, debit, finalise. A concurrent settle of the
             # same request waits for the row lock and then finds it no longer `reserved` (PostgreSQL
             # re-checks the condition on the new version).
-            cur = await conn.execute(_SETTLE, params)
+            cur = await conn.execute(_SETTLE_RESUMED if resume_prompt_tokens > 0 else _SETTLE, params)
             row = await cur.fetchone()
         if row is None:
             return SettleResult(SettleOutcome.UNKNOWN, request_id)

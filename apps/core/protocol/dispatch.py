@@ -10,8 +10,11 @@ Answer, before any byte of output:
 Answer once output started:
   * `200 text/event-stream`: the SSE events to send to the client byte for byte: the
     engine's chunks, the usage chunk only if `client_wants_usage`, then `data: [DONE]`.
-    A failure after the first chunk arrives as one `data: {"error": ...}` event and
-    `data: [DONE]` (never a silent truncation, never a retry).
+    A node failure after the first chunk is resumed once on another node when the model and
+    the request allow it: the stream goes on with the same `id`, no second role chunk and one
+    usage chunk counting every token sent (docs/control-plane.md, "Resume"). Otherwise, or
+    when that fails, it arrives as one `data: {"error": ...}` event and `data: [DONE]`
+    (never a silent truncation).
 
 The orchestrator settles the ledger row (at most `max_prompt_tokens` / `max_completion_tokens`) (`request_id`) with the engine's usage; if
 the gateway closes the connection early the orchestrator cancels the request on the

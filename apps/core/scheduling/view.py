@@ -31,3 +31,6 @@ class PickRequest:
     kv_cache_max: float = 0.95
     # (prompt, completion) tokens the request may use at most; recorded with the assignment.
     usage_bound: tuple[int, int] | None = None
+    # The stream may resume on another node after output started: the first node's mid-stream
+    # error is then settled by the relay (or the second node), not by itself (`apps/orchestrator/resume.py`).
+    resumable: bool = False

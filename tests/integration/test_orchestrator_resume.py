@@ -1,0 +1,258 @@
+"""A stream resumed on another node after its node failed mid-answer (apps/orchestrator/resume.py):
+real Redis and WebSockets, scripted nodes, the dispatch endpoint over HTTP, the in-memory ledger.
+
+Checked: the second node gets the continuation request; the client sees one stream (one role
+chunk, one `id`, the text without a gap or a repeat, one usage chunk counting every token it got);
+the team is settled once for its prompt and the tokens it received, the re-prefill recorded as
+platform cost; the resume metric counts it by reason and outcome; no other node or resume off
+gives today's error event and partial settle.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+from apps.core.ledger.api import ReservationStatus
+from apps.core.protocol import node as proto
+from apps.core.protocol.openai import sse_event
+from apps.core.protocol.vllm import chunk_payload, delta_choice, usage_block
+from tests.fakes.fake_node import FakeNode
+from tests.integration.orchestrator_env import Env, eventually
+from tests.integration.test_orchestrator_app import _done, events
+
+BODY: dict[str, Any] = {
+    "model": "m",
+    "messages": [{"role": "user", "content": "hi"}],
+    "stream": True,
+    "max_tokens": 5,
+    "stream_options": {"include_usage": True},
+}
+
+
+def role(chunk_id: str, created: int) -> str:
+    choice = delta_choice({"role": "assistant", "content": ""})
+    return sse_event(chunk_payload(chunk_id, "m", created, [choice])).decode()
+
+
+def text(chunk_id: str, created: int, content: str, finish: str | None = None) -> str:
+    return sse_event(
+        chunk_payload(chunk_id, "m", created, [delta_choice({"content": content}, finish)])
+    ).decode()
+
+
+def usage(chunk_id: str, prompt: int, completion: int) -> str:
+    return chunk_payload(chunk_id, "m", 2, [], {"usage": usage_block(prompt, completion)}).decode()
+
+
+async def _continue_on(node: FakeNode, prompt: int) -> proto.Assign:
+    """Serve the continuation like vLLM: its own role chunk and id, three tokens, usage."""
+    assign = await asyncio.wait_for(node.assigns.get(), 10)
+    rid = assign.request_id
+    await node.chunk(rid, role("chatcmpl-second", 2) + text("chatcmpl-second", 2, " C"))
+    await node.chunk(rid, text("chatcmpl-second", 2, " D"))
+    await node.chunk(rid, text("chatcmpl-second", 2, " E", "length"))
+    await node.done(rid, prompt, 3, finish_reason="length", usage_event=usage("chatcmpl-second", prompt, 3))
+    return assign
+
+
+async def _start_and_deliver(
+    env: Env, orch: Any, first: FakeNode
+) -> asyncio.Task[tuple[int, dict[str, str], bytes]]:
+    env.ledger.add("r1")
+    task = asyncio.create_task(env.dispatch(orch, "r1", body=BODY, client_wants_usage=True))
+    assign = await asyncio.wait_for(first.assigns.get(), 5)
+    await first.chunk(assign.request_id, role("chatcmpl-first", 1) + text("chatcmpl-first", 1, "A"))
+    await first.chunk(assign.request_id, text("chatcmpl-first", 1, " B"))
+    return task
+
+
+def _check_client_stream(body: bytes, prompt: int) -> None:
+    evs = events(body)
+    assert evs[-1] == b"[DONE]"
+    chunks = [json.loads(e) for e in evs[:-1]]
+    assert not any("error" in c for c in chunks)
+    assert {c["id"] for c in chunks} == {"chatcmpl-first"}
+    assert {c["created"] for c in chunks} == {1}
+    deltas = [c["choices"][0]["delta"] for c in chunks if c["choices"]]
+    assert sum("role" in d for d in deltas) == 1
+    assert "".join(d.get("content") or "" for d in deltas) == "A B C D E"
+    assert [c for c in chunks if "usage" in c] == [chunks[-1]]
+    assert chunks[-1]["usage"] == {
+        "prompt_tokens": prompt,
+        "total_tokens": prompt + 5,
+        "completion_tokens": 5,
+    }
+
+
+def _resumes(orch: Any, reason: str, outcome: str) -> float:
+    value = orch.plane.metrics.registry.get_sample_value(
+        "llmfleet_orchestrator_resumes_total", {"model": "m", "reason": reason, "outcome": outcome}
+    )
+    return float(value or 0.0)
+
+
+async def test_engine_error_mid_stream_continues_on_another_node_and_bills_once(env: Env) -> None:
+    orch = await env.orchestrator()
+    first = await env.node(orch, "n1")
+    second = await env.node(orch, "n2", location="cloud")
+    task = await _start_and_deliver(env, orch, first)
+    # The engine's in-stream error after two tokens; its own count of the prompt is 7.
+    await first.error("r1", 500, "engine died", chunks_sent=2, prompt_tokens=7, completion_tokens=2)
+    assign = await _continue_on(second, prompt=9)
+    status, headers, body = await task
+    assert status == 200
+    assert headers["x-llmfleet-node"] == "n1"
+    # The continuation request: the delivered text as the assistant message to continue.
+    assert assign.request_id == "r1"
+    assert assign.body["messages"] == [*BODY["messages"], {"role": "assistant", "content": "A B"}]
+    assert assign.body["continue_final_message"] is True
+    assert assign.body["add_generation_prompt"] is False
+    assert assign.body["max_tokens"] == 3
+    _check_client_stream(body, prompt=7)
+    await second.wait_for(lambda: "r1" in second.acks)
+    # One settle: the prompt once (the first node's count), every token received; the second
+    # node's prefill of prompt + delivered text (9) is platform cost.
+    assert env.ledger.settle_calls == [("r1", 7, 5)]
+    assert env.ledger.status("r1") is ReservationStatus.SETTLED
+    assert env.ledger.resume_prompt_tokens == {"r1": 9}
+    assert _resumes(orch, "engine_error", "completed") == 1
+    prefill = orch.plane.metrics.registry.get_sample_value(
+        "llmfleet_orchestrator_resume_prefill_tokens_total", {"model": "m"}
+    )
+    assert prefill == 9
+
+
+async def test_socket_cut_mid_stream_continues_on_another_node(env: Env) -> None:
+    orch = await env.orchestrator()
+    first = await env.node(orch, "n1")
+    second = await env.node(orch, "n2", location="cloud")
+    task = await _start_and_deliver(env, orch, first)
+    await eventually(lambda: _done(orch.plane.local["n1"].routes.get("r1") is not None))
+    await first.abort()
+    await _continue_on(second, prompt=9)
+    status, _, body = await task
+    assert status == 200
+    # The lost node never said how long the prompt was: 9 prefilled minus the 2 delivered tokens.
+    _check_client_stream(body, prompt=7)
+    await second.wait_for(lambda: "r1" in second.acks)
+    assert env.ledger.settle_calls == [("r1", 7, 5)]
+    assert env.ledger.resume_prompt_tokens == {"r1": 9}
+    assert _resumes(orch, "node_lost", "completed") == 1
+
+
+async def test_no_other_node_gives_the_error_event_and_the_partial_settle_once(env: Env) -> None:
+    orch = await env.orchestrator()
+    first = await env.node(orch, "n1")
+    task = await _start_and_deliver(env, orch, first)
+    await first.error("r1", 500, "engine died", chunks_sent=2, prompt_tokens=7, completion_tokens=2)
+    status, _, body = await asyncio.wait_for(task, 10)
+    evs = events(body)
+    assert status == 200
+    assert json.loads(evs[-2])["error"]["message"] == "engine died"
+    assert evs[-1] == b"[DONE]"
+    await eventually(lambda: _done(env.ledger.status("r1") is ReservationStatus.SETTLED))
+    assert env.ledger.settle_calls == [("r1", 7, 2)]
+    assert _resumes(orch, "engine_error", "no_node") == 1
+
+
+async def test_a_second_failure_ends_the_stream_and_settles_both_parts_once(env: Env) -> None:
+    orch = await env.orchestrator()
+    first = await env.node(orch, "n1")
+    second = await env.node(orch, "n2", location="cloud")
+    task = await _start_and_deliver(env, orch, first)
+    await first.error("r1", 500, "engine died", chunks_sent=2, prompt_tokens=7, completion_tokens=2)
+    assign = await asyncio.wait_for(second.assigns.get(), 10)
+    await second.chunk("r1", role("chatcmpl-second", 2) + text("chatcmpl-second", 2, " C"))
+    await second.error("r1", 500, "died too", chunks_sent=2, prompt_tokens=9, completion_tokens=1)
+    status, _, body = await asyncio.wait_for(task, 10)
+    evs = events(body)
+    assert assign.body["max_tokens"] == 3
+    assert status == 200
+    assert json.loads(evs[-2])["error"]["message"] == "died too"
+    contents = [json.loads(e)["choices"][0]["delta"].get("content") for e in evs[:-2]]
+    assert "".join(c or "" for c in contents) == "A B C"
+    await eventually(lambda: _done(env.ledger.status("r1") is ReservationStatus.SETTLED))
+    assert env.ledger.settle_calls == [("r1", 7, 3)]  # at most one resume: no third node
+    assert env.ledger.resume_prompt_tokens == {"r1": 9}
+    assert _resumes(orch, "engine_error", "failed") == 1
+
+
+async def test_resume_off_for_the_model_keeps_the_error_event(env: Env) -> None:
+    orch = await env.orchestrator(resume_models=frozenset({"big"}))
+    first = await env.node(orch, "n1")
+    second = await env.node(orch, "n2", location="cloud")
+    task = await _start_and_deliver(env, orch, first)
+    await first.error("r1", 500, "engine died", chunks_sent=2, prompt_tokens=7, completion_tokens=2)
+    status, _, body = await asyncio.wait_for(task, 10)
+    assert status == 200
+    assert json.loads(events(body)[-2])["error"]["message"] == "engine died"
+    assert second.assigns.empty()
+    await eventually(lambda: _done(env.ledger.status("r1") is ReservationStatus.SETTLED))
+    assert env.ledger.settle_calls == [("r1", 7, 2)]
+
+
+async def test_a_stream_handed_off_by_a_drain_resumes_with_reason_drain(env: Env) -> None:
+    orch = await env.orchestrator()
+    first = await env.node(orch, "n1")
+    second = await env.node(orch, "n2", location="cloud")
+    task = await _start_and_deliver(env, orch, first)
+    # The agent's drain budget (a spot notice) ran out with the stream unfinished.
+    await first.error(
+        "r1",
+        503,
+        "the node drained",
+        error_type="node_draining",
+        chunks_sent=3,
+        prompt_tokens=7,
+        completion_tokens=2,
+    )
+    await _continue_on(second, prompt=9)
+    status, _, body = await task
+    assert status == 200
+    _check_client_stream(body, prompt=7)
+    await second.wait_for(lambda: "r1" in second.acks)
+    assert env.ledger.settle_calls == [("r1", 7, 5)]
+    assert _resumes(orch, "drain", "completed") == 1
+
+
+async def test_a_refusal_mid_stream_is_not_resumed_and_is_settled_once(env: Env) -> None:
+    orch = await env.orchestrator()
+    first = await env.node(orch, "n1")
+    second = await env.node(orch, "n2", location="cloud")
+    task = await _start_and_deliver(env, orch, first)
+    await first.error(
+        "r1",
+        400,
+        "bad",
+        error_type="invalid_request_error",
+        chunks_sent=3,
+        prompt_tokens=7,
+        completion_tokens=2,
+    )
+    status, _, body = await asyncio.wait_for(task, 10)
+    assert status == 200
+    assert json.loads(events(body)[-2])["error"]["message"] == "bad"
+    assert second.assigns.empty()
+    await eventually(lambda: _done(env.ledger.status("r1") is ReservationStatus.SETTLED))
+    assert env.ledger.settle_calls == [("r1", 7, 2)]
+
+
+async def test_a_relay_on_another_replica_resumes_through_the_owners(env: Env) -> None:
+    a = await env.orchestrator()
+    b = await env.orchestrator()
+    first = await env.node(a, "n1")
+    second = await env.node(b, "n2", location="cloud")
+    await eventually(
+        lambda: _done(b.plane.fleet.get("n1") is not None and a.plane.fleet.get("n2") is not None)
+    )
+    task = await _start_and_deliver(env, b, first)  # relayed by b, n1 owned by a
+    await first.error("r1", 500, "engine died", chunks_sent=2, prompt_tokens=7, completion_tokens=2)
+    await _continue_on(second, prompt=9)
+    status, _, body = await task
+    assert status == 200
+    _check_client_stream(body, prompt=7)
+    await second.wait_for(lambda: "r1" in second.acks)
+    assert env.ledger.settle_calls == [("r1", 7, 5)]
+    assert _resumes(b, "engine_error", "completed") == 1
