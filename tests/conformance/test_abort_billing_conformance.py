@@ -35,6 +35,7 @@ class Seen:
         self.running: dict[int, int] = {}
         self.prompt_tokens = 0
         self.final: dict[str, int] | None = None
+        self.error: dict[str, Any] | None = None
         self.ended = False
 
     def note(self, payload: str) -> None:
@@ -42,6 +43,9 @@ class Seen:
             self.ended = True
             return
         chunk: dict[str, Any] = json.loads(payload)
+        if "error" in chunk:  # a drain hands a stream with output off; with no other node: this event
+            self.error = chunk["error"]
+            return
         usage = chunk.get("usage")
         if not chunk["choices"]:
             self.final = usage
