@@ -36,6 +36,7 @@ from apps.netio import fastpath
 from apps.netio.aiohttp_server import ChunkWriter, chunk_writer
 from apps.orchestrator.logs import event
 from apps.orchestrator.plane import ControlPlane
+from apps.orchestrator.queue import Share
 from apps.orchestrator.scheduling.view import NodeView, PickRequest
 from apps.orchestrator.streams import ChunkEv, DoneEv, ErrorEv, LostEv, RequestStream
 
@@ -91,6 +92,7 @@ class _Relay:
         self.queued_s = 0.0  # time in the model's queue waiting for a node (all attempts)
         self._direct: ChunkWriter | None = None
         self._writes = 0  # pieces written through `response.write`
+        self.share = _share(dreq)
 
     async def run(self) -> web.StreamResponse:
         plane, dreq = self.plane, self.dreq
@@ -113,7 +115,7 @@ class _Relay:
                 )
                 queued_at = plane.deps.monotonic()
                 try:
-                    node = await plane.queues.acquire(pick, remaining, self._retry_hint)
+                    node = await plane.queues.acquire(pick, remaining, self._retry_hint, self.share)
                 except LlmfleetError as exc:
                     self.queued_s += plane.deps.monotonic() - queued_at
                     self.outcome = exc.code or "unavailable"
@@ -262,6 +264,9 @@ class _Relay:
         )
 
     async def _finish_ok(self, ev: DoneEv) -> None:
+        # The fair queue charged the expected tokens at dispatch; the engine's usage corrects it.
+        used = min(ev.frame.prompt_tokens + ev.frame.completion_tokens, self.share.cost)
+        self.plane.shares.charge(self.dreq.model, self.share.team, used - self.share.cost)
         if self.dreq.client_wants_usage and ev.frame.usage_event:
             # One write for both: the usage event counts as a chunk, [DONE] does not.
             self.chunks += 1
@@ -323,6 +328,17 @@ class _Relay:
         # Nothing ran: the reservation must not wait for the sweeper (idempotent: the
         # gateway may cancel it too).
         await shielded(self.plane.deps.ledger.cancel(self.dreq.request_id), CLEANUP_S, "ledger_cancel")
+
+
+def _share(dreq: DispatchRequest) -> Share:
+    """Who the fair queue charges and how much: the prompt plus the expected answer, in tokens."""
+    bound = _usage_bound(dreq)
+    return Share(
+        team=dreq.team_id,
+        weight=dreq.team_weight,
+        klass=dreq.priority_class,
+        cost=float(sum(bound)) if bound is not None else 1.0,
+    )
 
 
 def _usage_bound(dreq: DispatchRequest) -> tuple[int, int] | None:

@@ -50,6 +50,8 @@ class OrchestratorSettings(BaseSettings):
     # Scheduling.
     queue_limit_s: float = Field(default=30.0, gt=0)
     queue_max_per_model: int = Field(default=2000, gt=0)
+    # One team's waiters per model (both classes): its flood is refused before it fills the queue.
+    queue_max_per_team: int = Field(default=500, gt=0)
     kv_cache_max: float = Field(default=0.95, gt=0, le=1)
     fleet_refresh_s: float = Field(default=0.5, gt=0)
 

@@ -1,4 +1,5 @@
-"""Per-model FIFO queue: direct pick, FIFO order, 429 when full, 503 + Retry-After on timeout."""
+"""Per-model queue basics: direct pick, FIFO within a team, 429 when full, 503 + Retry-After on timeout
+(the fair-sharing rules are in test_orchestrator_fair_queue.py)."""
 
 from __future__ import annotations
 
@@ -71,7 +72,9 @@ async def test_full_queue_is_429_with_retry_after() -> None:
 
 async def test_timeout_is_503_with_retry_after_and_observed() -> None:
     seen: list[tuple[str, str]] = []
-    queues = Queues(Slots(0).try_pick, max_len=5, on_wait=lambda m, _w, outcome: seen.append((m, outcome)))
+    queues = Queues(
+        Slots(0).try_pick, max_len=5, on_wait=lambda m, _s, _w, outcome: seen.append((m, outcome))
+    )
     with pytest.raises(Unavailable) as err:
         await queues.acquire(PickRequest("m", "r0"), 0.05, 30.0)
     assert err.value.status == 503

@@ -25,6 +25,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from apps.core.sharing import DEFAULT_WEIGHT, MAX_WEIGHT, PriorityClass
+
 DISPATCH_PATH = "/internal/v1/dispatch"
 # On every dispatch answer: seconds the request waited in the orchestrator's queue for a node
 # (the gateway's queue-wait metric), `%.6f`.
@@ -72,3 +74,7 @@ class DispatchRequest(BaseModel):
     # settles at most this, whatever a node reports (None: an older gateway, no bound known).
     max_prompt_tokens: int | None = Field(default=None, ge=0)
     max_completion_tokens: int | None = Field(default=None, ge=0)
+    # The sharing model (`apps.core.sharing`): the team's weight in the fair queue and the
+    # request's priority class (the key's or the JWT claim's). Absent from an older gateway: 1, interactive.
+    team_weight: float = Field(default=DEFAULT_WEIGHT, gt=0, le=MAX_WEIGHT)
+    priority_class: PriorityClass = PriorityClass.INTERACTIVE
