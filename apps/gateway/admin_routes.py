@@ -1,4 +1,5 @@
-"""The admin API (JWT with the admin role): teams, keys, credits, nodes."""
+"""The admin API (JWT with the admin role): teams (and their fair-queue weight), keys, credits,
+nodes, the fair queues."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from apps.core.errors import InvalidRequest, NotFound
+from apps.core.errors import InvalidRequest, NotFound, Unavailable
+from apps.core.sharing import DEFAULT_WEIGHT, priority_class, team_weight
 from apps.gateway.auth import require_admin
 from apps.gateway.deps import GatewayDeps
 from apps.gateway.settings import GatewaySettings
@@ -110,7 +112,8 @@ def admin_routes(settings: GatewaySettings, deps: GatewayDeps) -> list[Route]:
         name = body.get("name")
         if not isinstance(name, str):
             raise InvalidRequest("'name' is required.", param="name")
-        team = await deps.teams.create_team(name)
+        weight = team_weight(body["weight"]) if body.get("weight") is not None else DEFAULT_WEIGHT
+        team = await deps.teams.create_team(name, weight)
         if body.get("credits") is not None:
             await deps.teams.add_credits(team.id, amount_microcredits({"amount": body["credits"]}), "initial")
             team = await deps.teams.get_team(team.id)
@@ -142,8 +145,23 @@ def admin_routes(settings: GatewaySettings, deps: GatewayDeps) -> list[Route]:
             max_streams=_opt_int(body, "max_streams"),
             expires_at=expires,
             name=name if isinstance(name, str) else None,
+            priority_class=priority_class(body.get("priority_class")),
         )
         return JSONResponse({**record.as_json(), "key": secret}, status_code=201)
+
+    async def set_weight(request: Request) -> JSONResponse:
+        await require_admin(request, deps, settings)
+        body = await _json(request)
+        team = _required_team(body)
+        if body.get("weight") is None:
+            raise InvalidRequest("'weight' is required.", param="weight")
+        return JSONResponse((await deps.teams.set_weight(team, team_weight(body["weight"]))).as_json())
+
+    async def queues(request: Request) -> JSONResponse:
+        await require_admin(request, deps, settings)
+        if deps.board is None:
+            raise Unavailable("The queue board is not configured.", code="no_queue_board")
+        return JSONResponse({"object": "list", "data": await deps.board.read(sorted(deps.spec.models))})
 
     async def list_keys(request: Request) -> JSONResponse:
         await require_admin(request, deps, settings)
@@ -215,6 +233,8 @@ def admin_routes(settings: GatewaySettings, deps: GatewayDeps) -> list[Route]:
     return [
         Route("/admin/teams", create_team, methods=["POST"]),
         Route("/admin/teams", list_teams, methods=["GET"]),
+        Route("/admin/teams/weight", set_weight, methods=["POST"]),
+        Route("/admin/queues", queues, methods=["GET"]),
         Route("/admin/keys", create_key, methods=["POST"]),
         Route("/admin/keys", list_keys, methods=["GET"]),
         Route("/admin/keys/{key_id}", revoke_key, methods=["DELETE"]),

@@ -10,6 +10,7 @@ from apps.core.errors import AuthenticationFailed, NotFound, PermissionDenied
 from apps.core.identity.jwt_verify import looks_like_jwt
 from apps.core.identity.principal import Principal
 from apps.core.quota.admission import Limits
+from apps.core.sharing import DEFAULT_WEIGHT
 from apps.gateway.deps import GatewayDeps
 from apps.gateway.settings import GatewaySettings
 
@@ -35,13 +36,14 @@ async def authenticate_token(token: str, deps: GatewayDeps, settings: GatewaySet
     identity = await deps.jwt.verify(token)
     team_id: int | None = None
     team_name: str | None = None
+    weight = DEFAULT_WEIGHT
     ref = identity.team_id if identity.team_id is not None else identity.team
     if ref is not None:  # an int is an id, a str a name: the claim said which
         try:
             team = await deps.teams.get_team(ref)
         except NotFound:
             raise AuthenticationFailed(f"team {ref!r} of the token does not exist.") from None
-        team_id, team_name = team.id, team.name
+        team_id, team_name, weight = team.id, team.name, team.weight
     return Principal(
         kind="jwt",
         subject=f"jwt-{identity.subject}",
@@ -55,6 +57,8 @@ async def authenticate_token(token: str, deps: GatewayDeps, settings: GatewaySet
         ),
         is_admin=identity.is_admin,
         expires_at=_exp(identity.claims.get("exp")),
+        team_weight=weight,
+        priority_class=identity.priority_class,
     )
 
 

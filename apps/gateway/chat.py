@@ -277,6 +277,8 @@ class ChatHandler:
             client_wants_usage=chat.wants_usage,
             max_prompt_tokens=chat.estimated_prompt_tokens,
             max_completion_tokens=chat.worst_case_completion_tokens,
+            team_weight=principal.team_weight,
+            priority_class=principal.priority_class,
             deadlines=Deadlines(
                 queue_wait_s=self._s.queue_wait_s, first_token_s=self._s.first_token_s, idle_s=self._s.idle_s
             ),

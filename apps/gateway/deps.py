@@ -13,7 +13,7 @@ from apps.core.identity.jwt_verify import JwtVerifier
 from apps.core.ledger.api import Ledger
 from apps.core.ledger.rollups import UsageRollups
 from apps.core.spec import StackSpec
-from apps.gateway.ports import Dispatcher, Health, Keys, NodeAdmin, Quota, Resolver, Teams
+from apps.gateway.ports import Dispatcher, Health, Keys, NodeAdmin, QueueBoard, Quota, Resolver, Teams
 
 
 @dataclass
@@ -29,6 +29,7 @@ class GatewayDeps:
     resolver: Resolver
     jwt: JwtVerifier | None = None
     usage: UsageRollups | None = None  # the console's rollups (None: the console answers 503)
+    board: QueueBoard | None = None  # `GET /admin/queues` (None: it answers 503)
     registry: CollectorRegistry = field(default_factory=CollectorRegistry)
     clock: Callable[[], datetime] = SYSTEM.now  # apps.core.clock
     # Closed in order at shutdown (pools, clients, sessions).

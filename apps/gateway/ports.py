@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any, Protocol
 
@@ -11,6 +11,7 @@ from apps.core.identity.principal import Principal
 from apps.core.ledger.teams import Team
 from apps.core.protocol.dispatch import DispatchRequest
 from apps.core.quota.admission import Admission, Limits
+from apps.core.sharing import PriorityClass
 
 
 class Upstream(Protocol):
@@ -91,6 +92,7 @@ class Keys(Protocol):
         max_streams: int | None = None,
         expires_at: datetime | None = None,
         name: str | None = None,
+        priority_class: PriorityClass = PriorityClass.INTERACTIVE,
     ) -> tuple[str, KeyRecord]: ...
 
     async def list_keys(self, team: str | int | None = None) -> list[KeyRecord]: ...
@@ -101,7 +103,9 @@ class Keys(Protocol):
 class Teams(Protocol):
     """Teams and credits (`apps.core.ledger.teams.TeamStore`)."""
 
-    async def create_team(self, name: str) -> Team: ...
+    async def create_team(self, name: str, weight: float = 1.0) -> Team: ...
+
+    async def set_weight(self, ref: str | int, weight: float) -> Team: ...
 
     async def list_teams(self) -> list[Team]: ...
 
@@ -114,3 +118,9 @@ class Teams(Protocol):
     async def usage(
         self, team_id: int, start: datetime, end: datetime, *, by_day: bool = False
     ) -> list[dict[str, Any]]: ...
+
+
+class QueueBoard(Protocol):
+    """The orchestrators' fair queues as Redis holds them (`apps.core.fairboard.RedisQueueBoard`)."""
+
+    async def read(self, models: Iterable[str]) -> list[dict[str, Any]]: ...

@@ -2,10 +2,9 @@
 
 Each replica charges the tokens it hands slots to (prompt + expected answer, corrected with the
 engine's usage when the request ends) to a local pending delta; `sync` — once per fleet refresh,
-one Redis pipeline, never per dispatch — adds the deltas to `fair:svc:{model}` (a hash team ->
-tokens), reads the totals back, and publishes this replica's waiting lanes in `fair:q:{model}`
-(a hash replica -> JSON), which is what other replicas read to hold batch back while interactive
-requests wait anywhere, and what `GET /admin/queues` shows. A replica's view of another replica's
+one Redis pipeline, never per dispatch — adds the deltas to `fair:svc:{model}`, reads the totals
+back, and publishes this replica's waiting lanes in `fair:q:{model}` (`apps.core.fairboard`),
+which other replicas read to hold batch back while interactive requests wait anywhere, and what `GET /admin/queues` shows. A replica's view of another replica's
 service is at most one refresh interval old; `docs/control-plane.md` derives the tolerance.
 """
 
@@ -19,17 +18,11 @@ from typing import Any
 from redis.asyncio import Redis
 
 from apps.core.clock import SYSTEM
+from apps.core.fairboard import QUEUE_KEY, QUEUE_TTL_S, SVC_KEY, SVC_TTL_S, lanes_waiting, published, text_map
 from apps.core.sharing import PriorityClass
 
-SVC_KEY = "fair:svc:{model}"
-QUEUE_KEY = "fair:q:{model}"
-SVC_TTL_S = 86400  # an idle model's counters go away (a new backlog starts everyone at its floor)
-QUEUE_TTL_S = 60
-# A replica's published lanes older than this are ignored (it stopped or lost Redis).
-STALE_AFTER_S = 5.0
-LaneCounts = Mapping[
-    tuple[PriorityClass, int], tuple[int, float]
-]  # (class, team) -> (waiting, oldest wait s)
+# (class, team) -> (waiting, the oldest one's wait in seconds)
+LaneCounts = Mapping[tuple[PriorityClass, int], tuple[int, float]]
 
 
 class TeamService:
@@ -76,19 +69,12 @@ class TeamService:
             raise
         reads = results[len(results) - 2 * len(models) :]
         for i, model in enumerate(models):
-            self._totals[model] = {int(k): float(v) for k, v in _text(reads[2 * i]).items()}
+            self._totals[model] = {int(k): float(v) for k, v in text_map(reads[2 * i]).items()}
             self._interactive_elsewhere[model] = sum(
                 lanes_waiting(entry, "interactive")
-                for replica, entry in published(_text(reads[2 * i + 1]), now).items()
+                for replica, entry in published(text_map(reads[2 * i + 1]), now).items()
                 if replica != self.replica_id
             )
-
-
-def _text(raw: Mapping[Any, Any]) -> dict[str, str]:
-    return {
-        (k.decode() if isinstance(k, bytes) else str(k)): (v.decode() if isinstance(v, bytes) else str(v))
-        for k, v in raw.items()
-    }
 
 
 def _lanes_json(lanes: LaneCounts, now: float) -> dict[str, Any]:
@@ -99,20 +85,3 @@ def _lanes_json(lanes: LaneCounts, now: float) -> dict[str, Any]:
             for (klass, team), (n, oldest) in sorted(lanes.items())
         ],
     }
-
-
-def published(raw: Mapping[str, str], now: float) -> dict[str, dict[str, Any]]:
-    """The replicas' published lanes of one model, without stale or unreadable entries."""
-    out: dict[str, dict[str, Any]] = {}
-    for replica, text in raw.items():
-        try:
-            entry = json.loads(text)
-        except ValueError:
-            continue
-        if isinstance(entry, dict) and now - float(entry.get("at", 0)) <= STALE_AFTER_S:
-            out[replica] = entry
-    return out
-
-
-def lanes_waiting(entry: Mapping[str, Any], klass: str) -> int:
-    return sum(int(lane.get("waiting", 0)) for lane in entry.get("lanes", ()) if lane.get("class") == klass)

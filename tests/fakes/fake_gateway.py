@@ -14,6 +14,7 @@ import redis.asyncio as aioredis
 import uvicorn
 from psycopg_pool import AsyncConnectionPool
 
+from apps.core.fairboard import RedisQueueBoard
 from apps.core.identity.jwt_verify import JwtVerifier
 from apps.core.identity.keys import KeyStore
 from apps.core.identity.local_issuer import LocalIssuer
@@ -102,6 +103,7 @@ async def gateway_env(
         resolver=resolver or StaticResolver(),
         jwt=JwtVerifier(jwks_url, issuer=issuer.issuer, audience=issuer.audience),
         usage=UsageRollups(pool),
+        board=RedisQueueBoard(redis),
     )
     app = create_app(settings, deps)
     env = GatewayEnv(app, deps, settings, issuer, issuer.mint("ops", admin=True), dispatcher, redis, pool)

@@ -3,7 +3,7 @@ chat handler without PostgreSQL or Redis. Each records what it was asked."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
@@ -67,8 +67,13 @@ class FakeKeys:
 class FakeTeams:
     teams: dict[int, Team] = field(default_factory=dict)
 
-    async def create_team(self, name: str) -> Team:
-        team = Team(len(self.teams) + 1, name, 0)
+    async def create_team(self, name: str, weight: float = 1.0) -> Team:
+        team = Team(len(self.teams) + 1, name, 0, weight)
+        self.teams[team.id] = team
+        return team
+
+    async def set_weight(self, ref: str | int, weight: float) -> Team:
+        team = replace(await self.get_team(ref), weight=weight)
         self.teams[team.id] = team
         return team
 

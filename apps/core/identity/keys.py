@@ -26,6 +26,7 @@ from apps.core.identity.principal import Principal
 from apps.core.ledger.teams import TeamRef, team_where
 from apps.core.quota.admission import Limits
 from apps.core.secrets import hash_secret, new_secret
+from apps.core.sharing import PriorityClass
 
 KEY_PREFIX = "sk-lf"
 
@@ -44,6 +45,8 @@ class KeyRecord:
     expires_at: datetime | None
     revoked_at: datetime | None
     created_at: datetime
+    team_weight: float = 1.0
+    priority_class: PriorityClass = PriorityClass.INTERACTIVE
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -59,6 +62,7 @@ class KeyRecord:
             "expires_at": self.expires_at.isoformat() if self.expires_at else None,
             "revoked_at": self.revoked_at.isoformat() if self.revoked_at else None,
             "created_at": self.created_at.isoformat(),
+            "priority_class": self.priority_class.value,
         }
 
     def principal(self) -> Principal:
@@ -71,12 +75,15 @@ class KeyRecord:
             model_allowlist=self.model_allowlist,
             limits=Limits(self.max_streams, self.rpm, self.tokens_per_day),
             expires_at=self.expires_at,
+            team_weight=self.team_weight,
+            priority_class=self.priority_class,
         )
 
 
 _SELECT = (
     "SELECT k.id, k.team_id, t.name, k.prefix, k.name, k.model_allowlist, k.rpm, k.tokens_per_day, "
-    "k.max_streams, k.expires_at, k.revoked_at, k.created_at FROM api_keys k JOIN teams t ON t.id = k.team_id "
+    "k.max_streams, k.expires_at, k.revoked_at, k.created_at, t.weight, k.priority_class "
+    "FROM api_keys k JOIN teams t ON t.id = k.team_id "
 )
 
 
@@ -94,6 +101,8 @@ def _record(row: Sequence[Any]) -> KeyRecord:
         expires_at=row[9],
         revoked_at=row[10],
         created_at=row[11],
+        team_weight=float(row[12]),
+        priority_class=PriorityClass(row[13]),
     )
 
 
@@ -134,6 +143,7 @@ class KeyStore:
         max_streams: int | None = None,
         expires_at: datetime | None = None,
         name: str | None = None,
+        priority_class: PriorityClass = PriorityClass.INTERACTIVE,
     ) -> tuple[str, KeyRecord]:
         """Returns `(key, record)`; the key is never retrievable again."""
         for field, value in (("rpm", rpm), ("tokens_per_day", tokens_per_day), ("max_streams", max_streams)):
@@ -150,7 +160,7 @@ class KeyStore:
                 raise NotFound(f"team {team!r} does not exist", param="team", code="team_not_found")
             cur = await conn.execute(
                 "INSERT INTO api_keys (team_id, hash, prefix, name, model_allowlist, rpm, tokens_per_day, "
-                "max_streams, expires_at) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s) RETURNING id",
+                "max_streams, expires_at, priority_class) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s) RETURNING id",
                 (
                     row[0],
                     hash_secret(secret, self._secret),
@@ -161,6 +171,7 @@ class KeyStore:
                     tokens_per_day,
                     max_streams,
                     expires_at,
+                    priority_class.value,
                 ),
             )
             new = await cur.fetchone()

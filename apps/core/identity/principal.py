@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from apps.core.quota.admission import Limits
+from apps.core.sharing import DEFAULT_WEIGHT, PriorityClass
 
 
 @dataclass(frozen=True)
@@ -20,6 +21,9 @@ class Principal:
     is_admin: bool = False
     expires_at: datetime | None = None
     models_restricted: bool = False  # the allowlist applies even when empty (a JWT `models: []`)
+    # The sharing model (`apps.core.sharing`): the team's fair-queue weight, the request class.
+    team_weight: float = DEFAULT_WEIGHT
+    priority_class: PriorityClass = PriorityClass.INTERACTIVE
 
     def may_use(self, model: str) -> bool:
         if not self.model_allowlist and not self.models_restricted:

@@ -22,6 +22,7 @@ import psycopg.errors
 from psycopg_pool import AsyncConnectionPool
 
 from apps.core.errors import InvalidRequest, LlmfleetError, NotFound
+from apps.core.sharing import team_weight
 
 TEAM_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 TeamRef = int | str  # int: the team's id; str: its name
@@ -45,16 +46,29 @@ class Team:
     id: int
     name: str
     balance_microcredits: int
+    weight: float = 1.0  # in the orchestrators' weighted fair queue (`apps.core.sharing`)
 
     def as_json(self) -> dict[str, Any]:
-        return {"id": self.id, "name": self.name, "balance_microcredits": self.balance_microcredits}
+        return {
+            "id": self.id,
+            "name": self.name,
+            "balance_microcredits": self.balance_microcredits,
+            "weight": self.weight,
+        }
+
+
+_TEAM_COLUMNS = "t.id, t.name, t.balance_microcredits, t.weight"
+
+
+def _team(row: Any) -> Team:
+    return Team(int(row[0]), str(row[1]), int(row[2]), float(row[3]))
 
 
 class TeamStore:
     def __init__(self, pool: AsyncConnectionPool) -> None:
         self._pool = pool
 
-    async def create_team(self, name: str) -> Team:
+    async def create_team(self, name: str, weight: float = 1.0) -> Team:
         if not TEAM_NAME_RE.match(name):
             raise InvalidRequest(
                 "team name must be 1-64 of [A-Za-z0-9._-], starting with a letter or digit", param="name"
@@ -62,31 +76,46 @@ class TeamStore:
         try:
             async with self._pool.connection() as conn:
                 cur = await conn.execute(
-                    "INSERT INTO teams (name) VALUES (%s) RETURNING id, name, balance_microcredits", (name,)
+                    f"INSERT INTO teams AS t (name, weight) VALUES (%s, %s) RETURNING {_TEAM_COLUMNS}".encode(),  # noqa: S608 (constant)
+                    (name, team_weight(weight)),
                 )
                 row = await cur.fetchone()
         except psycopg.errors.UniqueViolation:  # also a name differing only in case
             raise Conflict(f"team {name!r} already exists", param="name") from None
         assert row is not None
-        return Team(int(row[0]), str(row[1]), int(row[2]))
+        return _team(row)
 
     async def list_teams(self) -> list[Team]:
         async with self._pool.connection() as conn:
-            cur = await conn.execute("SELECT id, name, balance_microcredits FROM teams ORDER BY id")
-            return [Team(int(r[0]), str(r[1]), int(r[2])) for r in await cur.fetchall()]
+            cur = await conn.execute(f"SELECT {_TEAM_COLUMNS} FROM teams t ORDER BY t.id".encode())  # noqa: S608 (constant)
+            return [_team(r) for r in await cur.fetchall()]
 
     async def get_team(self, ref: TeamRef) -> Team:
         """A team by id (an `int`) or by name (a `str`, whatever its characters)."""
         where, param = team_where(ref)
         async with self._pool.connection() as conn:
             cur = await conn.execute(
-                f"SELECT t.id, t.name, t.balance_microcredits FROM teams t WHERE {where}".encode(),  # noqa: S608 (constant)
+                f"SELECT {_TEAM_COLUMNS} FROM teams t WHERE {where}".encode(),  # noqa: S608 (constant)
                 (param,),
             )
             row = await cur.fetchone()
         if row is None:
             raise NotFound(f"team {ref!r} does not exist", param="team", code="team_not_found")
-        return Team(int(row[0]), str(row[1]), int(row[2]))
+        return _team(row)
+
+    async def set_weight(self, ref: TeamRef, weight: float) -> Team:
+        """Set a team's fair-queue weight. A team that does not exist is a 400 on `team` (the body
+        named it), not a 404: the caller sent a weight for nobody."""
+        where, param = team_where(ref)
+        async with self._pool.connection() as conn:
+            cur = await conn.execute(
+                f"UPDATE teams t SET weight = %s WHERE {where} RETURNING {_TEAM_COLUMNS}".encode(),  # noqa: S608 (constant)
+                (team_weight(weight), param),
+            )
+            row = await cur.fetchone()
+        if row is None:
+            raise InvalidRequest(f"team {ref!r} does not exist", param="team")
+        return _team(row)
 
     async def add_credits(
         self, team: TeamRef, amount_microcredits: int, reason: str = "admin"
