@@ -115,5 +115,3 @@ async def test_admin_queues_sums_the_replicas_lanes(gateway: GatewayEnv) -> None
         },
         {"team_id": 8, "served_tokens": 300.0, "classes": []},
     ]
-
-
