@@ -190,12 +190,19 @@ class Queues:
         q.size += 1
         try:
             while True:
-                if self._head(model, q) is me:
+                head = self._head(model, q)
+                if head is me:
                     me.event.clear()
                     node = await self._try_pick(req)
                     if node is not None:
                         self._served(model, q, share, start)
                         return node
+                elif me.event.is_set():
+                    # Woken as the head, but the head changed since (a sync moved the counters):
+                    # the wake-up belongs to the new head.
+                    me.event.clear()
+                    if head is not None:
+                        head.event.set()
                 remaining = timeout_s - (self._clock() - start)
                 if remaining <= 0:
                     self._observe(model, share, self._clock() - start, "timeout")
