@@ -70,6 +70,7 @@ class ChatRequest(BaseModel):
     stop: str | list[str] | None = None
     ignore_eos: bool = False
     user: str | None = None  # OpenAI's end-user id; enginesim only echoes it into the timing log
+    priority: int = 0  # vLLM's per-request priority (lower first; non-zero needs the priority policy)
 
 
 def _validation_error(exc: ValidationError) -> VllmError:
@@ -114,6 +115,7 @@ class ChatJob:
     include_usage: bool
     choices: list[Choice] = field(default_factory=list)
     user: str | None = None  # the body's `user` (benchmarks tag requests with it to join timings)
+    priority: int = 0
 
 
 def plan_chat(
@@ -123,6 +125,7 @@ def plan_chat(
     max_model_len: int,
     mean_answer_tokens: int,
     server_seed: int,
+    priority_scheduling: bool = False,
 ) -> ChatJob:
     if not isinstance(body, dict):
         raise VllmError(
@@ -158,6 +161,8 @@ def plan_chat(
         )
     if req.top_p is not None and not 0 < req.top_p <= 1:
         raise bad_request(f"top_p must be in (0, 1], got {req.top_p}.", "top_p", req.top_p)
+    if req.priority != 0 and not priority_scheduling:  # vLLM's processor, word for word
+        raise bad_request(f"Got priority {req.priority} but Priority scheduling is not enabled.")
     stops = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
     if any(s == "" for s in stops):
         raise bad_request("stop cannot contain an empty string.", "stop")
@@ -196,6 +201,7 @@ def plan_chat(
         # Measured on 0.32: `stream_options: {}` gives no usage chunk; only an explicit true does.
         include_usage=bool(req.stream_options and req.stream_options.include_usage),
         user=req.user,
+        priority=req.priority,
     )
     for index in range(n):
         rng = textgen.output_rng(server_seed, req.seed, f"{fingerprint}:{index}")

@@ -28,7 +28,12 @@ async def _json(request: Request) -> dict[str, Any]:
 
 
 # The columns' ranges (INTEGER, BIGINT): a larger value is a 400, not a database error.
-INT_LIMITS = {"rpm": 2**31 - 1, "max_streams": 2**31 - 1, "tokens_per_day": 2**63 - 1}
+INT_LIMITS = {
+    "rpm": 2**31 - 1,
+    "max_streams": 2**31 - 1,
+    "tokens_per_day": 2**63 - 1,
+    "tokens_per_minute": 2**63 - 1,
+}
 MAX_AMOUNT_MICROCREDITS = 10**18
 
 
@@ -149,13 +154,18 @@ def admin_routes(settings: GatewaySettings, deps: GatewayDeps) -> list[Route]:
         )
         return JSONResponse({**record.as_json(), "key": secret}, status_code=201)
 
-    async def set_weight(request: Request) -> JSONResponse:
+    async def set_sharing(request: Request) -> JSONResponse:
         await require_admin(request, deps, settings)
         body = await _json(request)
         team = _required_team(body)
-        if body.get("weight") is None:
-            raise InvalidRequest("'weight' is required.", param="weight")
-        return JSONResponse((await deps.teams.set_weight(team, team_weight(body["weight"]))).as_json())
+        weight = team_weight(body["weight"]) if body.get("weight") is not None else None
+        limits: dict[str, int | None] = {}
+        for name in ("max_streams", "tokens_per_minute"):
+            if name in body:  # null clears the limit
+                limits[name] = _opt_int(body, name)
+        if weight is None and not limits:
+            raise InvalidRequest("Give 'weight', 'max_streams' or 'tokens_per_minute'.", param="weight")
+        return JSONResponse((await deps.teams.set_sharing(team, weight=weight, **limits)).as_json())
 
     async def queues(request: Request) -> JSONResponse:
         await require_admin(request, deps, settings)
@@ -233,7 +243,7 @@ def admin_routes(settings: GatewaySettings, deps: GatewayDeps) -> list[Route]:
     return [
         Route("/admin/teams", create_team, methods=["POST"]),
         Route("/admin/teams", list_teams, methods=["GET"]),
-        Route("/admin/teams/weight", set_weight, methods=["POST"]),
+        Route("/admin/teams/sharing", set_sharing, methods=["POST"]),
         Route("/admin/queues", queues, methods=["GET"]),
         Route("/admin/keys", create_key, methods=["POST"]),
         Route("/admin/keys", list_keys, methods=["GET"]),

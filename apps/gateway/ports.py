@@ -74,7 +74,9 @@ class Quota(Protocol):
         self, subject: str, request_id: str, limits: Limits, now: datetime, worst_case_tokens: int = 0
     ) -> Admission: ...
 
-    async def release(self, subject: str, request_id: str, *, forget_tokens: bool = False) -> None: ...
+    async def release(
+        self, subject: str, request_id: str, *, forget_tokens: bool = False, team_id: int | None = None
+    ) -> None: ...
 
 
 class Keys(Protocol):
@@ -105,7 +107,14 @@ class Teams(Protocol):
 
     async def create_team(self, name: str, weight: float = 1.0) -> Team: ...
 
-    async def set_weight(self, ref: str | int, weight: float) -> Team: ...
+    async def set_sharing(
+        self,
+        ref: str | int,
+        *,
+        weight: float | None = None,
+        max_streams: int | None = ...,
+        tokens_per_minute: int | None = ...,
+    ) -> Team: ...
 
     async def list_teams(self) -> list[Team]: ...
 

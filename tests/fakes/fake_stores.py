@@ -32,7 +32,9 @@ class FakeQuota:
             self.verdict, limits, len(self.held), 7.0 if self.verdict else 0.0, 1, 60.0, 0, 3600.0
         )
 
-    async def release(self, subject: str, request_id: str, *, forget_tokens: bool = False) -> None:
+    async def release(
+        self, subject: str, request_id: str, *, forget_tokens: bool = False, team_id: int | None = None
+    ) -> None:
         self.held.discard(request_id)
         self.released.append(request_id)
 
@@ -72,8 +74,9 @@ class FakeTeams:
         self.teams[team.id] = team
         return team
 
-    async def set_weight(self, ref: str | int, weight: float) -> Team:
-        team = replace(await self.get_team(ref), weight=weight)
+    async def set_sharing(self, ref: str | int, *, weight: float | None = None, **limits: Any) -> Team:
+        team = await self.get_team(ref)
+        team = replace(team, weight=team.weight if weight is None else weight, **limits)
         self.teams[team.id] = team
         return team
 

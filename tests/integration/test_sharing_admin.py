@@ -41,7 +41,7 @@ async def test_weights_and_classes_reach_the_dispatch(gateway: GatewayEnv) -> No
         # A JWT's class comes from its claim; the team's weight from the ledger.
         token = env.issuer.mint("u", team="research", extra={"priority_class": "batch"})
         assert (await c.post("/v1/chat/completions", json=CHAT, headers=auth(token))).status_code == 200
-        r = await c.post("/admin/teams/weight", json={"team": "research", "weight": 4}, headers=h)
+        r = await c.post("/admin/teams/sharing", json={"team": "research", "weight": 4}, headers=h)
         assert r.status_code == 200
         assert r.json()["weight"] == 4.0
         assert [t["weight"] for t in (await c.get("/admin/teams", headers=h)).json()["data"]] == [4.0]
@@ -57,10 +57,10 @@ async def test_weights_and_classes_reach_the_dispatch(gateway: GatewayEnv) -> No
         ("/admin/teams", {"name": "x", "weight": -1}, "weight"),
         ("/admin/teams", {"name": "x", "weight": 0}, "weight"),
         ("/admin/teams", {"name": "x", "weight": "heavy"}, "weight"),
-        ("/admin/teams/weight", {"team": "nobody", "weight": 2}, "team"),
-        ("/admin/teams/weight", {"team_id": 999999, "weight": 2}, "team"),
-        ("/admin/teams/weight", {"team": "ml", "weight": -3}, "weight"),
-        ("/admin/teams/weight", {"team": "ml"}, "weight"),
+        ("/admin/teams/sharing", {"team": "nobody", "weight": 2}, "team"),
+        ("/admin/teams/sharing", {"team_id": 999999, "weight": 2}, "team"),
+        ("/admin/teams/sharing", {"team": "ml", "weight": -3}, "weight"),
+        ("/admin/teams/sharing", {"team": "ml"}, "weight"),
         ("/admin/keys", {"team": "ml", "priority_class": "urgent"}, "priority_class"),
         ("/admin/keys", {"team": "ml", "priority_class": 1}, "priority_class"),
     ],

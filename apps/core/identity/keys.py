@@ -24,7 +24,7 @@ from psycopg_pool import AsyncConnectionPool
 from apps.core.errors import AuthenticationFailed, InvalidRequest, NotFound
 from apps.core.identity.principal import Principal
 from apps.core.ledger.teams import TeamRef, team_where
-from apps.core.quota.admission import Limits
+from apps.core.quota.admission import Limits, TeamLimits
 from apps.core.secrets import hash_secret, new_secret
 from apps.core.sharing import PriorityClass
 
@@ -47,6 +47,8 @@ class KeyRecord:
     created_at: datetime
     team_weight: float = 1.0
     priority_class: PriorityClass = PriorityClass.INTERACTIVE
+    team_max_streams: int | None = None
+    team_tokens_per_minute: int | None = None
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -73,7 +75,12 @@ class KeyRecord:
             team_name=self.team_name,
             key_id=self.id,
             model_allowlist=self.model_allowlist,
-            limits=Limits(self.max_streams, self.rpm, self.tokens_per_day),
+            limits=Limits(
+                self.max_streams,
+                self.rpm,
+                self.tokens_per_day,
+                TeamLimits(self.team_id, self.team_max_streams, self.team_tokens_per_minute),
+            ),
             expires_at=self.expires_at,
             team_weight=self.team_weight,
             priority_class=self.priority_class,
@@ -82,7 +89,8 @@ class KeyRecord:
 
 _SELECT = (
     "SELECT k.id, k.team_id, t.name, k.prefix, k.name, k.model_allowlist, k.rpm, k.tokens_per_day, "
-    "k.max_streams, k.expires_at, k.revoked_at, k.created_at, t.weight, k.priority_class "
+    "k.max_streams, k.expires_at, k.revoked_at, k.created_at, t.weight, k.priority_class, t.max_streams, "
+    "t.tokens_per_minute "
     "FROM api_keys k JOIN teams t ON t.id = k.team_id "
 )
 
@@ -103,6 +111,8 @@ def _record(row: Sequence[Any]) -> KeyRecord:
         created_at=row[11],
         team_weight=float(row[12]),
         priority_class=PriorityClass(row[13]),
+        team_max_streams=row[14],
+        team_tokens_per_minute=row[15],
     )
 
 

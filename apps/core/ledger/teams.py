@@ -22,6 +22,7 @@ import psycopg.errors
 from psycopg_pool import AsyncConnectionPool
 
 from apps.core.errors import InvalidRequest, LlmfleetError, NotFound
+from apps.core.quota.admission import TeamLimits
 from apps.core.sharing import team_weight
 
 TEAM_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -47,6 +48,9 @@ class Team:
     name: str
     balance_microcredits: int
     weight: float = 1.0  # in the orchestrators' weighted fair queue (`apps.core.sharing`)
+    # On top of its keys' limits, checked in the same admission script (None: none).
+    max_streams: int | None = None
+    tokens_per_minute: int | None = None
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -54,14 +58,20 @@ class Team:
             "name": self.name,
             "balance_microcredits": self.balance_microcredits,
             "weight": self.weight,
+            "max_streams": self.max_streams,
+            "tokens_per_minute": self.tokens_per_minute,
         }
 
+    def limits(self) -> TeamLimits:
+        return TeamLimits(self.id, self.max_streams, self.tokens_per_minute)
 
-_TEAM_COLUMNS = "t.id, t.name, t.balance_microcredits, t.weight"
+
+_TEAM_COLUMNS = "t.id, t.name, t.balance_microcredits, t.weight, t.max_streams, t.tokens_per_minute"
+UNCHANGED: Any = object()  # `set_sharing`: leave this field as it is
 
 
 def _team(row: Any) -> Team:
-    return Team(int(row[0]), str(row[1]), int(row[2]), float(row[3]))
+    return Team(int(row[0]), str(row[1]), int(row[2]), float(row[3]), row[4], row[5])
 
 
 class TeamStore:
@@ -103,15 +113,34 @@ class TeamStore:
             raise NotFound(f"team {ref!r} does not exist", param="team", code="team_not_found")
         return _team(row)
 
-    async def set_weight(self, ref: TeamRef, weight: float) -> Team:
-        """Set a team's fair-queue weight. A team that does not exist is a 400 on `team` (the body
-        named it), not a 404: the caller sent a weight for nobody."""
+    async def set_sharing(
+        self,
+        ref: TeamRef,
+        *,
+        weight: float | None = None,
+        max_streams: int | None = UNCHANGED,
+        tokens_per_minute: int | None = UNCHANGED,
+    ) -> Team:
+        """Set a team's fair-queue weight and limits (None clears a limit; `UNCHANGED` leaves it).
+        A team that does not exist is a 400 on `team` (the body named it), not a 404: the caller
+        sent settings for nobody."""
         where, param = team_where(ref)
-        async with self._pool.connection() as conn:
-            cur = await conn.execute(
-                f"UPDATE teams t SET weight = %s WHERE {where} RETURNING {_TEAM_COLUMNS}".encode(),  # noqa: S608 (constant)
-                (team_weight(weight), param),
+        sets: list[str] = []
+        values: list[Any] = []
+        if weight is not None:
+            sets.append("weight = %s")
+            values.append(team_weight(weight))
+        for name, value in (("max_streams", max_streams), ("tokens_per_minute", tokens_per_minute)):
+            if value is not UNCHANGED:
+                sets.append(f"{name} = %s")
+                values.append(value)
+        if not sets:
+            raise InvalidRequest(
+                "nothing to set: give 'weight', 'max_streams' or 'tokens_per_minute'", param="weight"
             )
+        query = f"UPDATE teams t SET {', '.join(sets)} WHERE {where} RETURNING {_TEAM_COLUMNS}"  # noqa: S608 (constant)
+        async with self._pool.connection() as conn:
+            cur = await conn.execute(query.encode(), (*values, param))
             row = await cur.fetchone()
         if row is None:
             raise InvalidRequest(f"team {ref!r} does not exist", param="team")
