@@ -118,7 +118,12 @@ class ControlPlane:
         self.metrics.queue_depth.labels(model=req.model).set(self.queues.depth(req.model))
         for node in rank(req, self.fleet.snapshot()):
             result = await self.fleet.acquire_slot(
-                node, req.model, req.request_id, self.id, usage_bound=req.usage_bound
+                node,
+                req.model,
+                req.request_id,
+                self.id,
+                usage_bound=req.usage_bound,
+                capacity=req.capacity(node.models.get(req.model, 0)),
             )
             if result == 1:
                 return self.fleet.get(node.node_id) or node

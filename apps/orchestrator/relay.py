@@ -32,6 +32,7 @@ from apps.core.errors import (
 from apps.core.nodes import keys
 from apps.core.protocol.dispatch import QUEUE_WAIT_HEADER, DispatchRequest, InternalToken
 from apps.core.protocol.openai import SSE_DONE, error_body, sse_event, sse_json
+from apps.core.sharing import PriorityClass
 from apps.netio import fastpath
 from apps.netio.aiohttp_server import ChunkWriter, chunk_writer
 from apps.orchestrator.logs import event
@@ -112,6 +113,9 @@ class _Relay:
                     frozenset(excluded),
                     settings.kv_cache_max,
                     usage_bound=_usage_bound(dreq),
+                    reserve_fraction=(
+                        settings.batch_reserve_fraction if dreq.priority_class is PriorityClass.BATCH else 0.0
+                    ),
                 )
                 queued_at = plane.deps.monotonic()
                 try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
@@ -31,3 +32,11 @@ class PickRequest:
     kv_cache_max: float = 0.95
     # (prompt, completion) tokens the request may use at most; recorded with the assignment.
     usage_bound: tuple[int, int] | None = None
+    # The share of each node's slots this request may not take (batch leaves it to interactive).
+    reserve_fraction: float = 0.0
+
+    def capacity(self, max_num_seqs: int) -> int:
+        """How many of a node's `max_num_seqs` slots this request may fill (at least one)."""
+        if self.reserve_fraction <= 0:
+            return max_num_seqs
+        return max(1, max_num_seqs - math.ceil(max_num_seqs * self.reserve_fraction))
