@@ -13,7 +13,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from apps.core.errors import InvalidRequest, NotFound, Unavailable
-from apps.core.sharing import DEFAULT_WEIGHT, priority_class, team_weight
+from apps.core.sharing import priority_class, team_weight
 from apps.gateway.auth import require_admin
 from apps.gateway.deps import GatewayDeps
 from apps.gateway.settings import GatewaySettings
@@ -117,7 +117,11 @@ def admin_routes(settings: GatewaySettings, deps: GatewayDeps) -> list[Route]:
         name = body.get("name")
         if not isinstance(name, str):
             raise InvalidRequest("'name' is required.", param="name")
-        weight = team_weight(body["weight"]) if body.get("weight") is not None else DEFAULT_WEIGHT
+        weight = (
+            team_weight(body["weight"])
+            if body.get("weight") is not None
+            else deps.spec.sharing.default_weight
+        )
         team = await deps.teams.create_team(name, weight)
         if body.get("credits") is not None:
             await deps.teams.add_credits(team.id, amount_microcredits({"amount": body["credits"]}), "initial")

@@ -51,35 +51,45 @@ def _first_content_at(url: str, body: dict[str, Any]) -> float:
     return first
 
 
-def _stream(url: str, body: dict[str, Any]) -> int:
-    with httpx.Client(timeout=120.0) as c:
-        return stream_chat(c, url, body).status
+def _stream(url: str, body: dict[str, Any], progress: list[int] | None = None) -> int:
+    """Stream a request to its end; `progress[0]` counts the events received so far."""
+    with (
+        httpx.Client(timeout=120.0) as c,
+        c.stream("POST", f"{url}/v1/chat/completions", json=body) as resp,
+    ):
+        for line in resp.iter_lines():
+            if progress is not None and line.startswith("data:"):
+                progress[0] += 1
+        return resp.status_code
 
 
 def _count(client: httpx.Client, url: str, name: str) -> float:
     return metric(metric_values(client, url), name)
 
 
-def test_a_full_batch_admits_the_higher_priority_first(engine: EngineUnderTest, client: httpx.Client) -> None:
+def test_a_full_batch_admits_the_higher_priority_first(engine: EngineUnderTest) -> None:
     """A full batch of long batch requests and two batches' worth more waiting behind it; then
     one interactive request. Under the priority policy it is admitted at the next free slot, ahead
     of the waiting batch requests that arrived before it (so before the last of them starts); under
-    fcfs it would start after all of them. (The tiny model is fast — a 900-token request takes
-    about 2 s on the real vLLM — and /metrics answers slowly under load: hence the depth.)"""
+    fcfs it would start after all of them. The waiting requests are known to be queued once the
+    running ones have streamed 50 more events since they were sent (the engine's /metrics answers
+    too slowly under load to poll it here)."""
     url, model = engine.url, engine.model
     long = {"max_tokens": 900, "ignore_eos": True, "stream": True, "priority": BATCH}
     waves = 2 * MAX_NUM_SEQS
+    progress = [[0] for _ in range(MAX_NUM_SEQS)]
     with ThreadPoolExecutor(MAX_NUM_SEQS + waves + 1) as pool:
         fills = [
-            pool.submit(_stream, url, chat_body(model, content="fill", **long)) for _ in range(MAX_NUM_SEQS)
+            pool.submit(_stream, url, chat_body(model, content="fill", **long), progress[i])
+            for i in range(MAX_NUM_SEQS)
         ]
+        poll_until(lambda: all(p[0] > 0 for p in progress), 60)  # the batch is full
         waiting = [
             pool.submit(_first_content_at, url, chat_body(model, content=f"b{i}", **long))
             for i in range(waves)
         ]
-        t_poll = time.monotonic()
-        poll_until(lambda: _count(client, url, "vllm:num_requests_waiting") >= MAX_NUM_SEQS, 60)
-        print("DEBUG polled", t_poll, time.monotonic())
+        sent = [p[0] for p in progress]
+        poll_until(lambda: all(p[0] >= s + 50 for p, s in zip(progress, sent, strict=True)), 60)
         urgent = pool.submit(
             _first_content_at,
             url,
@@ -90,5 +100,4 @@ def test_a_full_batch_admits_the_higher_priority_first(engine: EngineUnderTest, 
         for f in fills:
             assert f.result(timeout=120) == 200
     # It arrived after every waiting batch request but started before the last of them.
-    print("DEBUG", urgent_first, sorted(batch_firsts))
-    assert urgent_first < max(batch_firsts)
+    assert urgent_first < max(batch_firsts), (urgent_first, sorted(batch_firsts))
