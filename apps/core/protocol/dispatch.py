@@ -13,6 +13,11 @@ Answer once output started:
     A failure after the first chunk arrives as one `data: {"error": ...}` event and
     `data: [DONE]` (never a silent truncation, never a retry).
 
+Sharing (issue 19): `team_weight` (the team's weight in the orchestrators' fair queue) and
+`priority_class` (`interactive` | `batch`) come from the ledger and the key or JWT; both default to
+the values an older gateway implied (1, interactive). A `429` may carry `team_queue_full` (the
+team's lanes of the model's queue are full, or its predicted wait exceeds the limit).
+
 The orchestrator settles the ledger row (at most `max_prompt_tokens` / `max_completion_tokens`) (`request_id`) with the engine's usage; if
 the gateway closes the connection early the orchestrator cancels the request on the
 node and settles the tokens produced so far.
