@@ -10,27 +10,13 @@ from collections import Counter
 import pytest
 
 from apps.core.errors import RateLimited
-from apps.core.nodes.state import NodeState
 from apps.core.sharing import PriorityClass
 from apps.orchestrator.fairshare import TeamService
 from apps.orchestrator.queue import Queues, Share
 from apps.orchestrator.scheduling.view import NodeView, PickRequest
+from tests.fakes.fake_slots import NODE, Slots
 
-NODE = NodeView(node_id="n1", location="cloud", models={"m": 1}, state=NodeState.READY)
 BATCH = PriorityClass.BATCH
-
-
-class Slots:
-    def __init__(self, free: int = 0) -> None:
-        self.free = free
-        self.served: list[str] = []
-
-    async def try_pick(self, req: PickRequest) -> NodeView | None:
-        if self.free <= 0:
-            return None
-        self.free -= 1
-        self.served.append(req.request_id)
-        return NODE
 
 
 class Clock:

@@ -8,26 +8,9 @@ import asyncio
 import pytest
 
 from apps.core.errors import RateLimited, Unavailable
-from apps.core.nodes.state import NodeState
 from apps.orchestrator.queue import Queues
-from apps.orchestrator.scheduling.view import NodeView, PickRequest
-
-NODE = NodeView(node_id="n1", location="cloud", models={"m": 1}, state=NodeState.READY)
-
-
-class Slots:
-    """A fake capacity source: `free` slots; records who got one, in order."""
-
-    def __init__(self, free: int) -> None:
-        self.free = free
-        self.served: list[str] = []
-
-    async def try_pick(self, req: PickRequest) -> NodeView | None:
-        if self.free <= 0:
-            return None
-        self.free -= 1
-        self.served.append(req.request_id)
-        return NODE
+from apps.orchestrator.scheduling.view import PickRequest
+from tests.fakes.fake_slots import NODE, Slots
 
 
 async def test_direct_pick_when_nobody_waits() -> None:
