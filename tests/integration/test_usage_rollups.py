@@ -138,7 +138,8 @@ async def test_migration_backfills_rows_settled_before_it(fresh_db_url: str, tmp
     before = tmp_path / "before"
     before.mkdir()
     for path in MIGRATIONS_DIR.glob("*.sql"):
-        if path.name < "0005":
+        # The schema before 0005, plus the columns today's team and key stores write (0007).
+        if path.name < "0005" or path.name.startswith("0007_"):
             shutil.copy(path, before / path.name)
     migrate_sync(fresh_db_url, before)
     async with AsyncConnectionPool(fresh_db_url, min_size=1, max_size=2, kwargs={"autocommit": True}) as p:
