@@ -283,7 +283,8 @@ class LocalPlatform:
         argv = llmfleet_argv(
             "enginesim",
             "--model", spec.model, "--port", str(port), "--speed", str(self.config.speed),
-            "--seed", str(self.config.seed), "--max-num-seqs", str(seqs), *spec.engine_args,
+            "--seed", str(self.config.seed), "--max-num-seqs", str(seqs),
+            "--scheduling-policy", "priority", *spec.engine_args,
         )  # fmt: skip
         child = self.supervisor.start(f"engine-{spec.node_id}", argv)
         engine = Engine(spec, port, child, seqs)

@@ -145,6 +145,13 @@ class RequestLimits(_Strict):
     max_n: Annotated[int, Field(ge=1, le=128)] = 8  # choices per request (`n`); above it: 400
 
 
+class Sharing(_Strict):
+    """Defaults of the sharing model (`apps.core.sharing`): the weight of a team created without
+    one. A team's own weight and limits are set through the admin API (`/admin/teams/sharing`)."""
+
+    default_weight: Annotated[float, Field(gt=0, le=1000)] = 1.0
+
+
 class Alerting(_Strict):
     """Alert thresholds (the brief's values as defaults); rendered into the PrometheusRule."""
 
@@ -176,6 +183,7 @@ class StackSpec(_Strict):
     cost: CostInputs
     slo: Slo = Slo()
     request_limits: RequestLimits = RequestLimits()
+    sharing: Sharing = Sharing()
     alerting: Alerting = Alerting()
     # Optional ceiling per GPU NodePool (e.g. `gpu-l40s: 32`); `llmfleet plan` fails when the
     # replica maxima need more (apps.core.sizing.pools).

@@ -103,7 +103,14 @@ def _submit(state: SimState, job: chat.ChatJob) -> tuple[OutputStream, dict[str,
     for choice in job.choices:
         seq_id = f"{job.request_id}-{choice.index}"
         by_seq[seq_id] = choice
-        state.engine.submit(seq_id, job.prompt_tokens, choice.target_tokens, choice.finish_reason, sink=sink)
+        state.engine.submit(
+            seq_id,
+            job.prompt_tokens,
+            choice.target_tokens,
+            choice.finish_reason,
+            sink=sink,
+            priority=job.priority,
+        )
     return sink, by_seq
 
 
@@ -126,6 +133,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
             max_model_len=state.profile.max_model_len,
             mean_answer_tokens=state.profile.mean_answer_tokens,
             server_seed=state.seed,
+            priority_scheduling=state.engine.scheduler.by_priority,
         )
     except chat.VllmError as exc:
         return _error(exc)

@@ -74,6 +74,7 @@ class ChatRequest(BaseModel):
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     user: str | None = None  # OpenAI's end-user id; enginesim only echoes it into the timing log
+    priority: int = 0  # vLLM's per-request priority (lower first; non-zero needs the priority policy)
 
 
 def _validation_error(exc: ValidationError) -> VllmError:
@@ -119,6 +120,7 @@ class ChatJob:
     continuous_usage: bool = False  # every chunk carries its choice's running usage (vLLM's rule)
     choices: list[Choice] = field(default_factory=list)
     user: str | None = None  # the body's `user` (benchmarks tag requests with it to join timings)
+    priority: int = 0
 
 
 def plan_chat(
@@ -128,6 +130,7 @@ def plan_chat(
     max_model_len: int,
     mean_answer_tokens: int,
     server_seed: int,
+    priority_scheduling: bool = False,
 ) -> ChatJob:
     if not isinstance(body, dict):
         raise VllmError(
@@ -172,6 +175,8 @@ def plan_chat(
         )
     if req.top_p is not None and not 0 < req.top_p <= 1:
         raise bad_request(f"top_p must be in (0, 1], got {req.top_p}.", "top_p", req.top_p)
+    if req.priority != 0 and not priority_scheduling:  # vLLM's processor, word for word
+        raise bad_request(f"Got priority {req.priority} but Priority scheduling is not enabled.")
     stops = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
     if any(s == "" for s in stops):
         raise bad_request("stop cannot contain an empty string.", "stop")
@@ -223,6 +228,7 @@ def plan_chat(
             and req.stream_options.continuous_usage_stats
         ),
         user=req.user,
+        priority=req.priority,
     )
     for index in range(n):
         rng = textgen.output_rng(server_seed, req.seed, f"{fingerprint}:{index}")

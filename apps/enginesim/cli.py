@@ -23,6 +23,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--speed", type=float, default=1.0, help="time scale: 10 runs ten times faster")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--max-num-seqs", type=int)
+    parser.add_argument(
+        "--scheduling-policy", choices=("fcfs", "priority"), default="fcfs", help="as vLLM's (default fcfs)"
+    )
     parser.add_argument("--max-model-len", type=int)
     parser.add_argument("--num-blocks", type=int, help="override the KV-block budget of the profile")
     parser.add_argument(
@@ -73,6 +76,7 @@ def run(args: argparse.Namespace) -> int:
         speed=args.speed,
         seed=args.seed,
         max_num_seqs=args.max_num_seqs,
+        scheduling_policy=args.scheduling_policy,
         max_model_len=args.max_model_len,
         num_blocks=args.num_blocks,
         stack=args.stack,

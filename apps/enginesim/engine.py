@@ -56,6 +56,7 @@ class Engine:
         metrics: EngineMetrics,
         speed: float = 1.0,
         clock: Callable[[], float] | None = None,
+        scheduling_policy: str = "fcfs",
     ) -> None:
         if speed <= 0:
             raise ValueError(f"speed must be greater than 0, got {speed}")
@@ -64,7 +65,7 @@ class Engine:
         self.speed = speed
         self._clock = clock or (lambda: asyncio.get_running_loop().time())
         self._t0: float | None = None
-        self.scheduler = Scheduler(profile)
+        self.scheduler = Scheduler(profile, scheduling_policy)
         self._streams: dict[str, OutputStream] = {}
         self._wake = asyncio.Event()
         self.dead = False  # the loop crashed: /health answers 503, as vLLM with a dead engine
@@ -85,6 +86,7 @@ class Engine:
         target_tokens: int,
         finish_reason: str,
         sink: OutputStream | None = None,
+        priority: int = 0,
     ) -> OutputStream:
         seq = Sequence(
             request_id=request_id,
@@ -92,6 +94,7 @@ class Engine:
             target_tokens=target_tokens,
             finish_reason=finish_reason,
             arrival_s=self.sim_now(),
+            priority=priority,
         )
         self.scheduler.add(seq)
         stream = sink or OutputStream(request_id)

@@ -14,6 +14,7 @@ import signal
 import socket
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from typing import Literal
 
 from aiohttp import web
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -41,6 +42,8 @@ class EngineSimSettings(BaseSettings):
     max_model_len: int | None = None
     num_blocks: int | None = None
     stack: str = "prod"  # where the catalog profiles come from
+    # vLLM's `--scheduling-policy`: `fcfs` (its default) refuses a non-zero request `priority`.
+    scheduling_policy: Literal["fcfs", "priority"] = "fcfs"
     loading_s: float = 0.0
     faults: Faults = Faults()
     # Append one JSON line per streamed request (its `user`, arrival and first-content monotonic
@@ -86,7 +89,7 @@ def create_app(settings: EngineSimSettings, deps: EngineSimDeps | None = None) -
         raise ValueError(f"speed must be greater than 0, got {settings.speed}")
     profile = resolve_profile(settings, deps)
     metrics = EngineMetrics(settings.model, profile.max_model_len, profile.num_blocks, profile.block_size)
-    engine = Engine(profile, metrics, speed=settings.speed)
+    engine = Engine(profile, metrics, speed=settings.speed, scheduling_policy=settings.scheduling_policy)
     state = SimState(
         served_model=settings.model,
         profile=profile,

@@ -1,4 +1,5 @@
-"""The admin API (JWT with the admin role): teams, keys, credits, nodes."""
+"""The admin API (JWT with the admin role): teams (and their fair-queue weight), keys, credits,
+nodes, the fair queues."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from apps.core.errors import InvalidRequest, NotFound
+from apps.core.errors import InvalidRequest, NotFound, Unavailable
+from apps.core.sharing import priority_class, team_weight
 from apps.gateway.auth import require_admin
 from apps.gateway.deps import GatewayDeps
 from apps.gateway.settings import GatewaySettings
@@ -40,10 +42,15 @@ INT_LIMITS = {
     "tokens_per_day": 2**63 - 1,
     "max_tokens": 2**31 - 1,
     "max_context": 2**31 - 1,
+    "tokens_per_minute": 2**63 - 1,
 }
-TEAM_FIELDS = frozenset({"name", "credits"})
-KEY_FIELDS = frozenset({"team", "team_id", "model_allowlist", "expires_at", "name", *INT_LIMITS})
-KEY_PATCH_FIELDS = frozenset(INT_LIMITS)
+KEY_LIMITS = frozenset(INT_LIMITS) - {"tokens_per_minute"}  # a team's budget, not a key's
+TEAM_FIELDS = frozenset({"name", "credits", "weight"})
+KEY_FIELDS = frozenset(
+    {"team", "team_id", "model_allowlist", "expires_at", "name", "priority_class", *KEY_LIMITS}
+)
+KEY_PATCH_FIELDS = KEY_LIMITS
+SHARING_FIELDS = frozenset({"team", "team_id", "weight", "max_streams", "tokens_per_minute"})
 CREDIT_FIELDS = frozenset({"team", "team_id", "amount", "amount_microcredits", "reason"})
 NODE_FIELDS = frozenset({"node_id", "location", "pool", "models"})
 MAX_AMOUNT_MICROCREDITS = 10**18
@@ -129,7 +136,12 @@ def admin_routes(settings: GatewaySettings, deps: GatewayDeps) -> list[Route]:
         name = body.get("name")
         if not isinstance(name, str):
             raise InvalidRequest("'name' is required.", param="name")
-        team = await deps.teams.create_team(name)
+        weight = (
+            team_weight(body["weight"])
+            if body.get("weight") is not None
+            else deps.spec.sharing.default_weight
+        )
+        team = await deps.teams.create_team(name, weight)
         if body.get("credits") is not None:
             await deps.teams.add_credits(team.id, amount_microcredits({"amount": body["credits"]}), "initial")
             team = await deps.teams.get_team(team.id)
@@ -163,6 +175,7 @@ def admin_routes(settings: GatewaySettings, deps: GatewayDeps) -> list[Route]:
             name=name if isinstance(name, str) else None,
             max_tokens=_opt_int(body, "max_tokens"),
             max_context=_opt_int(body, "max_context"),
+            priority_class=priority_class(body.get("priority_class")),
         )
         return JSONResponse({**record.as_json(), "key": secret}, status_code=201)
 
@@ -179,6 +192,25 @@ def admin_routes(settings: GatewaySettings, deps: GatewayDeps) -> list[Route]:
             )
         record = await deps.keys.update(int(raw), {name: _opt_int(body, name) for name in body})
         return JSONResponse(record.as_json())
+
+    async def set_sharing(request: Request) -> JSONResponse:
+        await require_admin(request, deps, settings)
+        body = await _json(request, SHARING_FIELDS)
+        team = _required_team(body)
+        weight = team_weight(body["weight"]) if body.get("weight") is not None else None
+        limits: dict[str, int | None] = {}
+        for name in ("max_streams", "tokens_per_minute"):
+            if name in body:  # null clears the limit
+                limits[name] = _opt_int(body, name)
+        if weight is None and not limits:
+            raise InvalidRequest("Give 'weight', 'max_streams' or 'tokens_per_minute'.", param="weight")
+        return JSONResponse((await deps.teams.set_sharing(team, weight=weight, **limits)).as_json())
+
+    async def queues(request: Request) -> JSONResponse:
+        await require_admin(request, deps, settings)
+        if deps.board is None:
+            raise Unavailable("The queue board is not configured.", code="no_queue_board")
+        return JSONResponse({"object": "list", "data": await deps.board.read(sorted(deps.spec.models))})
 
     async def list_keys(request: Request) -> JSONResponse:
         await require_admin(request, deps, settings)
@@ -250,6 +282,8 @@ def admin_routes(settings: GatewaySettings, deps: GatewayDeps) -> list[Route]:
     return [
         Route("/admin/teams", create_team, methods=["POST"]),
         Route("/admin/teams", list_teams, methods=["GET"]),
+        Route("/admin/teams/sharing", set_sharing, methods=["POST"]),
+        Route("/admin/queues", queues, methods=["GET"]),
         Route("/admin/keys", create_key, methods=["POST"]),
         Route("/admin/keys", list_keys, methods=["GET"]),
         Route("/admin/keys/{key_id}", revoke_key, methods=["DELETE"]),

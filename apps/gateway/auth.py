@@ -9,7 +9,8 @@ from starlette.requests import Request
 from apps.core.errors import AuthenticationFailed, NotFound, PermissionDenied
 from apps.core.identity.jwt_verify import looks_like_jwt
 from apps.core.identity.principal import Principal
-from apps.core.quota.admission import Limits
+from apps.core.quota.admission import Limits, TeamLimits
+from apps.core.sharing import DEFAULT_WEIGHT
 from apps.gateway.deps import GatewayDeps
 from apps.gateway.settings import GatewaySettings
 
@@ -35,13 +36,15 @@ async def authenticate_token(token: str, deps: GatewayDeps, settings: GatewaySet
     identity = await deps.jwt.verify(token)
     team_id: int | None = None
     team_name: str | None = None
+    weight = DEFAULT_WEIGHT
+    team_limits: TeamLimits | None = None
     ref = identity.team_id if identity.team_id is not None else identity.team
     if ref is not None:  # an int is an id, a str a name: the claim said which
         try:
             team = await deps.teams.get_team(ref)
         except NotFound:
             raise AuthenticationFailed(f"team {ref!r} of the token does not exist.") from None
-        team_id, team_name = team.id, team.name
+        team_id, team_name, weight, team_limits = team.id, team.name, team.weight, team.limits()
     return Principal(
         kind="jwt",
         subject=f"jwt-{identity.subject}",
@@ -51,10 +54,15 @@ async def authenticate_token(token: str, deps: GatewayDeps, settings: GatewaySet
         model_allowlist=identity.models or (),
         models_restricted=identity.models is not None,
         limits=Limits(
-            settings.jwt_max_streams or None, settings.jwt_rpm or None, settings.jwt_tokens_per_day or None
+            settings.jwt_max_streams or None,
+            settings.jwt_rpm or None,
+            settings.jwt_tokens_per_day or None,
+            team_limits,
         ),
         is_admin=identity.is_admin,
         expires_at=_exp(identity.claims.get("exp")),
+        team_weight=weight,
+        priority_class=identity.priority_class,
     )
 
 

@@ -87,14 +87,22 @@ def _duration(seconds: float) -> str:
 
 
 def ratelimit_headers(adm: Admission) -> dict[str, str]:
+    """OpenAI's `x-ratelimit-*` headers; for tokens, whichever of the key's daily budget and the
+    team's per-minute budget is nearer (less remaining)."""
     headers: dict[str, str] = {}
     if adm.limits.rpm:
         headers["x-ratelimit-limit-requests"] = str(adm.limits.rpm)
         headers["x-ratelimit-remaining-requests"] = str(adm.remaining_requests())
         headers["x-ratelimit-reset-requests"] = _duration(adm.rpm_reset_s)
-    if adm.limits.tokens_per_day:
+    day, minute = adm.remaining_tokens(), adm.remaining_team_tokens()
+    team = adm.limits.team
+    if minute is not None and team is not None and team.tokens_per_minute and (day is None or minute < day):
+        headers["x-ratelimit-limit-tokens"] = str(team.tokens_per_minute)
+        headers["x-ratelimit-remaining-tokens"] = str(minute)
+        headers["x-ratelimit-reset-tokens"] = _duration(adm.team_tokens_reset_s)
+    elif adm.limits.tokens_per_day:
         headers["x-ratelimit-limit-tokens"] = str(adm.limits.tokens_per_day)
-        headers["x-ratelimit-remaining-tokens"] = str(adm.remaining_tokens())
+        headers["x-ratelimit-remaining-tokens"] = str(day)
         headers["x-ratelimit-reset-tokens"] = _duration(adm.tokens_reset_s)
     return headers
 
@@ -103,6 +111,14 @@ _REFUSALS = {
     Verdict.MAX_STREAMS: ("max_streams", "Too many concurrent streams for this key (max_streams={})."),
     Verdict.RPM: ("rpm", "Rate limit reached for requests per minute (rpm={})."),
     Verdict.TOKENS_PER_DAY: ("tokens_per_day", "Daily token quota exhausted (tokens_per_day={})."),
+    Verdict.TEAM_MAX_STREAMS: (
+        "team_max_streams",
+        "Too many concurrent streams for your team (max_streams={}).",
+    ),
+    Verdict.TEAM_TOKENS_PER_MINUTE: (
+        "team_tokens_per_minute",
+        "Your team's token budget per minute is used up (tokens_per_minute={}).",
+    ),
 }
 
 
@@ -283,10 +299,13 @@ class ChatHandler:
         ex.headers.update(ratelimit_headers(adm))
         if not adm.admitted:
             reason, message = _REFUSALS[adm.verdict]
+            team = adm.limits.team
             limit = {
                 Verdict.MAX_STREAMS: adm.limits.max_streams,
                 Verdict.RPM: adm.limits.rpm,
                 Verdict.TOKENS_PER_DAY: adm.limits.tokens_per_day,
+                Verdict.TEAM_MAX_STREAMS: team.max_streams if team else None,
+                Verdict.TEAM_TOKENS_PER_MINUTE: team.tokens_per_minute if team else None,
             }[adm.verdict]
             self._m.rejections.labels(reason).inc()
             raise RateLimited(message.format(limit), code=reason, retry_after=max(adm.retry_after_s, 1.0))
@@ -304,6 +323,8 @@ class ChatHandler:
             client_wants_usage=chat.wants_usage,
             max_prompt_tokens=chat.estimated_prompt_tokens,
             max_completion_tokens=chat.worst_case_completion_tokens,
+            team_weight=principal.team_weight,
+            priority_class=principal.priority_class,
             deadlines=Deadlines(
                 queue_wait_s=self._s.queue_wait_s, first_token_s=self._s.first_token_s, idle_s=self._s.idle_s
             ),
@@ -463,7 +484,9 @@ class ChatHandler:
             ex.slot_held = False
             forget = cancel_reservation and not ex.handed_over  # no settle will count these tokens
             try:
-                await self._d.quota.release(ex.principal.subject, ex.request_id, forget_tokens=forget)
+                await self._d.quota.release(
+                    ex.principal.subject, ex.request_id, forget_tokens=forget, team_id=ex.principal.team_id
+                )
             except StoreUnavailable:
                 # The slot's lease expires on its own; count it and move on.
                 self._m.redis_errors.inc()

@@ -18,6 +18,7 @@ from apps.gateway.ports import (
     Health,
     Keys,
     NodeAdmin,
+    QueueBoard,
     Quota,
     Refusals,
     Resolver,
@@ -49,6 +50,7 @@ class GatewayDeps:
     usage: UsageRollups | None = None  # the console's rollups (None: the console answers 503)
     refusals: Refusals | None = None  # 429s and 503s per team and day, for the console
     slo: SloSource | None = None  # the admin view's SLO status (None: Prometheus not configured)
+    board: QueueBoard | None = None  # `GET /admin/queues` (None: it answers 503)
     registry: CollectorRegistry = field(default_factory=CollectorRegistry)
     clock: Callable[[], datetime] = SYSTEM.now  # apps.core.clock
     lifecycle: Lifecycle = field(default_factory=Lifecycle)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any, Protocol
 
@@ -12,6 +12,7 @@ from apps.core.ledger.teams import Team
 from apps.core.protocol.dispatch import DispatchRequest
 from apps.core.quota.admission import Admission, Limits
 from apps.core.quota.refusals import RefusalCount
+from apps.core.sharing import PriorityClass
 from apps.gateway.slo import SloStatus
 
 
@@ -89,7 +90,9 @@ class Quota(Protocol):
         self, subject: str, request_id: str, limits: Limits, now: datetime, worst_case_tokens: int = 0
     ) -> Admission: ...
 
-    async def release(self, subject: str, request_id: str, *, forget_tokens: bool = False) -> None: ...
+    async def release(
+        self, subject: str, request_id: str, *, forget_tokens: bool = False, team_id: int | None = None
+    ) -> None: ...
 
 
 class Keys(Protocol):
@@ -109,6 +112,7 @@ class Keys(Protocol):
         name: str | None = None,
         max_tokens: int | None = None,
         max_context: int | None = None,
+        priority_class: PriorityClass = PriorityClass.INTERACTIVE,
     ) -> tuple[str, KeyRecord]: ...
 
     async def list_keys(self, team: str | int | None = None) -> list[KeyRecord]: ...
@@ -121,7 +125,16 @@ class Keys(Protocol):
 class Teams(Protocol):
     """Teams and credits (`apps.core.ledger.teams.TeamStore`)."""
 
-    async def create_team(self, name: str) -> Team: ...
+    async def create_team(self, name: str, weight: float = 1.0) -> Team: ...
+
+    async def set_sharing(
+        self,
+        ref: str | int,
+        *,
+        weight: float | None = None,
+        max_streams: int | None = ...,
+        tokens_per_minute: int | None = ...,
+    ) -> Team: ...
 
     async def list_teams(self) -> list[Team]: ...
 
@@ -134,3 +147,9 @@ class Teams(Protocol):
     async def usage(
         self, team_id: int, start: datetime, end: datetime, *, by_day: bool = False
     ) -> list[dict[str, Any]]: ...
+
+
+class QueueBoard(Protocol):
+    """The orchestrators' fair queues as Redis holds them (`apps.core.fairboard.RedisQueueBoard`)."""
+
+    async def read(self, models: Iterable[str]) -> list[dict[str, Any]]: ...

@@ -26,6 +26,7 @@ class GatewaySettings(BaseSettings):
     jwt_algorithms: str = "RS256,ES256"
     jwt_team_claim: str = "team"  # a team's name (a string)
     jwt_team_id_claim: str = "team_id"  # a team's id (an integer)
+    jwt_class_claim: str = "priority_class"  # "interactive" (also when absent) or "batch"
     jwt_models_claim: str = "models"  # the model allowlist (absent: every model)
     jwt_admin_claim: str = "roles"
     jwt_admin_role: str = "admin"

@@ -9,6 +9,7 @@ import redis.asyncio as aioredis
 from psycopg_pool import AsyncConnectionPool
 
 from apps.core.clock import SYSTEM
+from apps.core.fairboard import RedisQueueBoard
 from apps.core.identity.jwt_verify import JwtVerifier
 from apps.core.identity.keys import KeyStore
 from apps.core.ledger.pg import PgLedger
@@ -93,6 +94,7 @@ async def build_deps(settings: GatewaySettings) -> GatewayDeps:
             algorithms=[a.strip() for a in settings.jwt_algorithms.split(",") if a.strip()],
             team_claim=settings.jwt_team_claim,
             team_id_claim=settings.jwt_team_id_claim,
+            class_claim=settings.jwt_class_claim,
             models_claim=settings.jwt_models_claim,
             admin_claim=settings.jwt_admin_claim,
             admin_role=settings.jwt_admin_role,
@@ -125,5 +127,6 @@ async def build_deps(settings: GatewaySettings) -> GatewayDeps:
         usage=UsageRollups(pool),
         refusals=RefusalStore(redis, SYSTEM.now),
         slo=slo,
+        board=RedisQueueBoard(redis),
         closers=[dispatcher.aclose, close_redis, pool.close, node_pool.close, *([slo.aclose] if slo else [])],
     )

@@ -215,11 +215,13 @@ class Fleet:
         *,
         usage_bound: tuple[int, int] | None = None,
         resumable: bool = False,
+        capacity: int | None = None,
     ) -> int:
-        """1 taken; 0 full; -1 node gone (or quarantined); -2 draining. Records `req:{id}` =
-        {node, origin, attempt} and, given, the usage bound the settle caps the node's report at
-        and whether the stream may resume elsewhere (`resumable`: a mid-stream error of this node is
-        not settled from its own report, see `settle.py`)."""
+        """1 taken; 0 full (`capacity` slots in use; default the node's `max_num_seqs`); -1 node
+        gone (or quarantined); -2 draining. Records `req:{id}` = {node, origin, attempt} and,
+        given, the usage bound the settle caps the node's report at and whether the stream may
+        resume elsewhere (`resumable`: a mid-stream error of this node is not settled from its own
+        report, see `settle.py`)."""
         now = self._clock()
         bound = [str(usage_bound[0]), str(usage_bound[1])] if usage_bound is not None else ["", ""]
         result = int(
@@ -232,7 +234,7 @@ class Fleet:
                 ],
                 args=[
                     request_id,
-                    node.models.get(model, 0),
+                    node.models.get(model, 0) if capacity is None else capacity,
                     now,
                     now + self._max_request_s,
                     node.node_id,

@@ -8,11 +8,12 @@ replica holds, so a sum over replicas counts every node once.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from apps.core.sharing import PriorityClass
 from apps.netio.fastpath import PathMetrics
 
 QUEUE_WAIT_BUCKETS = (0.005, 0.025, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60)
@@ -47,6 +48,26 @@ class Metrics:
             "Time a request waited for a node, per model",
             ["model", "outcome"],
             buckets=QUEUE_WAIT_BUCKETS,
+            registry=r,
+        )
+        # Per team and class (bounded: teams are the ledger's, classes two): the fair queue's view.
+        self.team_queue_wait = Histogram(
+            "llmfleet_orchestrator_team_queue_wait_seconds",
+            "Time a request waited for a node, per model, team and priority class",
+            ["model", "team_id", "class", "outcome"],
+            buckets=QUEUE_WAIT_BUCKETS,
+            registry=r,
+        )
+        self.team_queue_depth = Gauge(
+            "llmfleet_orchestrator_team_queue_depth",
+            "Requests waiting for a node on this replica, per model, team and priority class",
+            ["model", "team_id", "class"],
+            registry=r,
+        )
+        self.team_queue_oldest = Gauge(
+            "llmfleet_orchestrator_team_queue_oldest_wait_seconds",
+            "How long the oldest waiting request of a team and class has waited, per model",
+            ["model", "team_id", "class"],
             registry=r,
         )
         self.dispatches = Counter(
@@ -178,6 +199,17 @@ class Metrics:
                 self.node_gpu_util.labels(conn.node_id, conn.location).set(conn.gpu_util)
         for state, n in counts.items():
             self.nodes.labels(state=state).set(n)
+
+    def observe_lanes(
+        self, lanes: Mapping[str, Mapping[tuple[PriorityClass, int], tuple[int, float]]]
+    ) -> None:
+        """Set the per-team queue gauges from the fair queue's lanes (called per fleet refresh)."""
+        self.team_queue_depth.clear()  # a lane that emptied must not keep its last value
+        self.team_queue_oldest.clear()
+        for model, by_lane in lanes.items():
+            for (klass, team), (waiting, oldest) in by_lane.items():
+                self.team_queue_depth.labels(model, str(team), str(klass)).set(waiting)
+                self.team_queue_oldest.labels(model, str(team), str(klass)).set(oldest)
 
     def render(self) -> bytes:
         self.tasks.set(len(asyncio.all_tasks()))

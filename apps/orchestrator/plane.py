@@ -33,17 +33,24 @@ from apps.core.protocol.node import (
     Error,
     decode_node_frame,
 )
+from apps.core.sharing import VLLM_PRIORITY
 from apps.orchestrator.bus import Bus
 from apps.orchestrator.coldstart import ColdStarts
 from apps.orchestrator.connection import NodeConnection, RemoteRoute
+from apps.orchestrator.fairshare import TeamService
 from apps.orchestrator.fleet import Fleet
 from apps.orchestrator.logs import event
 from apps.orchestrator.metrics import Metrics
-from apps.orchestrator.queue import Queues
+from apps.orchestrator.queue import Queues, Share
 from apps.orchestrator.scheduling.picker import rank
 from apps.orchestrator.scheduling.view import NodeView, PickRequest
 from apps.orchestrator.settings import OrchestratorSettings
 from apps.orchestrator.streams import ChunkEv, DoneEv, ErrorEv, LostEv, LostReason, RequestStream
+
+
+def engine_body(dreq: DispatchRequest) -> dict[str, Any]:
+    """The engine's body: the client's, with the class as vLLM's per-request `priority`."""
+    return {**dreq.body, "priority": VLLM_PRIORITY[dreq.priority_class]}
 
 
 class SettleFn(Protocol):
@@ -86,9 +93,12 @@ class ControlPlane:
             max_request_s=settings.max_request_s,
             wall_clock=deps.wall_clock,
         )
+        self.shares = TeamService(self.id, deps.wall_clock)
         self.queues = Queues(
             self.try_pick,
             max_len=settings.queue_max_per_model,
+            max_per_team=settings.queue_max_per_team,
+            service=self.shares,
             on_wait=self._observe_wait,
             monotonic=deps.monotonic,
         )
@@ -108,15 +118,31 @@ class ControlPlane:
 
     # -- scheduling ---------------------------------------------------------------
 
-    def _observe_wait(self, model: str, waited: float, outcome: str) -> None:
+    def _observe_wait(self, model: str, share: Share, waited: float, outcome: str) -> None:
         self.metrics.queue_wait.labels(model=model, outcome=outcome).observe(waited)
         self.metrics.queue_depth.labels(model=model).set(self.queues.depth(model))
+        self.metrics.team_queue_wait.labels(model, str(share.team), share.klass.value, outcome).observe(
+            waited
+        )
+
+    async def sync_shares(self) -> None:
+        """After a fleet refresh: exchange the fair queue's counters and lanes with the other
+        replicas (one Redis round trip) and set the per-team queue gauges."""
+        lanes = self.queues.lanes()
+        await self.shares.sync(self.deps.redis, self.deps.models, lanes)
+        self.metrics.observe_lanes(lanes)
 
     async def try_pick(self, req: PickRequest) -> NodeView | None:
         self.metrics.queue_depth.labels(model=req.model).set(self.queues.depth(req.model))
         for node in rank(req, self.fleet.snapshot()):
             result = await self.fleet.acquire_slot(
-                node, req.model, req.request_id, self.id, usage_bound=req.usage_bound, resumable=req.resumable
+                node,
+                req.model,
+                req.request_id,
+                self.id,
+                usage_bound=req.usage_bound,
+                resumable=req.resumable,
+                capacity=req.capacity(node.models.get(req.model, 0)),
             )
             if result == 1:
                 return self.fleet.get(node.node_id) or node
@@ -131,10 +157,12 @@ class ControlPlane:
             if conn.draining:
                 return False
             conn.routes[dreq.request_id] = stream
-            return conn.send(Assign(request_id=dreq.request_id, model=dreq.model, body=dreq.body))
+            return conn.send(Assign(request_id=dreq.request_id, model=dreq.model, body=engine_body(dreq)))
         stream.owner = node.owner
         self.remote_streams[dreq.request_id] = stream
-        message = msgs.AssignMsg(origin=self.id, request_id=dreq.request_id, model=dreq.model, body=dreq.body)
+        message = msgs.AssignMsg(
+            origin=self.id, request_id=dreq.request_id, model=dreq.model, body=engine_body(dreq)
+        )
         self.metrics.forwarded.labels(op="assign").inc()
         return await self.bus.to_node(node.node_id, message) > 0
 

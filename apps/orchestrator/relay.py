@@ -35,10 +35,12 @@ from apps.core.nodes import keys
 from apps.core.protocol.dispatch import QUEUE_WAIT_HEADER, DispatchRequest, InternalToken
 from apps.core.protocol.node import Error
 from apps.core.protocol.openai import SSE_DONE, error_body, sse_event, sse_json
+from apps.core.sharing import PriorityClass
 from apps.netio import fastpath
 from apps.netio.aiohttp_server import ChunkWriter, chunk_writer
 from apps.orchestrator.logs import event
 from apps.orchestrator.plane import ControlPlane
+from apps.orchestrator.queue import Share
 from apps.orchestrator.resume import Outcome, Reason, Resumer, can_resume, resume_reason
 from apps.orchestrator.scheduling.view import NodeView, PickRequest
 from apps.orchestrator.streams import ChunkEv, DoneEv, ErrorEv, LostEv, RequestStream
@@ -97,6 +99,7 @@ class _Relay:
         self._writes = 0  # pieces written through `response.write`
         # What went to the gateway, kept only for a request that can be resumed (one append per write).
         self.sent: list[str] | None = [] if can_resume(dreq, plane.deps.resume_models) else None
+        self.share = _share(dreq)
 
     async def run(self) -> web.StreamResponse:
         plane, dreq = self.plane, self.dreq
@@ -123,10 +126,13 @@ class _Relay:
                     settings.kv_cache_max,
                     usage_bound=_usage_bound(dreq),
                     resumable=self.sent is not None,
+                    reserve_fraction=(
+                        settings.batch_reserve_fraction if dreq.priority_class is PriorityClass.BATCH else 0.0
+                    ),
                 )
                 queued_at = plane.deps.monotonic()
                 try:
-                    node = await plane.queues.acquire(pick, remaining, self._retry_hint)
+                    node = await plane.queues.acquire(pick, remaining, self._retry_hint, self.share)
                 except LlmfleetError as exc:
                     self.queued_s += plane.deps.monotonic() - queued_at
                     self.outcome = exc.code or "unavailable"
@@ -290,7 +296,7 @@ class _Relay:
         sent, self.sent = self.sent, None
         assert sent is not None
         error = ev.frame if isinstance(ev, ErrorEv) else None
-        resumer = Resumer(self.plane, self.dreq, self._write, self._retry_hint)
+        resumer = Resumer(self.plane, self.dreq, self._write, self._retry_hint, self.share)
         outcome = await resumer.run(sent, node, reason, error)
         event(
             "stream_resume",
@@ -331,6 +337,9 @@ class _Relay:
         )
 
     async def _finish_ok(self, ev: DoneEv) -> None:
+        # The fair queue charged the expected tokens at dispatch; the engine's usage corrects it.
+        used = min(ev.frame.prompt_tokens + ev.frame.completion_tokens, self.share.cost)
+        self.plane.shares.charge(self.dreq.model, self.share.team, used - self.share.cost)
         if self.dreq.client_wants_usage and ev.frame.usage_event:
             # One write for both: the usage event counts as a chunk, [DONE] does not.
             self.chunks += 1
@@ -399,6 +408,17 @@ class _Relay:
         # Nothing ran: the reservation must not wait for the sweeper (idempotent: the
         # gateway may cancel it too).
         await shielded(self.plane.deps.ledger.cancel(self.dreq.request_id), CLEANUP_S, "ledger_cancel")
+
+
+def _share(dreq: DispatchRequest) -> Share:
+    """Who the fair queue charges and how much: the prompt plus the expected answer, in tokens."""
+    bound = _usage_bound(dreq)
+    return Share(
+        team=dreq.team_id,
+        weight=dreq.team_weight,
+        klass=dreq.priority_class,
+        cost=float(sum(bound)) if bound is not None else 1.0,
+    )
 
 
 def _usage_bound(dreq: DispatchRequest) -> tuple[int, int] | None:

@@ -36,6 +36,7 @@ from apps.core.protocol.dispatch import DispatchRequest
 from apps.core.protocol.node import Error
 from apps.core.protocol.openai import SSE_DONE, sse_event
 from apps.orchestrator.plane import ControlPlane
+from apps.orchestrator.queue import DEFAULT_SHARE, Share
 from apps.orchestrator.scheduling.view import NodeView, PickRequest
 from apps.orchestrator.streams import ChunkEv, DoneEv, ErrorEv, LostEv, RequestStream
 
@@ -187,10 +188,16 @@ class Resumer:
     """One resume of one request: pick another node, assign the continuation, relay it spliced."""
 
     def __init__(
-        self, plane: ControlPlane, dreq: DispatchRequest, write: Write, retry_hint: Callable[[], float]
+        self,
+        plane: ControlPlane,
+        dreq: DispatchRequest,
+        write: Write,
+        retry_hint: Callable[[], float],
+        share: Share = DEFAULT_SHARE,
     ) -> None:
         self.plane = plane
         self.dreq = dreq
+        self.share = share  # the fair queue charges the resume to the request's own team
         self.write = write
         self.retry_hint = retry_hint
         self.assigned = False  # the second node got the assignment (it settles the request now)
@@ -230,7 +237,7 @@ class Resumer:
         try:
             # The client has been waiting since its last chunk: within its idle deadline too.
             wait = min(dreq.deadlines.first_token_s, dreq.deadlines.idle_s)
-            node = await plane.queues.acquire(pick, wait, self.retry_hint)
+            node = await plane.queues.acquire(pick, wait, self.retry_hint, self.share)
         except LlmfleetError:
             return Outcome.NO_NODE
         self.node_id = node.node_id

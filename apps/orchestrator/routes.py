@@ -119,6 +119,7 @@ class Background:
                     await self.plane.fleet.refresh()
                     self.plane.check_remote_streams()
                     self.plane.cold.expire()
+                    await self.plane.sync_shares()
                     self.plane.queues.notify()
                 except RedisError as exc:
                     event("fleet_refresh_failed", logging.WARNING, error=type(exc).__name__)

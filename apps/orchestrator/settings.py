@@ -50,6 +50,12 @@ class OrchestratorSettings(BaseSettings):
     # Scheduling.
     queue_limit_s: float = Field(default=30.0, gt=0)
     queue_max_per_model: int = Field(default=2000, gt=0)
+    # One team's waiters per model (both classes): its flood is refused before it fills the queue.
+    queue_max_per_team: int = Field(default=500, gt=0)
+    # The share of each node's slots `batch` requests leave free for `interactive` ones (rounded up;
+    # a node always takes at least one batch request): an interactive request arriving while batch
+    # fills the fleet still finds a slot at once.
+    batch_reserve_fraction: float = Field(default=0.125, ge=0, lt=1)
     kv_cache_max: float = Field(default=0.95, gt=0, le=1)
     fleet_refresh_s: float = Field(default=0.5, gt=0)
     # Replicas of a model are started on demand (KEDA scales from zero; true in the k8s manifests):

@@ -78,6 +78,16 @@ def overview_panels(spec: StackSpec) -> list[Panel]:
         ),
         _p("Queue wait p95 per model", (f"llmfleet:queue_wait_seconds:p95{{{M}}}", "{{model}}"), unit="s"),
         _p(
+            "Queue wait p95 per team and class",
+            (
+                "histogram_quantile(0.95, sum by (le, team_id, class) "
+                f"(rate(llmfleet_orchestrator_team_queue_wait_seconds_bucket{{{M}}}[5m])))",
+                "team {{team_id}} {{class}}",
+            ),
+            unit="s",
+            desc='The fair queue by team (weights, batch behind interactive): README "Sharing the fleet".',
+        ),
+        _p(
             "KV-cache use per replica",
             (
                 f"max by (model_name, instance) (vllm:kv_cache_usage_perc{{{MN}}})",

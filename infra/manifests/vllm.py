@@ -128,6 +128,9 @@ def _vllm_container(t: VllmTarget, tm: Timing) -> Manifest:
             str(t.block_size),
             "--shutdown-timeout",
             str(tm.shutdown_timeout_s),
+            # The orchestrator passes the request's class as vLLM's `priority` (apps.core.sharing).
+            "--scheduling-policy",
+            "priority",
         ],
         "env": [{"name": "HF_HUB_OFFLINE", "value": "1"}],
         "ports": [{"name": "http", "containerPort": VLLM_PORT}],

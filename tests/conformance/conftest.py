@@ -1,7 +1,8 @@
 """The engines under test: enginesim (always) and the real vLLM 0.32 on CPU (marked `realvllm`).
 
 Both are started once per session as processes serving the model `tiny` with
-`--max-model-len 1024 --max-num-seqs 8`. The real one needs the vLLM venv's python in
+`--max-model-len 1024 --max-num-seqs 8 --scheduling-policy priority` (the Deployments' policy: the
+orchestrator passes each request's class as `priority`). The real one needs the vLLM venv's python in
 `LLMFLEET_VLLM_PYTHON` (see `tools/install-vllm.sh`); when it is missing or cannot `import vllm`
 the stage is skipped loudly, or FAILS when `LLMFLEET_REQUIRE_REAL_VLLM=1` (CI).
 """
@@ -61,6 +62,7 @@ def enginesim_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engin
     argv = [
         sys.executable, "-m", "apps.cli.main", "enginesim", "--model", MODEL, "--profile", "tiny",
         "--port", str(port), "--max-model-len", str(MAX_MODEL_LEN), "--max-num-seqs", str(MAX_NUM_SEQS),
+        "--scheduling-policy", "priority",
     ]  # fmt: skip
     proc = _start("enginesim", argv, log_path, port, 30.0, cwd=REPO)
     try:
@@ -128,6 +130,7 @@ def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineUnde
             "--served-model-name", MODEL, "--host", "127.0.0.1", "--port", str(port),
             "--max-model-len", str(MAX_MODEL_LEN), "--max-num-seqs", str(MAX_NUM_SEQS),
             "--enforce-eager", "--dtype", "float32", "--kv-cache-memory-bytes", "64M",
+            "--scheduling-policy", "priority",
         ]  # fmt: skip
         log_path = work / f"vllm-{attempt}.log"
         try:

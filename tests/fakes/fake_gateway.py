@@ -15,6 +15,7 @@ import uvicorn
 from psycopg_pool import AsyncConnectionPool
 
 from apps.core.clock import SYSTEM
+from apps.core.fairboard import RedisQueueBoard
 from apps.core.identity.jwt_verify import JwtVerifier
 from apps.core.identity.keys import KeyStore
 from apps.core.identity.local_issuer import LocalIssuer
@@ -105,6 +106,7 @@ async def gateway_env(
         jwt=JwtVerifier(jwks_url, issuer=issuer.issuer, audience=issuer.audience),
         usage=UsageRollups(pool),
         refusals=RefusalStore(redis, SYSTEM.now),
+        board=RedisQueueBoard(redis),
     )
     app = create_app(settings, deps)
     env = GatewayEnv(app, deps, settings, issuer, issuer.mint("ops", admin=True), dispatcher, redis, pool)

@@ -3,7 +3,7 @@ chat handler without PostgreSQL or Redis. Each records what it was asked."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
@@ -33,7 +33,9 @@ class FakeQuota:
             self.verdict, limits, len(self.held), 7.0 if self.verdict else 0.0, 1, 60.0, 0, 3600.0
         )
 
-    async def release(self, subject: str, request_id: str, *, forget_tokens: bool = False) -> None:
+    async def release(
+        self, subject: str, request_id: str, *, forget_tokens: bool = False, team_id: int | None = None
+    ) -> None:
         self.held.discard(request_id)
         self.released.append(request_id)
 
@@ -71,8 +73,14 @@ class FakeKeys:
 class FakeTeams:
     teams: dict[int, Team] = field(default_factory=dict)
 
-    async def create_team(self, name: str) -> Team:
-        team = Team(len(self.teams) + 1, name, 0)
+    async def create_team(self, name: str, weight: float = 1.0) -> Team:
+        team = Team(len(self.teams) + 1, name, 0, weight)
+        self.teams[team.id] = team
+        return team
+
+    async def set_sharing(self, ref: str | int, *, weight: float | None = None, **limits: Any) -> Team:
+        team = await self.get_team(ref)
+        team = replace(team, weight=team.weight if weight is None else weight, **limits)
         self.teams[team.id] = team
         return team
 

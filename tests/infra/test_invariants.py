@@ -67,6 +67,8 @@ def test_vllm_flags_equal_the_planner(kube: list[dict[str, Any]], plan: FleetPla
         args = next(c for c in pod["containers"] if c["name"] == "vllm")["args"]
         assert _arg(args, "--max-num-seqs") == str(mp.max_num_seqs)
         assert _arg(args, "--max-model-len") == str(mp.max_model_len)
+        # The orchestrator sends the request's class as vLLM's `priority` (batch is non-zero).
+        assert _arg(args, "--scheduling-policy") == "priority"
         agent = next(c for c in pod["containers"] if c["name"] == "agent")["args"]
         assert _arg(agent, "--max-num-seqs") == str(mp.max_num_seqs)
         assert _arg(agent, "--location") == "cloud"

@@ -1,4 +1,5 @@
-"""Per-model FIFO queue: direct pick, FIFO order, 429 when full, 503 + Retry-After on timeout."""
+"""Per-model queue basics: direct pick, FIFO within a team, 429 when full, 503 + Retry-After on timeout
+(the fair-sharing rules are in test_orchestrator_fair_queue.py)."""
 
 from __future__ import annotations
 
@@ -7,26 +8,9 @@ import asyncio
 import pytest
 
 from apps.core.errors import RateLimited, Unavailable
-from apps.core.nodes.state import NodeState
 from apps.orchestrator.queue import Queues
-from apps.orchestrator.scheduling.view import NodeView, PickRequest
-
-NODE = NodeView(node_id="n1", location="cloud", models={"m": 1}, state=NodeState.READY)
-
-
-class Slots:
-    """A fake capacity source: `free` slots; records who got one, in order."""
-
-    def __init__(self, free: int) -> None:
-        self.free = free
-        self.served: list[str] = []
-
-    async def try_pick(self, req: PickRequest) -> NodeView | None:
-        if self.free <= 0:
-            return None
-        self.free -= 1
-        self.served.append(req.request_id)
-        return NODE
+from apps.orchestrator.scheduling.view import PickRequest
+from tests.fakes.fake_slots import NODE, Slots
 
 
 async def test_direct_pick_when_nobody_waits() -> None:
@@ -71,7 +55,9 @@ async def test_full_queue_is_429_with_retry_after() -> None:
 
 async def test_timeout_is_503_with_retry_after_and_observed() -> None:
     seen: list[tuple[str, str]] = []
-    queues = Queues(Slots(0).try_pick, max_len=5, on_wait=lambda m, _w, outcome: seen.append((m, outcome)))
+    queues = Queues(
+        Slots(0).try_pick, max_len=5, on_wait=lambda m, _s, _w, outcome: seen.append((m, outcome))
+    )
     with pytest.raises(Unavailable) as err:
         await queues.acquire(PickRequest("m", "r0"), 0.05, 30.0)
     assert err.value.status == 503

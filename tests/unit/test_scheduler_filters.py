@@ -64,3 +64,21 @@ def test_location_rank_prefers_onprem(location: str, rank: float) -> None:
 )
 def test_load_orders_less_loaded_first(a: NodeView, b: NodeView) -> None:
     assert scorers.load(REQ, a) < scorers.load(REQ, b)
+
+
+@pytest.mark.parametrize(
+    ("seqs", "in_flight", "reserve", "expected"),
+    [
+        (8, 6, 0.125, True),
+        (8, 7, 0.125, False),  # batch leaves the last of 8 slots to interactive
+        (8, 7, 0.0, True),  # interactive may take it
+        (64, 55, 0.125, True),
+        (64, 56, 0.125, False),  # 8 of 64 reserved
+        (1, 0, 0.125, True),  # a one-slot node still takes one batch request
+    ],
+)
+def test_batch_leaves_a_share_of_each_nodes_slots(
+    seqs: int, in_flight: int, reserve: float, expected: bool
+) -> None:
+    req = PickRequest("m", "r", reserve_fraction=reserve)
+    assert filters.has_free_seq(req, node(models={"m": seqs}, in_flight=in_flight)) is expected

@@ -18,6 +18,10 @@ Rules followed:
   0 (recompute, no swap) and it goes back to the FRONT of the waiting queue;
 - waiting requests are admitted only if nothing was preempted in this step, while fewer than
   `max_num_seqs` run and blocks for their first chunk are free;
+- `--scheduling-policy priority` (`policy="priority"`): the waiting queue is ordered by
+  `(priority, arrival)` (lower first; a preempted request goes back in that order, not to the
+  front), and the preemption victim is the running request with the highest `(priority, arrival)`
+  instead of the last one — vLLM V1's priority policy (no preemption to admit a waiting request);
 - a request yields one token in each step that completes its prompt (plus already generated
   tokens after a preemption) or decodes it; it finishes at its target length (`length` or
   `stop`) or at `max_model_len`.
@@ -53,6 +57,7 @@ class Sequence:
     first_token_s: float | None = None
     last_token_s: float | None = None
     preemptions: int = 0
+    priority: int = 0  # vLLM's per-request `priority` (lower first; used by the priority policy)
 
     @property
     def num_tokens(self) -> int:
@@ -79,9 +84,15 @@ class StepResult:
     first_tokens: list[Sequence] = field(default_factory=list)
 
 
+POLICIES = ("fcfs", "priority")
+
+
 class Scheduler:
-    def __init__(self, profile: EngineProfile) -> None:
+    def __init__(self, profile: EngineProfile, policy: str = "fcfs") -> None:
+        if policy not in POLICIES:
+            raise ValueError(f"unknown scheduling policy {policy!r} (known: {', '.join(POLICIES)})")
         self.profile = profile
+        self.by_priority = policy == "priority"
         self.free_blocks = profile.num_blocks - 1  # one null block, as vLLM
         self.running: list[Sequence] = []
         self.waiting: deque[Sequence] = deque()
@@ -95,7 +106,18 @@ class Scheduler:
         if seq.request_id in self.by_id:
             raise ValueError(f"duplicate request id {seq.request_id}")
         self.by_id[seq.request_id] = seq
-        self.waiting.append(seq)
+        if self.by_priority:
+            self._wait_in_order(seq)
+        else:
+            self.waiting.append(seq)
+
+    def _wait_in_order(self, seq: Sequence) -> None:
+        """Insert by `(priority, arrival)`: after every waiting request that goes before it."""
+        key = (seq.priority, seq.arrival_s)
+        index = len(self.waiting)
+        while index > 0 and (self.waiting[index - 1].priority, self.waiting[index - 1].arrival_s) > key:
+            index -= 1
+        self.waiting.insert(index, seq)
 
     def abort(self, request_id: str) -> Sequence | None:
         """Remove a request now and free its blocks (client disconnect)."""
@@ -145,8 +167,16 @@ class Scheduler:
         seq.state = SeqState.WAITING
         seq.preemptions += 1
         self.num_preemptions += 1
-        self.waiting.appendleft(seq)
+        if self.by_priority:
+            self._wait_in_order(seq)
+        else:
+            self.waiting.appendleft(seq)
         result.preempted.append(seq.request_id)
+
+    def _victim(self) -> Sequence:
+        if self.by_priority:
+            return max(self.running, key=lambda s: (s.priority, s.arrival_s))
+        return self.running[-1]
 
     def step(self) -> StepResult:
         prof = self.profile
@@ -167,7 +197,7 @@ class Scheduler:
             # Most steps need no new block (a decode fills its last block first): skip the allocator then.
             if -(-(computed + new) // bs) > seq.blocks:
                 while not self._allocate(seq, new):
-                    victim = self.running[-1]
+                    victim = self._victim()
                     self._preempt(victim, result)
                     if victim is seq:
                         break

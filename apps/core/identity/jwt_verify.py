@@ -24,7 +24,8 @@ from typing import Any
 
 import jwt
 
-from apps.core.errors import AuthenticationFailed
+from apps.core.errors import AuthenticationFailed, InvalidRequest
+from apps.core.sharing import PriorityClass, priority_class
 
 SAFE_ALGORITHMS = frozenset(
     {"RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "ES512", "EdDSA"}
@@ -39,6 +40,7 @@ class JwtIdentity:
     claims: dict[str, Any]
     team_id: int | None = None  # a team's id
     models: tuple[str, ...] | None = None  # None: no models claim (every model)
+    priority_class: PriorityClass = PriorityClass.INTERACTIVE  # the class claim (absent: interactive)
 
 
 def looks_like_jwt(token: str) -> bool:
@@ -58,6 +60,7 @@ class JwtVerifier:
         models_claim: str = "models",
         admin_claim: str = "roles",
         admin_role: str = "admin",
+        class_claim: str = "priority_class",
         cache_s: int = 300,
         leeway_s: float = 30.0,
     ) -> None:
@@ -71,6 +74,7 @@ class JwtVerifier:
         self._audience = audience
         self._team_claim = team_claim
         self._team_id_claim = team_id_claim
+        self._class_claim = class_claim
         self._models_claim = models_claim
         self._admin_claim = admin_claim
         self._admin_role = admin_role
@@ -130,7 +134,16 @@ class JwtVerifier:
             claims=claims,
             team_id=team_id,
             models=self._models(claims.get(self._models_claim)),
+            priority_class=self._class(claims.get(self._class_claim)),
         )
+
+    def _class(self, raw: Any) -> PriorityClass:
+        try:
+            return priority_class(raw, self._class_claim)
+        except InvalidRequest:
+            raise AuthenticationFailed(
+                f"The '{self._class_claim}' claim must be 'interactive' or 'batch'.", code="invalid_jwt"
+            ) from None
 
     def _models(self, raw: Any) -> tuple[str, ...] | None:
         if raw is None:

@@ -24,8 +24,9 @@ from psycopg_pool import AsyncConnectionPool
 from apps.core.errors import AuthenticationFailed, InvalidRequest, NotFound
 from apps.core.identity.principal import Principal
 from apps.core.ledger.teams import TeamRef, team_where
-from apps.core.quota.admission import Limits
+from apps.core.quota.admission import Limits, TeamLimits
 from apps.core.secrets import hash_secret, new_secret
+from apps.core.sharing import PriorityClass
 
 KEY_PREFIX = "sk-lf"
 
@@ -46,6 +47,10 @@ class KeyRecord:
     created_at: datetime
     max_tokens: int | None = None  # the most completion tokens one request may ask for (per choice)
     max_context: int | None = None  # the most prompt (the gateway's bound) + max_tokens one request may use
+    team_weight: float = 1.0
+    priority_class: PriorityClass = PriorityClass.INTERACTIVE
+    team_max_streams: int | None = None
+    team_tokens_per_minute: int | None = None
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -63,6 +68,7 @@ class KeyRecord:
             "expires_at": self.expires_at.isoformat() if self.expires_at else None,
             "revoked_at": self.revoked_at.isoformat() if self.revoked_at else None,
             "created_at": self.created_at.isoformat(),
+            "priority_class": self.priority_class.value,
         }
 
     def principal(self) -> Principal:
@@ -73,16 +79,24 @@ class KeyRecord:
             team_name=self.team_name,
             key_id=self.id,
             model_allowlist=self.model_allowlist,
-            limits=Limits(self.max_streams, self.rpm, self.tokens_per_day),
+            limits=Limits(
+                self.max_streams,
+                self.rpm,
+                self.tokens_per_day,
+                TeamLimits(self.team_id, self.team_max_streams, self.team_tokens_per_minute),
+            ),
             expires_at=self.expires_at,
             max_tokens=self.max_tokens,
             max_context=self.max_context,
+            team_weight=self.team_weight,
+            priority_class=self.priority_class,
         )
 
 
 _SELECT = (
     "SELECT k.id, k.team_id, t.name, k.prefix, k.name, k.model_allowlist, k.rpm, k.tokens_per_day, "
-    "k.max_streams, k.expires_at, k.revoked_at, k.created_at, k.max_tokens, k.max_context "
+    "k.max_streams, k.expires_at, k.revoked_at, k.created_at, k.max_tokens, k.max_context, t.weight, "
+    "k.priority_class, t.max_streams, t.tokens_per_minute "
     "FROM api_keys k JOIN teams t ON t.id = k.team_id "
 )
 
@@ -103,6 +117,10 @@ def _record(row: Sequence[Any]) -> KeyRecord:
         created_at=row[11],
         max_tokens=row[12],
         max_context=row[13],
+        team_weight=float(row[14]),
+        priority_class=PriorityClass(row[15]),
+        team_max_streams=row[16],
+        team_tokens_per_minute=row[17],
     )
 
 
@@ -149,6 +167,7 @@ class KeyStore:
         name: str | None = None,
         max_tokens: int | None = None,
         max_context: int | None = None,
+        priority_class: PriorityClass = PriorityClass.INTERACTIVE,
     ) -> tuple[str, KeyRecord]:
         """Returns `(key, record)`; the key is never retrievable again."""
         limits = {
@@ -172,8 +191,8 @@ class KeyStore:
                 raise NotFound(f"team {team!r} does not exist", param="team", code="team_not_found")
             cur = await conn.execute(
                 "INSERT INTO api_keys (team_id, hash, prefix, name, model_allowlist, rpm, tokens_per_day, "
-                "max_streams, expires_at, max_tokens, max_context) "
-                "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) RETURNING id",
+                "max_streams, expires_at, max_tokens, max_context, priority_class) "
+                "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) RETURNING id",
                 (
                     row[0],
                     hash_secret(secret, self._secret),
@@ -186,6 +205,7 @@ class KeyStore:
                     expires_at,
                     max_tokens,
                     max_context,
+                    priority_class.value,
                 ),
             )
             new = await cur.fetchone()

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from apps.core.quota.admission import Limits
+from apps.core.sharing import DEFAULT_WEIGHT, PriorityClass
 
 
 @dataclass(frozen=True)
@@ -23,6 +24,9 @@ class Principal:
     # Per-key request caps (`api_keys.max_tokens`, `.max_context`; None: the model's own bounds).
     max_tokens: int | None = None
     max_context: int | None = None
+    # The sharing model (`apps.core.sharing`): the team's fair-queue weight, the request class.
+    team_weight: float = DEFAULT_WEIGHT
+    priority_class: PriorityClass = PriorityClass.INTERACTIVE
 
     def may_use(self, model: str) -> bool:
         if not self.model_allowlist and not self.models_restricted:

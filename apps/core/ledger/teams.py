@@ -22,6 +22,8 @@ import psycopg.errors
 from psycopg_pool import AsyncConnectionPool
 
 from apps.core.errors import InvalidRequest, LlmfleetError, NotFound
+from apps.core.quota.admission import TeamLimits
+from apps.core.sharing import team_weight
 
 TEAM_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 TeamRef = int | str  # int: the team's id; str: its name
@@ -45,16 +47,38 @@ class Team:
     id: int
     name: str
     balance_microcredits: int
+    weight: float = 1.0  # in the orchestrators' weighted fair queue (`apps.core.sharing`)
+    # On top of its keys' limits, checked in the same admission script (None: none).
+    max_streams: int | None = None
+    tokens_per_minute: int | None = None
 
     def as_json(self) -> dict[str, Any]:
-        return {"id": self.id, "name": self.name, "balance_microcredits": self.balance_microcredits}
+        return {
+            "id": self.id,
+            "name": self.name,
+            "balance_microcredits": self.balance_microcredits,
+            "weight": self.weight,
+            "max_streams": self.max_streams,
+            "tokens_per_minute": self.tokens_per_minute,
+        }
+
+    def limits(self) -> TeamLimits:
+        return TeamLimits(self.id, self.max_streams, self.tokens_per_minute)
+
+
+_TEAM_COLUMNS = "t.id, t.name, t.balance_microcredits, t.weight, t.max_streams, t.tokens_per_minute"
+UNCHANGED: Any = object()  # `set_sharing`: leave this field as it is
+
+
+def _team(row: Any) -> Team:
+    return Team(int(row[0]), str(row[1]), int(row[2]), float(row[3]), row[4], row[5])
 
 
 class TeamStore:
     def __init__(self, pool: AsyncConnectionPool) -> None:
         self._pool = pool
 
-    async def create_team(self, name: str) -> Team:
+    async def create_team(self, name: str, weight: float = 1.0) -> Team:
         if not TEAM_NAME_RE.match(name):
             raise InvalidRequest(
                 "team name must be 1-64 of [A-Za-z0-9._-], starting with a letter or digit", param="name"
@@ -62,31 +86,65 @@ class TeamStore:
         try:
             async with self._pool.connection() as conn:
                 cur = await conn.execute(
-                    "INSERT INTO teams (name) VALUES (%s) RETURNING id, name, balance_microcredits", (name,)
+                    f"INSERT INTO teams AS t (name, weight) VALUES (%s, %s) RETURNING {_TEAM_COLUMNS}".encode(),  # noqa: S608 (constant)
+                    (name, team_weight(weight)),
                 )
                 row = await cur.fetchone()
         except psycopg.errors.UniqueViolation:  # also a name differing only in case
             raise Conflict(f"team {name!r} already exists", param="name") from None
         assert row is not None
-        return Team(int(row[0]), str(row[1]), int(row[2]))
+        return _team(row)
 
     async def list_teams(self) -> list[Team]:
         async with self._pool.connection() as conn:
-            cur = await conn.execute("SELECT id, name, balance_microcredits FROM teams ORDER BY id")
-            return [Team(int(r[0]), str(r[1]), int(r[2])) for r in await cur.fetchall()]
+            cur = await conn.execute(f"SELECT {_TEAM_COLUMNS} FROM teams t ORDER BY t.id".encode())  # noqa: S608 (constant)
+            return [_team(r) for r in await cur.fetchall()]
 
     async def get_team(self, ref: TeamRef) -> Team:
         """A team by id (an `int`) or by name (a `str`, whatever its characters)."""
         where, param = team_where(ref)
         async with self._pool.connection() as conn:
             cur = await conn.execute(
-                f"SELECT t.id, t.name, t.balance_microcredits FROM teams t WHERE {where}".encode(),  # noqa: S608 (constant)
+                f"SELECT {_TEAM_COLUMNS} FROM teams t WHERE {where}".encode(),  # noqa: S608 (constant)
                 (param,),
             )
             row = await cur.fetchone()
         if row is None:
             raise NotFound(f"team {ref!r} does not exist", param="team", code="team_not_found")
-        return Team(int(row[0]), str(row[1]), int(row[2]))
+        return _team(row)
+
+    async def set_sharing(
+        self,
+        ref: TeamRef,
+        *,
+        weight: float | None = None,
+        max_streams: int | None = UNCHANGED,
+        tokens_per_minute: int | None = UNCHANGED,
+    ) -> Team:
+        """Set a team's fair-queue weight and limits (None clears a limit; `UNCHANGED` leaves it).
+        A team that does not exist is a 400 on `team` (the body named it), not a 404: the caller
+        sent settings for nobody."""
+        where, param = team_where(ref)
+        sets: list[str] = []
+        values: list[Any] = []
+        if weight is not None:
+            sets.append("weight = %s")
+            values.append(team_weight(weight))
+        for name, value in (("max_streams", max_streams), ("tokens_per_minute", tokens_per_minute)):
+            if value is not UNCHANGED:
+                sets.append(f"{name} = %s")
+                values.append(value)
+        if not sets:
+            raise InvalidRequest(
+                "nothing to set: give 'weight', 'max_streams' or 'tokens_per_minute'", param="weight"
+            )
+        query = f"UPDATE teams t SET {', '.join(sets)} WHERE {where} RETURNING {_TEAM_COLUMNS}"  # noqa: S608 (constant)
+        async with self._pool.connection() as conn:
+            cur = await conn.execute(query.encode(), (*values, param))
+            row = await cur.fetchone()
+        if row is None:
+            raise InvalidRequest(f"team {ref!r} does not exist", param="team")
+        return _team(row)
 
     async def add_credits(
         self, team: TeamRef, amount_microcredits: int, reason: str = "admin"

@@ -16,6 +16,11 @@ Answer once output started:
     when that fails, it arrives as one `data: {"error": ...}` event and `data: [DONE]`
     (never a silent truncation).
 
+Sharing (issue 19): `team_weight` (the team's weight in the orchestrators' fair queue) and
+`priority_class` (`interactive` | `batch`) come from the ledger and the key or JWT; both default to
+the values an older gateway implied (1, interactive). A `429` may carry `team_queue_full` (the
+team's lanes of the model's queue are full, or its predicted wait exceeds the limit).
+
 The orchestrator settles the ledger row (at most `max_prompt_tokens` / `max_completion_tokens`) (`request_id`) with the engine's usage; if
 the gateway closes the connection early the orchestrator cancels the request on the
 node and settles the tokens produced so far.
@@ -27,6 +32,8 @@ import hmac
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from apps.core.sharing import DEFAULT_WEIGHT, MAX_WEIGHT, PriorityClass
 
 DISPATCH_PATH = "/internal/v1/dispatch"
 # On every dispatch answer: seconds the request waited in the orchestrator's queue for a node
@@ -75,3 +82,7 @@ class DispatchRequest(BaseModel):
     # settles at most this, whatever a node reports (None: an older gateway, no bound known).
     max_prompt_tokens: int | None = Field(default=None, ge=0)
     max_completion_tokens: int | None = Field(default=None, ge=0)
+    # The sharing model (`apps.core.sharing`): the team's weight in the fair queue and the
+    # request's priority class (the key's or the JWT claim's). Absent from an older gateway: 1, interactive.
+    team_weight: float = Field(default=DEFAULT_WEIGHT, gt=0, le=MAX_WEIGHT)
+    priority_class: PriorityClass = PriorityClass.INTERACTIVE

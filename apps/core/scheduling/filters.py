@@ -25,8 +25,9 @@ def not_excluded(req: PickRequest, node: NodeView) -> bool:
 
 
 def has_free_seq(req: PickRequest, node: NodeView) -> bool:
-    """In-flight below the node's `max_num_seqs` for the model (vLLM would queue the rest)."""
-    return node.in_flight < node.models.get(req.model, 0)
+    """In-flight below the node's `max_num_seqs` for the model (vLLM would queue the rest), less
+    the slots a batch request leaves to interactive ones."""
+    return node.in_flight < req.capacity(node.models.get(req.model, 0))
 
 
 def kv_headroom(req: PickRequest, node: NodeView) -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
@@ -34,3 +35,11 @@ class PickRequest:
     # The stream may resume on another node after output started: the first node's mid-stream
     # error is then settled by the relay (or the second node), not by itself (`apps/orchestrator/resume.py`).
     resumable: bool = False
+    # The share of each node's slots this request may not take (batch leaves it to interactive).
+    reserve_fraction: float = 0.0
+
+    def capacity(self, max_num_seqs: int) -> int:
+        """How many of a node's `max_num_seqs` slots this request may fill (at least one)."""
+        if self.reserve_fraction <= 0:
+            return max_num_seqs
+        return max(1, max_num_seqs - math.ceil(max_num_seqs * self.reserve_fraction))
