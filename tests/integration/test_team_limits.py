@@ -27,7 +27,7 @@ async def rds(redis_url: str) -> AsyncIterator[aioredis.Redis]:
 
 
 async def test_team_streams_hold_across_the_teams_keys(rds: aioredis.Redis) -> None:
-    q = QuotaStore(rds)
+    q = QuotaStore(rds, lease_s=960.0)
     team = TeamLimits(7, max_streams=3)
     # Many keys of one team, each with room of its own: the team's limit is what binds.
     results = await asyncio.gather(
@@ -47,7 +47,7 @@ async def test_team_streams_hold_across_the_teams_keys(rds: aioredis.Redis) -> N
 
 
 async def test_team_tokens_per_minute_slide(rds: aioredis.Redis) -> None:
-    q = QuotaStore(rds)
+    q = QuotaStore(rds, lease_s=960.0)
     team = TeamLimits(9, tokens_per_minute=1000)
     ok = await q.admit("a", "r1", Limits(team=team), NOW, worst_case_tokens=600)
     assert ok.admitted
