@@ -45,6 +45,7 @@ class FakeOrchestrator:
     unknown_requests: list[str] = field(default_factory=list)
     stall_on_draining: asyncio.Event | None = None
     handler_cancellation: bool = False
+    close_on_drained: bool = True  # False: an older orchestrator (the node closes after a bound)
     ssl_context: ssl.SSLContext | None = None
     frames: list[tuple[int, proto.NodeFrame]] = field(default_factory=list)
     registrations: list[proto.Register] = field(default_factory=list)
@@ -164,7 +165,7 @@ class FakeOrchestrator:
                     await ws.send_str(proto.encode(proto.DoneAck(request_id=frame.request_id)))
                 elif isinstance(frame, proto.Heartbeat) and frame.draining and self.stall_on_draining:
                     await self.stall_on_draining.wait()
-                elif isinstance(frame, proto.Drained):
+                elif isinstance(frame, proto.Drained) and self.close_on_drained:
                     await ws.close(code=proto.CLOSE_NORMAL, message=b"drained")
         if self._ws is ws:
             self._ws = None

@@ -119,6 +119,32 @@ async def test_a_drain_at_once_gets_every_handoff_to_the_orchestrator_before_the
     assert isinstance(orch.frames[-1][1], proto.Drained)
 
 
+class _ElapsedClock:
+    """The agent's clock: every sleep is over at once (counted)."""
+
+    def __init__(self) -> None:
+        self.sleeps: list[float] = []
+
+    def monotonic(self) -> float:
+        return time.monotonic()
+
+    async def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+
+
+async def test_an_orchestrator_that_does_not_close_after_drained_is_closed_on_after_a_bound(
+    tmp_path: Path,
+) -> None:
+    orch = FakeOrchestrator(close_on_drained=False)  # an older orchestrator
+    clock = _ElapsedClock()
+    async with running_agent(tmp_path, orch=orch, deps=AgentDeps(gpu_probe=NoGpuProbe(), clock=clock)) as run:
+        run.agent.drain(0.0, reason="sigterm")
+        async with asyncio.timeout(10):
+            assert await run.task == 0
+    assert orch.of_type(proto.Drained) == [proto.Drained(reason="sigterm")]
+    assert clock.sleeps == [5.0]  # the bounded wait for the orchestrator's close, then the node closed
+
+
 async def test_lost_connection_aborts_in_flight_and_replays_its_done(tmp_path: Path) -> None:
     async with running_agent(tmp_path) as run:
         await run.orch.send(run.assign("cut1", {"mode": "infinite", "pace_s": 0.005}))
