@@ -477,8 +477,14 @@ class Agent:
         if conn is not None:
             await conn.send(proto.Drained(reason=self._drain.reason))
             await conn.flush(_CLEANUP_S)
+        # No reconnect from here on; the connection itself stays up (nothing watches this in `_serve`).
         self._stopping.set()
         if conn is not None:
+            # "Flushed" means written to the socket, not read by the orchestrator: closing now would
+            # drop what it has not handled yet (its handler ends with the socket), the handed-off
+            # `error`s and this `drained` with them. It closes the socket itself once it has read
+            # `drained` (so every frame before it); wait (bounded) for that, then close anyway.
+            await first_of(conn.wait_closed(), self.deps.clock.sleep(_CLEANUP_S))
             with contextlib.suppress(TimeoutError, aiohttp.ClientError, ConnectionError):
                 async with asyncio.timeout(_CLEANUP_S):
                     await conn.ws.close(code=proto.CLOSE_NORMAL, message=b"drained")

@@ -182,5 +182,9 @@ class Connection:
             return False
         return True
 
+    async def wait_closed(self) -> None:
+        """Until the connection has ended (the orchestrator closed it, or it was lost)."""
+        await self._closed.wait()
+
     def close(self) -> None:
         self._closed.set()

@@ -31,7 +31,8 @@ class AgentConfigError(LlmfleetError):
 
 @dataclass
 class AgentDeps:
-    clock: MonotonicClock = field(default_factory=SystemClock)  # backoff pauses and engine-wait polling
+    # Backoff pauses, engine-wait polling, the wait for the orchestrator's close after `drained`.
+    clock: MonotonicClock = field(default_factory=SystemClock)
     rng: RandomSource = field(default_factory=system_random)  # backoff jitter
     gpu_probe: GpuProbe | None = None  # None: DCGM URL, else nvidia-smi, else absent
     ssl_context: ssl.SSLContext | None = None  # None: from settings.ca_bundle / system CAs

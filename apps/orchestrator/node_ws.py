@@ -244,6 +244,10 @@ class NodeSockets:
             conn.drained = True
             await plane.deps.node_store.record_event(conn.node_id, "drained", plane.id, frame.reason)
             event("node_drained", node_id=conn.node_id)
+            # The node's last frame: every frame before it has been handled (in order, above), so
+            # this side closes the socket; the node waits for that close before it goes.
+            conn.close(CLOSE_NORMAL, "drained")
+            return False
         else:
             conn.close(CLOSE_PROTOCOL_ERROR, "unexpected register frame")
             return False

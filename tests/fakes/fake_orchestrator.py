@@ -4,7 +4,12 @@
 `release_ack` is set), a `RegisterRefused` frame, or `("close", code)`. Every frame a node sends is kept in
 `frames` as `(connection number, frame)`, and the number of frames each message carried
 (protocol version 2 batches several) in `message_sizes`; `wait_for(predicate)` waits for one
-without sleeping. `auto_ack_done` answers every `done` with `done_ack`.
+without sleeping. `auto_ack_done` answers every `done` with `done_ack`. Like the real one, it
+closes the socket once it has read `drained`. `stall_on_draining` makes it slow the way the real
+one is (it writes to PostgreSQL when a node starts draining): after a `draining` heartbeat it
+handles nothing more until that event is set; with `handler_cancellation` (as the real
+orchestrator runs) a socket the node closes meanwhile ends the handler, and with it every
+frame received but not yet handled.
 """
 
 from __future__ import annotations
@@ -38,6 +43,9 @@ class FakeOrchestrator:
     heartbeat_interval_s: float = 0.05  # sent in register_ack; the agent follows it
     orchestrator_id: str = "orch-test"
     unknown_requests: list[str] = field(default_factory=list)
+    stall_on_draining: asyncio.Event | None = None
+    handler_cancellation: bool = False
+    close_on_drained: bool = True  # False: an older orchestrator (the node closes after a bound)
     ssl_context: ssl.SSLContext | None = None
     frames: list[tuple[int, proto.NodeFrame]] = field(default_factory=list)
     registrations: list[proto.Register] = field(default_factory=list)
@@ -57,7 +65,7 @@ class FakeOrchestrator:
     async def start(self) -> str:
         app = web.Application()
         app.router.add_get("/v1/nodes/connect", self._connect)
-        self._runner = web.AppRunner(app, access_log=None)
+        self._runner = web.AppRunner(app, access_log=None, handler_cancellation=self.handler_cancellation)
         await self._runner.setup()
         sock = socket.socket()
         sock.bind(("127.0.0.1", self.port))
@@ -155,6 +163,10 @@ class FakeOrchestrator:
                 await self._record(conn, frame)
                 if isinstance(frame, proto.Done) and self.auto_ack_done and not ws.closed:
                     await ws.send_str(proto.encode(proto.DoneAck(request_id=frame.request_id)))
+                elif isinstance(frame, proto.Heartbeat) and frame.draining and self.stall_on_draining:
+                    await self.stall_on_draining.wait()
+                elif isinstance(frame, proto.Drained) and self.close_on_drained:
+                    await ws.close(code=proto.CLOSE_NORMAL, message=b"drained")
         if self._ws is ws:
             self._ws = None
         return ws

@@ -322,6 +322,10 @@ async def test_drain_stops_assignments_and_the_node_leaves_after_in_flight(env: 
     gate.set()
     assert (await running)[0] == 200
     await node.drained()
+    # `drained` is the node's last frame: the orchestrator, having read it (and so everything
+    # before it), closes the socket; the node waits for that close instead of closing first.
+    await asyncio.wait_for(node.closed.wait(), 5)
+    assert node.close_code == 1000
     await node.close()
     async with env.pool.connection() as conn:
         row = await (await conn.execute("SELECT state::text, drained_at IS NOT NULL FROM nodes")).fetchone()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import time
 from pathlib import Path
 
 import aiohttp
@@ -67,6 +68,81 @@ async def test_drain_deadline_hands_off_what_is_left(tmp_path: Path) -> None:
             assert await run.task == 0
         assert isinstance(run.orch.frames[-1][1], proto.Drained)
         assert await run.engine.wait_aborted(1)
+
+
+class _HeldClock:
+    """The agent's clock: its sleeps never end by themselves; `sleeping` is set by the first one."""
+
+    def __init__(self) -> None:
+        self.sleeping = asyncio.Event()
+
+    def monotonic(self) -> float:
+        return time.monotonic()
+
+    async def sleep(self, seconds: float) -> None:
+        self.sleeping.set()
+        await asyncio.Event().wait()
+
+
+async def test_a_drain_at_once_gets_every_handoff_to_the_orchestrator_before_the_socket_closes(
+    tmp_path: Path,
+) -> None:
+    # The orchestrator is slow on the `draining` heartbeat (it writes to PostgreSQL) and runs with
+    # handler_cancellation: when the node closes the socket first, whatever it sent after that
+    # heartbeat (the handed-off `error`s, `drained`) is never handled, and those reservations stay
+    # open. The agent must wait for the orchestrator to close, which it does once it read `drained`.
+    stall = asyncio.Event()
+    orch = FakeOrchestrator(stall_on_draining=stall, handler_cancellation=True)
+    clock = _HeldClock()
+    ids = ["h1", "h2", "h3"]
+    async with running_agent(tmp_path, orch=orch, deps=AgentDeps(gpu_probe=NoGpuProbe(), clock=clock)) as run:
+        for rid in ids:
+            await orch.send(run.assign(rid, {"mode": "infinite", "pace_s": 0.005}))
+        await orch.wait_for(lambda _: all(run.chunks(rid).count("data: ") >= 3 for rid in ids))
+        run.agent.drain(0.0, reason="handoff")
+        # Everything is written; the agent now waits for the orchestrator's close (on its clock),
+        # or (before the fix) has closed the socket and stopped.
+        sleeping = asyncio.ensure_future(clock.sleeping.wait())
+        try:
+            await asyncio.wait([sleeping, run.task], timeout=10, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            sleeping.cancel()
+        stall.set()
+        async with asyncio.timeout(10):
+            assert await run.task == 0
+    handed = {f.request_id: f for f in orch.of_type(proto.Error)}
+    assert sorted(handed) == ids  # before the fix: none reached the orchestrator
+    for rid in ids:
+        assert (handed[rid].status, handed[rid].error_type) == (503, "node_draining")
+        assert handed[rid].chunks_sent == run.chunks(rid).count("data: ")
+        assert handed[rid].completion_tokens == run.chunks(rid).count("data: ") - 1  # the role chunk
+    assert isinstance(orch.frames[-1][1], proto.Drained)
+
+
+class _ElapsedClock:
+    """The agent's clock: every sleep is over at once (counted)."""
+
+    def __init__(self) -> None:
+        self.sleeps: list[float] = []
+
+    def monotonic(self) -> float:
+        return time.monotonic()
+
+    async def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+
+
+async def test_an_orchestrator_that_does_not_close_after_drained_is_closed_on_after_a_bound(
+    tmp_path: Path,
+) -> None:
+    orch = FakeOrchestrator(close_on_drained=False)  # an older orchestrator
+    clock = _ElapsedClock()
+    async with running_agent(tmp_path, orch=orch, deps=AgentDeps(gpu_probe=NoGpuProbe(), clock=clock)) as run:
+        run.agent.drain(0.0, reason="sigterm")
+        async with asyncio.timeout(10):
+            assert await run.task == 0
+    assert orch.of_type(proto.Drained) == [proto.Drained(reason="sigterm")]
+    assert clock.sleeps == [5.0]  # the bounded wait for the orchestrator's close, then the node closed
 
 
 async def test_lost_connection_aborts_in_flight_and_replays_its_done(tmp_path: Path) -> None:
