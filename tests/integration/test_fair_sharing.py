@@ -143,7 +143,12 @@ async def test_batch_yields_to_interactive_across_replicas(replicas: tuple[Repli
     async with asyncio.TaskGroup() as tg:
         for i in range(200):  # batch floods replica 1 only
             tg.create_task(r1.request(f"batch{i}", batch))
-        await asyncio.sleep(0.2)  # the batch backlog is established
+        # The batch backlog is established: the node is full and most of the flood waits on replica 1.
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 10
+        while r1.queues.depth(MODEL) < 100:
+            assert loop.time() < deadline, "the batch flood never queued"
+            await asyncio.sleep(0)  # one turn of the loop: the flood's tasks enqueue themselves
         for i in range(20):  # interactive arrives on replica 2 only
             tg.create_task(r2.request(f"int{i}", interactive))
     # Interactive requests waited at most about one sync interval plus a few engine steps each.
