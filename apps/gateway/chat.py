@@ -12,12 +12,8 @@ orchestrator settles it.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
-import re
 import time
-import uuid
-from dataclasses import dataclass, field
 from typing import Any
 
 from starlette.requests import Request
@@ -40,10 +36,20 @@ from apps.core.errors import (
 from apps.core.identity.principal import Principal
 from apps.core.protocol.dispatch import QUEUE_WAIT_HEADER, Deadlines, DispatchRequest
 from apps.core.protocol.openai import SseSplitter, assemble_completion
-from apps.core.quota.admission import Admission, Verdict
+from apps.core.quota.admission import Verdict
 from apps.gateway.auth import authenticate, require_team
 from apps.gateway.deps import GatewayDeps
 from apps.gateway.errors import error_response
+from apps.gateway.exchange import (
+    NOTHING_RAN,
+    REFUSALS,
+    Exchange,
+    header_seconds,
+    ratelimit_headers,
+    request_id_for,
+    scoped_request_id,
+    upstream_envelope,
+)
 from apps.gateway.metrics import GatewayMetrics
 from apps.gateway.ports import DispatchUnavailable, Upstream
 from apps.gateway.relay import RelayOutcome, RelayResponse
@@ -60,110 +66,12 @@ from apps.gateway.validate import (
 from apps.netio import fastpath
 
 log = logging.getLogger("llmfleet.gateway")
-REQUEST_ID_RE = re.compile(r"^[A-Za-z0-9._:-]{8,128}$")
-# Statuses with which the orchestrator answers before anything ran on a node.
-NOTHING_RAN = frozenset({400, 404, 409, 413, 422, 429, 503})
 
 
 async def _client_gone(receive: Receive) -> None:
     """Returns when the client disconnects (the request body has been read already)."""
     while (await receive())["type"] != "http.disconnect":
         pass
-
-
-def request_id_for(request: Request) -> str:
-    sent = request.headers.get("x-request-id", "")
-    return sent if REQUEST_ID_RE.match(sent) else f"chatcmpl-{uuid.uuid4().hex}"
-
-
-def scoped_request_id(team_id: int, client_id: str) -> str:
-    """The internal id of a client-chosen `x-request-id`: one namespace per team (`/` never occurs
-    in a client's id), so no team can see or pre-claim another's ids. Generated ids are unique."""
-    return client_id if client_id.startswith("chatcmpl-") else f"t{team_id}/{client_id}"
-
-
-def _duration(seconds: float) -> str:
-    return f"{max(seconds, 0.0):.3f}s"
-
-
-def ratelimit_headers(adm: Admission) -> dict[str, str]:
-    """OpenAI's `x-ratelimit-*` headers; for tokens, whichever of the key's daily budget and the
-    team's per-minute budget is nearer (less remaining)."""
-    headers: dict[str, str] = {}
-    if adm.limits.rpm:
-        headers["x-ratelimit-limit-requests"] = str(adm.limits.rpm)
-        headers["x-ratelimit-remaining-requests"] = str(adm.remaining_requests())
-        headers["x-ratelimit-reset-requests"] = _duration(adm.rpm_reset_s)
-    day, minute = adm.remaining_tokens(), adm.remaining_team_tokens()
-    team = adm.limits.team
-    if minute is not None and team is not None and team.tokens_per_minute and (day is None or minute < day):
-        headers["x-ratelimit-limit-tokens"] = str(team.tokens_per_minute)
-        headers["x-ratelimit-remaining-tokens"] = str(minute)
-        headers["x-ratelimit-reset-tokens"] = _duration(adm.team_tokens_reset_s)
-    elif adm.limits.tokens_per_day:
-        headers["x-ratelimit-limit-tokens"] = str(adm.limits.tokens_per_day)
-        headers["x-ratelimit-remaining-tokens"] = str(day)
-        headers["x-ratelimit-reset-tokens"] = _duration(adm.tokens_reset_s)
-    return headers
-
-
-_REFUSALS = {
-    Verdict.MAX_STREAMS: ("max_streams", "Too many concurrent streams for this key (max_streams={})."),
-    Verdict.RPM: ("rpm", "Rate limit reached for requests per minute (rpm={})."),
-    Verdict.TOKENS_PER_DAY: ("tokens_per_day", "Daily token quota exhausted (tokens_per_day={})."),
-    Verdict.TEAM_MAX_STREAMS: (
-        "team_max_streams",
-        "Too many concurrent streams for your team (max_streams={}).",
-    ),
-    Verdict.TEAM_TOKENS_PER_MINUTE: (
-        "team_tokens_per_minute",
-        "Your team's token budget per minute is used up (tokens_per_minute={}).",
-    ),
-}
-
-
-def _envelope(raw: bytes, status: int) -> tuple[str, str | None, str | None, str | None]:
-    """(message, type, param, code) of an upstream OpenAI error body; a body that is not one gives
-    a generic message and nothing else."""
-    try:
-        error = json.loads(raw)["error"]
-        message = error["message"]
-    except (ValueError, KeyError, TypeError):
-        return f"upstream answered {status}", None, None, None
-    if not isinstance(error, dict) or not isinstance(message, str):
-        return f"upstream answered {status}", None, None, None
-
-    def text(name: str) -> str | None:
-        value = error.get(name)
-        return value if isinstance(value, str) and value else None
-
-    return message, text("type"), text("param"), text("code")
-
-
-def _seconds(value: str | None) -> float | None:
-    try:
-        seconds = float(value) if value is not None else None
-    except ValueError:
-        return None
-    return seconds if seconds is not None and 0.0 <= seconds < 86_400 else None
-
-
-@dataclass
-class Exchange:
-    """Per-request state the cleanup needs (and the log line reports)."""
-
-    request_id: str  # internal: the ledger row, the stream slot, the dispatch (scoped per team)
-    started: float
-    client_id: str = ""  # what the client sent (or was given) as `x-request-id`, echoed back
-    principal: Principal | None = None
-    model: str = "-"
-    status: int = 0
-    slot_held: bool = False
-    reserved: bool = False
-    handed_over: bool = False  # the orchestrator may settle: it also clears the in-flight tokens
-    headers: dict[str, str] = field(default_factory=dict)
-    pending: tuple[asyncio.Future[None], ...] = ()  # admission and reservation running concurrently
-    ledger_refusal: LlmfleetError | None = None  # the ledger's refusal (402...), counted if it is the answer
 
 
 class ChatHandler:
@@ -298,7 +206,7 @@ class ChatHandler:
             raise DuplicateRequestId()
         ex.headers.update(ratelimit_headers(adm))
         if not adm.admitted:
-            reason, message = _REFUSALS[adm.verdict]
+            reason, message = REFUSALS[adm.verdict]
             team = adm.limits.team
             limit = {
                 Verdict.MAX_STREAMS: adm.limits.max_streams,
@@ -344,7 +252,7 @@ class ChatHandler:
                 "Timed out waiting for a node.", code="dispatch_timeout", retry_after=5
             ) from None
         self._m.dispatch.labels(chat.model).observe(time.monotonic() - admitted_at)
-        queued = _seconds(upstream.headers.get(QUEUE_WAIT_HEADER))
+        queued = header_seconds(upstream.headers.get(QUEUE_WAIT_HEADER))
         if queued is not None:
             self._m.queue_wait.labels(chat.model).observe(queued)
         if upstream.status != 200:
@@ -375,8 +283,8 @@ class ChatHandler:
             # Something may have run on a node: the orchestrator settles, we must not cancel.
             ex.reserved, ex.handed_over = False, True
             self._m.reservations_open.dec()
-        message, error_type, param, code = _envelope(raw, upstream.status)
-        hint = _seconds(retry_after)
+        message, error_type, param, code = upstream_envelope(raw, upstream.status)
+        hint = header_seconds(retry_after)
         exc_cls = {429: RateLimited, 503: Unavailable}.get(upstream.status)
         if exc_cls is not None:  # queue_full, queue_timeout...: the orchestrator's code reaches the client
             raise exc_cls(message, param=param, code=code, retry_after=hint if hint is not None else 5.0)

@@ -1,0 +1,117 @@
+"""Per-request state of a chat completion and the pure helpers around it: request ids (scoped
+per team), the `x-ratelimit-*` headers of an admission, the refusal messages, and reading an
+upstream error envelope. No I/O here; `apps.gateway.chat` does the work.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import uuid
+from dataclasses import dataclass, field
+
+from starlette.requests import Request
+
+from apps.core.errors import LlmfleetError
+from apps.core.identity.principal import Principal
+from apps.core.quota.admission import Admission, Verdict
+
+REQUEST_ID_RE = re.compile(r"^[A-Za-z0-9._:-]{8,128}$")
+# Statuses with which the orchestrator answers before anything ran on a node.
+NOTHING_RAN = frozenset({400, 404, 409, 413, 422, 429, 503})
+
+
+def request_id_for(request: Request) -> str:
+    sent = request.headers.get("x-request-id", "")
+    return sent if REQUEST_ID_RE.match(sent) else f"chatcmpl-{uuid.uuid4().hex}"
+
+
+def scoped_request_id(team_id: int, client_id: str) -> str:
+    """The internal id of a client-chosen `x-request-id`: one namespace per team (`/` never occurs
+    in a client's id), so no team can see or pre-claim another's ids. Generated ids are unique."""
+    return client_id if client_id.startswith("chatcmpl-") else f"t{team_id}/{client_id}"
+
+
+def _duration(seconds: float) -> str:
+    return f"{max(seconds, 0.0):.3f}s"
+
+
+def ratelimit_headers(adm: Admission) -> dict[str, str]:
+    """OpenAI's `x-ratelimit-*` headers; for tokens, whichever of the key's daily budget and the
+    team's per-minute budget is nearer (less remaining)."""
+    headers: dict[str, str] = {}
+    if adm.limits.rpm:
+        headers["x-ratelimit-limit-requests"] = str(adm.limits.rpm)
+        headers["x-ratelimit-remaining-requests"] = str(adm.remaining_requests())
+        headers["x-ratelimit-reset-requests"] = _duration(adm.rpm_reset_s)
+    day, minute = adm.remaining_tokens(), adm.remaining_team_tokens()
+    team = adm.limits.team
+    if minute is not None and team is not None and team.tokens_per_minute and (day is None or minute < day):
+        headers["x-ratelimit-limit-tokens"] = str(team.tokens_per_minute)
+        headers["x-ratelimit-remaining-tokens"] = str(minute)
+        headers["x-ratelimit-reset-tokens"] = _duration(adm.team_tokens_reset_s)
+    elif adm.limits.tokens_per_day:
+        headers["x-ratelimit-limit-tokens"] = str(adm.limits.tokens_per_day)
+        headers["x-ratelimit-remaining-tokens"] = str(day)
+        headers["x-ratelimit-reset-tokens"] = _duration(adm.tokens_reset_s)
+    return headers
+
+
+REFUSALS = {
+    Verdict.MAX_STREAMS: ("max_streams", "Too many concurrent streams for this key (max_streams={})."),
+    Verdict.RPM: ("rpm", "Rate limit reached for requests per minute (rpm={})."),
+    Verdict.TOKENS_PER_DAY: ("tokens_per_day", "Daily token quota exhausted (tokens_per_day={})."),
+    Verdict.TEAM_MAX_STREAMS: (
+        "team_max_streams",
+        "Too many concurrent streams for your team (max_streams={}).",
+    ),
+    Verdict.TEAM_TOKENS_PER_MINUTE: (
+        "team_tokens_per_minute",
+        "Your team's token budget per minute is used up (tokens_per_minute={}).",
+    ),
+}
+
+
+def upstream_envelope(raw: bytes, status: int) -> tuple[str, str | None, str | None, str | None]:
+    """(message, type, param, code) of an upstream OpenAI error body; a body that is not one gives
+    a generic message and nothing else."""
+    try:
+        error = json.loads(raw)["error"]
+        message = error["message"]
+    except (ValueError, KeyError, TypeError):
+        return f"upstream answered {status}", None, None, None
+    if not isinstance(error, dict) or not isinstance(message, str):
+        return f"upstream answered {status}", None, None, None
+
+    def text(name: str) -> str | None:
+        value = error.get(name)
+        return value if isinstance(value, str) and value else None
+
+    return message, text("type"), text("param"), text("code")
+
+
+def header_seconds(value: str | None) -> float | None:
+    try:
+        seconds = float(value) if value is not None else None
+    except ValueError:
+        return None
+    return seconds if seconds is not None and 0.0 <= seconds < 86_400 else None
+
+
+@dataclass
+class Exchange:
+    """Per-request state the cleanup needs (and the log line reports)."""
+
+    request_id: str  # internal: the ledger row, the stream slot, the dispatch (scoped per team)
+    started: float
+    client_id: str = ""  # what the client sent (or was given) as `x-request-id`, echoed back
+    principal: Principal | None = None
+    model: str = "-"
+    status: int = 0
+    slot_held: bool = False
+    reserved: bool = False
+    handed_over: bool = False  # the orchestrator may settle: it also clears the in-flight tokens
+    headers: dict[str, str] = field(default_factory=dict)
+    pending: tuple[asyncio.Future[None], ...] = ()  # admission and reservation running concurrently
+    ledger_refusal: LlmfleetError | None = None  # the ledger's refusal (402...), counted if it is the answer
