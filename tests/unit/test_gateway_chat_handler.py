@@ -4,6 +4,7 @@ the stores' `StoreUnavailable`, and a refused request gives back what it took.""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -52,13 +53,14 @@ class Env:
         return await self.client.post("/v1/chat/completions", json={**BODY, **extra}, headers=headers)
 
 
-@pytest.fixture
-async def env() -> AsyncIterator[Env]:
+@contextlib.asynccontextmanager
+async def gateway(settings: GatewaySettings, **dispatcher_args: Any) -> AsyncIterator[Env]:
+    """The gateway app on faked stores; `dispatcher_args` shape the fake dispatcher's answers."""
     ledger = RefusingLedger()
     quota = FakeQuota()
     keys = FakeKeys()
     keys.add(KEY)
-    dispatcher = FakeDispatcher(ledger, None, tokens=3)
+    dispatcher = FakeDispatcher(ledger, None, **{"tokens": 3, **dispatcher_args})
     refusals = FakeRefusals()
     deps = GatewayDeps(
         spec=load_spec("dev"),
@@ -72,9 +74,15 @@ async def env() -> AsyncIterator[Env]:
         resolver=StaticResolver(),
         refusals=refusals,
     )
-    app = create_app(GatewaySettings(secret_key="test-secret"), deps)
+    app = create_app(settings, deps)
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw") as client:
         yield Env(client, ledger, quota, dispatcher, refusals)
+
+
+@pytest.fixture
+async def env() -> AsyncIterator[Env]:
+    async with gateway(GatewaySettings(secret_key="test-secret")) as e:
+        yield e
 
 
 async def test_a_request_is_answered_and_gives_back_its_slot(env: Env) -> None:
@@ -207,29 +215,10 @@ async def test_the_orchestrators_error_reaches_the_client_with_its_code_and_para
 async def test_a_non_streaming_request_ends_at_the_maximum_request_time() -> None:
     # Chunks keep coming (no idle or first-token deadline trips): only the whole-request bound
     # ends it, with a 502, and its stream slot is given back.
-    ledger = RefusingLedger()
-    quota = FakeQuota()
-    keys = FakeKeys()
-    keys.add(KEY)
-    dispatcher = FakeDispatcher(ledger, None, tokens=10_000, delay_s=0.01)
-    deps = GatewayDeps(
-        spec=load_spec("dev"),
-        ledger=ledger,
-        teams=FakeTeams(),
-        keys=keys,
-        quota=quota,
-        dispatcher=dispatcher,
-        nodes=FakeNodeAdmin(),
-        health=StaticHealth(),
-        resolver=StaticResolver(),
-    )
     settings = GatewaySettings(secret_key="test-secret", max_request_s=0.3, first_token_s=30, idle_s=30)
-    app = create_app(settings, deps)
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw") as client:
-        body = {**BODY, "max_tokens": 4096}
-        resp = await client.post(
-            "/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {KEY}"}
-        )
+    async with gateway(settings, tokens=10_000, delay_s=0.01) as e:
+        resp = await e.chat(max_tokens=4096)
+    quota, dispatcher = e.quota, e.dispatcher
     assert resp.status_code == 502, resp.text
     assert resp.json()["error"]["message"] == "upstream timed out"
     assert quota.held == set()
