@@ -4,7 +4,7 @@ watchdog per connection in a TaskGroup; when any of them ends, all end.
 Handshake order: parse the `register` frame, check the protocol version (close 4001), verify
 the node token (one primary-key read in PostgreSQL and an HMAC; close 4003, and an attempt that
 fails draws from a bucket of its own: past it the refusal is 4029 with a retry hint), check the
-frame against what the token allows (its models; close 4003; the location is the token's), then take a token
+frame against what the token allows (its models and location; close 4003), then take a token
 from the registration bucket, which only verified nodes reach (refusal with a spread-out retry
 hint, close 4029), so bogus registrations cannot lock real nodes out. Only then is the node
 written to PostgreSQL (registration event), to Redis (heartbeat hash with this replica as
@@ -347,10 +347,14 @@ class NodeSockets:
 
 def _not_permitted(identity: NodeIdentity, frame: Register) -> str | None:
     """Why the token does not admit this registration (None: it does): a node registers only the
-    models its token was issued for. (Its location is always the token's: the node's claim is
-    never used, see `NodeConnection(location=...)`.)"""
+    models and the location its token was issued for (issue 21 item 4). The location routed on is
+    the token's in any case (`NodeConnection(location=...)`); a node claiming another is refused,
+    not silently moved: an on-premises agent started with `--location cloud` (or the reverse) is a
+    misconfiguration its operator must see."""
     if identity.models is not None and not {m.name for m in frame.models} <= set(identity.models):
         return "model_not_permitted"
+    if frame.location != identity.location:
+        return "location_not_permitted"
     return None
 
 

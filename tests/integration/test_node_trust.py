@@ -288,6 +288,24 @@ async def test_a_node_token_admits_only_its_models(
         assert env.orch.plane.local == {}
 
 
+async def test_a_node_token_admits_only_its_location(
+    migrated_db_url: str, redis_url: str, tmp_path: Path
+) -> None:
+    async with trust_env(migrated_db_url, redis_url, tmp_path) as env:
+        node_id = f"elsewhere-{uuid.uuid4().hex[:6]}"
+        # The agent claims `onprem` (its default); the admin issued the token for the cloud.
+        env.start_agent(node_id, await env.store.issue_token(node_id, "cloud", models=[MODEL]))
+        refused = await poll(
+            lambda: orch_metrics(env),
+            lambda t: (
+                metric(t, "llmfleet_orchestrator_registrations_refused_total", reason="location_not_permitted")
+                >= 1
+            ),
+        )
+        assert metric(refused, "llmfleet_orchestrator_registrations_total") == 0.0
+        assert env.orch.plane.local == {}
+
+
 async def test_bogus_registrations_do_not_lock_a_real_node_out(
     migrated_db_url: str, redis_url: str, tmp_path: Path
 ) -> None:
