@@ -298,7 +298,9 @@ async def test_a_node_token_admits_only_its_location(
         refused = await poll(
             lambda: orch_metrics(env),
             lambda t: (
-                metric(t, "llmfleet_orchestrator_registrations_refused_total", reason="location_not_permitted")
+                metric(
+                    t, "llmfleet_orchestrator_registrations_refused_total", reason="location_not_permitted"
+                )
                 >= 1
             ),
         )
