@@ -15,9 +15,9 @@ HEARTBEAT_S = 0.5  # the orchestrator's interval in `Env`
 POOL_TOKEN = "t" * 48
 
 
-def member(env: Env, url: str, node_id: str, token: str = POOL_TOKEN) -> FakeNode:
-    # The agent claims "onprem" here on purpose: the pool's registered location must win.
-    node = FakeNode(url, node_id, token, location="onprem", heartbeat_every_s=0.2)
+def member(env: Env, url: str, node_id: str, token: str = POOL_TOKEN, location: str = "cloud") -> FakeNode:
+    # The pool's pods run their agents with `--location cloud`, the pool's registered location.
+    node = FakeNode(url, node_id, token, location=location, heartbeat_every_s=0.2)
     env.nodes.append(node)
     return node
 
@@ -35,6 +35,12 @@ async def test_pool_members_register_with_the_pool_token(env: Env) -> None:
     assert listed["eks/vllm-8b-7d9f-aaaaa"]["location"] == "cloud"
     assert listed["eks/vllm-8b-7d9f-bbbbb"]["pool"] == "eks"
     assert listed["eks/vllm-8b-7d9f-bbbbb"]["state"] == "ready"
+    # A member claiming another location than the pool's is refused, not moved.
+    wrong = member(env, orch.ws_url, "eks/vllm-8b-7d9f-ccccc", location="onprem")
+    refused = await wrong.connect()
+    assert isinstance(refused, proto.RegisterRefused)
+    assert refused.reason == "location_not_permitted"
+    assert wrong.close_code == proto.CLOSE_AUTH_FAILED
 
 
 async def test_the_bare_pool_id_and_wrong_tokens_are_refused(env: Env) -> None:
