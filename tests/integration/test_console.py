@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import re
+import time
 from collections.abc import AsyncIterator
 
 import httpx
@@ -343,3 +345,25 @@ async def test_admin_view_shows_slo_status_or_says_prometheus_is_not_configured(
         page = await c.get("/console/admin")
         assert page.status_code == 200
         assert "did not answer (timed out)" in page.text
+
+
+async def test_the_team_view_shows_its_queue_share_from_the_fair_queues_board(env: GatewayEnv) -> None:
+    alpha, key = await env.team_with_key("alpha")
+    beta, _ = await env.team_with_key("beta")
+    now = time.time()
+    lanes = [
+        {"class": "interactive", "team_id": alpha, "waiting": 3, "oldest_wait_s": 1.5},
+        {"class": "batch", "team_id": alpha, "waiting": 1, "oldest_wait_s": 4.0},
+        {"class": "interactive", "team_id": beta, "waiting": 6, "oldest_wait_s": 0.5},
+    ]
+    await env.redis.hset(f"fair:svc:{MODEL}", mapping={str(alpha): 300.0, str(beta): 100.0})
+    await env.redis.hset(f"fair:q:{MODEL}", mapping={"orch-a": json.dumps({"at": now, "lanes": lanes})})
+    async with browser(env) as c:
+        await signin(c, env.issuer.mint("alice", team="alpha"))
+        page = await c.get("/console/team")
+        row = page.text[page.text.index(f'<tr><td>{MODEL}</td><td class="waiting">') :].split("</tr>")[0]
+        assert '<td class="waiting">4 / 10</td><td>4.0</td>' in row
+        assert '<td class="served-share">75.0%</td>' in row
+    async with browser(env) as c:  # a key-scoped session sees no team-wide queue data
+        await signin(c, key)
+        assert 'id="share-table"' not in (await c.get("/console/team")).text

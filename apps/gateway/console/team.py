@@ -10,6 +10,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from redis.exceptions import RedisError
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -19,6 +20,7 @@ from apps.core.ledger.rollups import DailyUsage, burn_rate, days_left
 from apps.core.quota.refusals import RefusalCount
 from apps.gateway.console.forms import Problem, UsageQuery, expiry, first, positive_int, usage_query
 from apps.gateway.console.session import Session
+from apps.gateway.console.share import QueueShare, team_shares
 from apps.gateway.console.views import Console, csv_response, to_signin
 
 USAGE_HEADER = (
@@ -103,7 +105,17 @@ def team_routes(console: Console) -> list[Route]:
                 team.id, deps.clock() - timedelta(days=1), key_id=session.key_id
             ),
             "refusals": await refusals(team.id, session.key_id),
+            "shares": await shares(team.id) if session.kind != "key" else None,
         }
+
+    async def shares(team_id: int) -> list[QueueShare] | None:
+        """The team's queue share per model; None when the board is not wired or Redis fails."""
+        if deps.board is None:
+            return None
+        try:
+            return team_shares(await deps.board.read(sorted(deps.spec.models)), team_id)
+        except (StoreUnavailable, RedisError, OSError):
+            return None
 
     async def refusals(team_id: int, key_id: int | None) -> list[RefusalCount] | None:
         """None when the counter is not wired or Redis does not answer (the page still renders)."""
