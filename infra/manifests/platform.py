@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from apps.core.spec import load_spec
 from infra.manifests.common import (
     GATEWAY_METRICS_PORT,
     GATEWAY_PORT,
@@ -266,6 +267,10 @@ def migrate_job(image: str, stack: str, node_pool: NodePoolRegistration) -> Mani
         }
     )
     register_args = ["admin", "register-node-pool", "--pool", node_pool.pool, "--location", "cloud"]
+    # The pool's pods serve the stack's catalog and nothing else: a pod with the pool's token that
+    # claims another model is refused (issue 21 item 4).
+    for model in sorted(load_spec(stack).models):
+        register_args += ["--model", model]
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",

@@ -218,3 +218,31 @@ def test_first_up_starts_gpu_deployments_at_zero_and_never_waits_on_them(stack: 
     for r in _rows(stack, "kubernetes:keda.sh/v1alpha1:ScaledObject"):
         assert r["inputs"]["metadata"]["annotations"]["autoscaling.keda.sh/paused-replicas"] == "0"
     assert all(r["inputs"]["metadata"].get("namespace") == NAMESPACE for r in gpu)
+
+
+def _flag_values(args: list[str], flag: str) -> list[str]:
+    return [args[i + 1] for i, a in enumerate(args[:-1]) if a == flag]
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_the_pool_token_admits_exactly_the_models_its_pods_register(stack: str) -> None:
+    """The deploy Job registers the cloud pool's token for the models the vLLM pods' agents claim,
+    so a pod with that token cannot claim any other model (issue 21 item 4)."""
+    (job,) = [
+        r
+        for r in _rows(stack, "kubernetes:batch/v1:Job")
+        if r["inputs"]["metadata"]["name"] == "llmfleet-migrate"
+    ]
+    (register,) = [
+        c
+        for c in job["inputs"]["spec"]["template"]["spec"]["containers"]
+        if "register-node-pool" in c["args"]
+    ]
+    admitted = set(_flag_values(register["args"], "--model"))
+    claimed: set[str] = set()
+    for r in _rows(stack, "kubernetes:apps/v1:Deployment"):
+        for c in r["inputs"]["spec"]["template"]["spec"]["containers"]:
+            if "agent" in c.get("args", []):
+                claimed |= set(_flag_values(c["args"], "--model"))
+    assert claimed
+    assert admitted == claimed == set(load_spec(stack).models)
