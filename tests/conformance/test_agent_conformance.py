@@ -127,7 +127,7 @@ async def test_cancel_mid_stream_aborts_in_the_engine_and_settles_what_ran(fleet
         assert (done["finish_reason"], done["usage_event"]) == ("abort", None)
 
 
-async def _engine_load(session: aiohttp.ClientSession, engine: EngineUnderTest, streams: int) -> int:
+async def _engine_load(engine: EngineUnderTest, streams: int) -> int:
     """`streams` concurrent long streams straight to the engine: six times its max-num-seqs, so
     requests wait for five rounds of 600 tokens (several heartbeats long even on a fast CPU: with
     three rounds of 400 tokens a 2-vCPU EPYC VM ran the real engine's queue dry between two beats)."""
@@ -139,12 +139,16 @@ async def _engine_load(session: aiohttp.ClientSession, engine: EngineUnderTest, 
         "stream": True,
     }
 
-    async def one() -> int:
-        async with session.post(f"{engine.url}/v1/chat/completions", json=body) as resp:
+    async def one(own: aiohttp.ClientSession) -> int:
+        async with own.post(f"{engine.url}/v1/chat/completions", json=body) as resp:
             await resp.read()
             return resp.status
 
-    statuses = await asyncio.gather(*(one() for _ in range(streams)))
+    # A fresh connection per stream: a second round on the shared pool could pick a keep-alive
+    # connection the engine's uvicorn is closing at that moment (its 5 s idle timeout), which aiohttp
+    # reports as ServerDisconnectedError before any byte (seen once in CI on the real vLLM).
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True, limit=0)) as own:
+        statuses = await asyncio.gather(*(one(own) for _ in range(streams)))
     return sum(1 for s in statuses if s == 200)
 
 
@@ -165,7 +169,7 @@ async def test_heartbeats_carry_the_engine_queue_and_kv_use(fleet: AgentFleet) -
     # heartbeats: load again (bounded) until a beat has caught it, so timing cannot make this flaky.
     async with asyncio.timeout(90):
         while not seen_load():
-            load = asyncio.create_task(_engine_load(fleet.session, engine, streams=6 * MAX_NUM_SEQS))
+            load = asyncio.create_task(_engine_load(engine, streams=6 * MAX_NUM_SEQS))
             while not load.done():
                 samples.append(await fleet.node())
                 await asyncio.sleep(0.1)  # sampling interval while the load runs (not a wait for an event)
