@@ -52,9 +52,8 @@ def _restricted_ports(settings: OrchestratorSettings) -> dict[int, frozenset[str
     return ports
 
 
-def create_app(settings: OrchestratorSettings, deps: OrchestratorDeps) -> web.Application:
-    plane = ControlPlane(settings, deps)
-    settler = Settler(
+def _settler(settings: OrchestratorSettings, deps: OrchestratorDeps, plane: ControlPlane) -> Settler:
+    return Settler(
         deps.redis,
         plane.fleet,
         deps.settle,
@@ -64,7 +63,10 @@ def create_app(settings: OrchestratorSettings, deps: OrchestratorDeps) -> web.Ap
         on_slot_freed=plane.queues.notify,
         on_overreport=plane.quarantine,
     )
-    sweeper = Sweeper(
+
+
+def _sweeper(settings: OrchestratorSettings, deps: OrchestratorDeps, plane: ControlPlane) -> Sweeper:
+    return Sweeper(
         deps.redis,
         deps.ledger,
         deps.settle,
@@ -73,22 +75,28 @@ def create_app(settings: OrchestratorSettings, deps: OrchestratorDeps) -> web.Ap
         max_request_s=settings.max_request_s,
         interval_s=settings.sweep_interval_s,
     )
-    bucket = TokenBucket(
-        settings.registrations_per_s,
-        settings.registration_burst,
-        max_hint_s=settings.max_retry_hint_s,
-        clock=deps.monotonic,
+
+
+def _registration_buckets(
+    settings: OrchestratorSettings, deps: OrchestratorDeps
+) -> tuple[TokenBucket, TokenBucket]:
+    """(verified, unauthenticated): attempts whose token did not verify draw from their own bucket,
+    so a flood of bogus registrations never takes the tokens real nodes need."""
+
+    def bucket(rate_per_s: float, burst: int) -> TokenBucket:
+        return TokenBucket(rate_per_s, burst, max_hint_s=settings.max_retry_hint_s, clock=deps.monotonic)
+
+    return (
+        bucket(settings.registrations_per_s, settings.registration_burst),
+        bucket(settings.unauthenticated_registrations_per_s, settings.unauthenticated_registration_burst),
     )
-    # Attempts whose token did not verify draw from their own bucket: a flood of bogus
-    # registrations never takes the tokens real nodes need.
-    unauthenticated = TokenBucket(
-        settings.unauthenticated_registrations_per_s,
-        settings.unauthenticated_registration_burst,
-        max_hint_s=settings.max_retry_hint_s,
-        clock=deps.monotonic,
-    )
-    sockets = NodeSockets(plane, settler, bucket, unauthenticated)
-    dispatch = DispatchHandler(plane)
+
+
+def create_app(settings: OrchestratorSettings, deps: OrchestratorDeps) -> web.Application:
+    plane = ControlPlane(settings, deps)
+    settler = _settler(settings, deps, plane)
+    sweeper = _sweeper(settings, deps, plane)
+    sockets = NodeSockets(plane, settler, *_registration_buckets(settings, deps))
     background = Background(plane, settler, sweeper, sockets)
     app = web.Application(
         client_max_size=8 * 1024 * 1024,
@@ -99,7 +107,7 @@ def create_app(settings: OrchestratorSettings, deps: OrchestratorDeps) -> web.Ap
     app[SETTLER] = settler
     app[SWEEPER] = sweeper
     app.router.add_get(NODE_PATH, sockets.handle)
-    app.router.add_post(DISPATCH_PATH, dispatch.handle)
+    app.router.add_post(DISPATCH_PATH, DispatchHandler(plane).handle)
     for method, path, handler in Routes(plane).table():
         app.router.add_route(method, path, handler)
     app.cleanup_ctx.append(background.background)
