@@ -36,9 +36,8 @@ from apps.core.protocol.dispatch import QUEUE_WAIT_HEADER, DispatchRequest, Inte
 from apps.core.protocol.node import Error
 from apps.core.protocol.openai import SSE_DONE, error_body, sse_event, sse_json
 from apps.core.sharing import PriorityClass
-from apps.netio import fastpath
-from apps.netio.aiohttp_server import ChunkWriter, chunk_writer
 from apps.orchestrator.logs import event
+from apps.orchestrator.outlet import GatewayOutlet
 from apps.orchestrator.plane import ControlPlane
 from apps.orchestrator.queue import Share
 from apps.orchestrator.resume import Outcome, Reason, Resumer, can_resume, resume_reason
@@ -90,93 +89,24 @@ class _Relay:
         self.plane = plane
         self.request = request
         self.dreq = dreq
-        self.response: web.StreamResponse | None = None
-        self.chunks = 0
+        self.out = GatewayOutlet(request, dreq, resumable=can_resume(dreq, plane.deps.resume_models))
         self.outcome = "ok"
         self._t0 = plane.deps.monotonic()
         self.queued_s = 0.0  # time in the model's queue waiting for a node (all attempts)
-        self._direct: ChunkWriter | None = None
-        self._writes = 0  # pieces written through `response.write`
-        # What went to the gateway, kept only for a request that can be resumed (one append per write).
-        self.sent: list[str] | None = [] if can_resume(dreq, plane.deps.resume_models) else None
         self.share = _share(dreq)
 
     async def run(self) -> web.StreamResponse:
         plane, dreq = self.plane, self.dreq
-        settings = plane.settings
-        queue_limit = min(dreq.deadlines.queue_wait_s, settings.queue_limit_s)
-        excluded: set[str] = set()
-        last_retry: Retry | None = None
         plane.metrics.active_relays.inc()
         try:
-            if not self._served():
-                try:
-                    await plane.cold.check(dreq.model, queue_limit)
-                except LlmfleetError as exc:
-                    self.outcome = exc.code or "unavailable"
-                    return await self._fail_before_output(exc)
-            for attempt in range(1, MAX_ATTEMPTS + 1):
-                remaining = queue_limit - (plane.deps.monotonic() - self._t0)
-                if attempt > 1:
-                    remaining = max(1.0, remaining)  # a retry always gets a short chance to queue
-                pick = PickRequest(
-                    dreq.model,
-                    dreq.request_id,
-                    frozenset(excluded),
-                    settings.kv_cache_max,
-                    usage_bound=_usage_bound(dreq),
-                    resumable=self.sent is not None,
-                    reserve_fraction=(
-                        settings.batch_reserve_fraction if dreq.priority_class is PriorityClass.BATCH else 0.0
-                    ),
-                )
-                queued_at = plane.deps.monotonic()
-                try:
-                    node = await plane.queues.acquire(pick, remaining, self._retry_hint, self.share)
-                except LlmfleetError as exc:
-                    self.queued_s += plane.deps.monotonic() - queued_at
-                    self.outcome = exc.code or "unavailable"
-                    return await self._fail_before_output(exc)
-                self.queued_s += plane.deps.monotonic() - queued_at
-                if self._gateway_gone():
-                    await shielded(
-                        plane.fleet.release_slot(node.node_id, dreq.request_id), CLEANUP_S, "release"
-                    )
-                    self.outcome = "gateway_gone"
-                    await self._cancel_reservation()
-                    return web.Response(status=499)
-                result = await self._attempt(node)
-                if not isinstance(result, Retry):
-                    return result
-                last_retry = result
-                excluded.add(node.node_id)
-                if attempt < MAX_ATTEMPTS:
-                    plane.metrics.retries.labels(model=dreq.model, reason=result.value).inc()
-                    event(
-                        "dispatch_retry",
-                        request_id=dreq.request_id,
-                        node_id=node.node_id,
-                        reason=result.value,
-                    )
-            self.outcome = f"failed_{last_retry}"
-            failure: LlmfleetError
-            if last_retry is Retry.FIRST_TOKEN_TIMEOUT:
-                failure = UpstreamFailed(
-                    f"no first token within {dreq.deadlines.first_token_s:g} s", code="timeout"
-                )
-            else:
-                failure = Unavailable(
-                    f"the node failed the request ({last_retry})", retry_after=self._retry_hint()
-                )
-            return await self._fail_before_output(failure)
+            return await self._dispatch()
         except asyncio.CancelledError:
-            if self.response is None:
+            if self.out.response is None:
                 self.outcome = "gateway_disconnected"
                 await self._cancel_reservation()
             raise
         finally:
-            direct = self._direct.written if self._direct is not None else 0
-            plane.metrics.netio.served(fastpath.AIOHTTP_CHUNK, fast=direct, fallback=self._writes)
+            self.out.count_paths(plane.metrics.netio)
             plane.metrics.active_relays.dec()
             plane.metrics.dispatches.labels(model=dreq.model, outcome=self.outcome).inc()
             event(
@@ -184,9 +114,73 @@ class _Relay:
                 request_id=dreq.request_id,
                 model=dreq.model,
                 outcome=self.outcome,
-                chunks=self.chunks,
+                chunks=self.out.chunks,
                 seconds=round(plane.deps.monotonic() - self._t0, 4),
             )
+
+    async def _dispatch(self) -> web.StreamResponse:
+        """A cold-start check, then at most `MAX_ATTEMPTS` nodes: queue for one, relay from it."""
+        plane, dreq = self.plane, self.dreq
+        queue_limit = min(dreq.deadlines.queue_wait_s, plane.settings.queue_limit_s)
+        excluded: set[str] = set()
+        last_retry: Retry | None = None
+        if not self._served():
+            try:
+                await plane.cold.check(dreq.model, queue_limit)
+            except LlmfleetError as exc:
+                self.outcome = exc.code or "unavailable"
+                return await self._fail_before_output(exc)
+        for attempt in range(1, MAX_ATTEMPTS + 1):
+            remaining = queue_limit - (plane.deps.monotonic() - self._t0)
+            if attempt > 1:
+                remaining = max(1.0, remaining)  # a retry always gets a short chance to queue
+            queued_at = plane.deps.monotonic()
+            try:
+                node = await plane.queues.acquire(
+                    self._pick(excluded), remaining, self._retry_hint, self.share
+                )
+            except LlmfleetError as exc:
+                self.queued_s += plane.deps.monotonic() - queued_at
+                self.outcome = exc.code or "unavailable"
+                return await self._fail_before_output(exc)
+            self.queued_s += plane.deps.monotonic() - queued_at
+            if self.out.gateway_gone():
+                await shielded(plane.fleet.release_slot(node.node_id, dreq.request_id), CLEANUP_S, "release")
+                self.outcome = "gateway_gone"
+                await self._cancel_reservation()
+                return web.Response(status=499)
+            result = await self._attempt(node)
+            if not isinstance(result, Retry):
+                return result
+            last_retry = result
+            excluded.add(node.node_id)
+            if attempt < MAX_ATTEMPTS:
+                plane.metrics.retries.labels(model=dreq.model, reason=result.value).inc()
+                event("dispatch_retry", request_id=dreq.request_id, node_id=node.node_id, reason=result.value)
+        self.outcome = f"failed_{last_retry}"
+        return await self._fail_before_output(self._exhausted(last_retry))
+
+    def _pick(self, excluded: set[str]) -> PickRequest:
+        dreq, settings = self.dreq, self.plane.settings
+        return PickRequest(
+            dreq.model,
+            dreq.request_id,
+            frozenset(excluded),
+            settings.kv_cache_max,
+            usage_bound=_usage_bound(dreq),
+            resumable=self.out.sent is not None,
+            reserve_fraction=(
+                settings.batch_reserve_fraction if dreq.priority_class is PriorityClass.BATCH else 0.0
+            ),
+        )
+
+    def _exhausted(self, last_retry: Retry | None) -> LlmfleetError:
+        """The error of a request whose every attempt failed before output."""
+        if last_retry is Retry.FIRST_TOKEN_TIMEOUT:
+            return UpstreamFailed(
+                f"no first token within {self.dreq.deadlines.first_token_s:g} s", code="timeout"
+            )
+        return Unavailable(f"the node failed the request ({last_retry})", retry_after=self._retry_hint())
 
     def _served(self) -> bool:
         """A node of the model is in the fleet (else: a cold start, `apps/orchestrator/coldstart.py`)."""
@@ -200,10 +194,6 @@ class _Relay:
         serving = any(self.dreq.model in n.models for n in self.plane.fleet.snapshot())
         # No node serves the model at all: a scale-from-zero start takes minutes, not seconds.
         return 5.0 if serving else 30.0
-
-    def _gateway_gone(self) -> bool:
-        transport = self.request.transport
-        return transport is None or transport.is_closing()
 
     async def _attempt(self, node: NodeView) -> web.StreamResponse | Retry:
         plane, dreq = self.plane, self.dreq
@@ -226,12 +216,10 @@ class _Relay:
                     frame.message, status=frame.status, error_type=frame.error_type, param=frame.param
                 )
                 return await self._fail_before_output(exc)
-            response = await self._open_response(node)
+            response = await self.out.open(node.node_id, self.queued_s)
             if isinstance(first, ChunkEv):
-                await self._write_chunks(first, stream)  # also puts aiohttp's buffered headers out
-                self._direct = chunk_writer(self.request, response)
-                if self._direct is not None:
-                    stream.sink = self._through
+                await self.out.write_chunks(first, stream)  # also puts aiohttp's buffered headers out
+                self.out.go_direct(stream)
                 await self._stream(node, stream)
             else:
                 await self._finish_ok(first)
@@ -239,7 +227,7 @@ class _Relay:
         except (ConnectionResetError, ConnectionError):
             self.outcome = "gateway_disconnected"
             await shielded(plane.cancel(node.node_id, dreq.request_id), CLEANUP_S, "cancel")
-            return self.response or web.Response(status=499)
+            return self.out.response or web.Response(status=499)
         except asyncio.CancelledError:
             # aiohttp cancels the handler when the gateway closes the connection
             # (`handler_cancellation=True`): stop the node; its `done` settles what ran.
@@ -256,7 +244,7 @@ class _Relay:
         while True:
             ev = await stream.next(dreq.deadlines.idle_s)
             if isinstance(ev, ChunkEv):
-                await self._write_chunks(ev, stream)
+                await self.out.write_chunks(ev, stream)
                 continue
             if isinstance(ev, DoneEv):
                 await self._finish_ok(ev)
@@ -266,7 +254,7 @@ class _Relay:
                 await shielded(plane.cancel(node.node_id, dreq.request_id), CLEANUP_S, "cancel")
             elif isinstance(ev, LostEv) and ev.reason.value == "relay_overflow":
                 await shielded(plane.cancel(node.node_id, dreq.request_id), CLEANUP_S, "cancel")
-            if self.sent is not None:
+            if self.out.sent is not None:
                 reason = resume_reason(ev)
                 if reason is not None:
                     resumed, ev = await self._resume(node, reason, ev)
@@ -276,27 +264,31 @@ class _Relay:
                     # Not a failure to resume from (a refusal mid-stream): its report was not
                     # settled by the socket's owner (the request could resume), so settle it here.
                     await self._settle_partial(ev.frame)
-            if ev is None:
-                message, status = f"no output from the node for {dreq.deadlines.idle_s:g} s", 504
-            elif isinstance(ev, ErrorEv):
-                self.outcome = "node_error_mid_stream"
-                message, status = ev.frame.message, ev.frame.status
-            else:
-                self.outcome = f"lost_mid_stream_{ev.reason.value}"
-                message, status = "the node serving this request was lost", 502
-                await self._record_partial(node)
-            await self._write(sse_json(error_body(message, "server_error", None, status)) + SSE_DONE)
+            await self._end_mid_stream(node, ev)
             return
+
+    async def _end_mid_stream(self, node: NodeView, ev: ErrorEv | LostEv | None) -> None:
+        """A stream that failed after output (and did not resume): one error event and [DONE]."""
+        if ev is None:
+            message, status = f"no output from the node for {self.dreq.deadlines.idle_s:g} s", 504
+        elif isinstance(ev, ErrorEv):
+            self.outcome = "node_error_mid_stream"
+            message, status = ev.frame.message, ev.frame.status
+        else:
+            self.outcome = f"lost_mid_stream_{ev.reason.value}"
+            message, status = "the node serving this request was lost", 502
+            await self._record_partial(node)
+        await self.out.write(sse_json(error_body(message, "server_error", None, status)) + SSE_DONE)
 
     async def _resume(
         self, node: NodeView, reason: Reason, ev: ErrorEv | LostEv | None
     ) -> tuple[bool, ErrorEv | LostEv | None]:
         """Continue on another node (at most once): (True, _) when the client's stream completed,
         else (False, how the stream ended: the second node's failure if it got that far)."""
-        sent, self.sent = self.sent, None
+        sent, self.out.sent = self.out.sent, None
         assert sent is not None
         error = ev.frame if isinstance(ev, ErrorEv) else None
-        resumer = Resumer(self.plane, self.dreq, self._write, self._retry_hint, self.share)
+        resumer = Resumer(self.plane, self.dreq, self.out.write, self._retry_hint, self.share)
         outcome = await resumer.run(sent, node, reason, error)
         event(
             "stream_resume",
@@ -327,7 +319,7 @@ class _Relay:
 
     async def _record_partial(self, node: NodeView) -> None:
         """What the sweeper bills if the node never reports: one content event = one token (vLLM)."""
-        record = {"node": node.node_id, "prompt_tokens": 0, "completion_tokens": self.chunks}
+        record = {"node": node.node_id, "prompt_tokens": 0, "completion_tokens": self.out.chunks}
         redis = self.plane.deps.redis
         ttl = self.plane.settings.done_record_ttl_s
         await shielded(
@@ -342,61 +334,10 @@ class _Relay:
         self.plane.shares.charge(self.dreq.model, self.share.team, used - self.share.cost)
         if self.dreq.client_wants_usage and ev.frame.usage_event:
             # One write for both: the usage event counts as a chunk, [DONE] does not.
-            self.chunks += 1
-            await self._write(sse_event(ev.frame.usage_event.encode()) + SSE_DONE, count=False)
+            self.out.chunks += 1
+            await self.out.write(sse_event(ev.frame.usage_event.encode()) + SSE_DONE, count=False)
         else:
-            await self._write(SSE_DONE)
-
-    async def _open_response(self, node: NodeView) -> web.StreamResponse:
-        response = web.StreamResponse(
-            status=200,
-            headers={
-                "Content-Type": "text/event-stream",
-                "Cache-Control": "no-cache",
-                "x-request-id": self.dreq.request_id,
-                "x-llmfleet-node": node.node_id,
-                QUEUE_WAIT_HEADER: f"{self.queued_s:.6f}",
-            },
-        )
-        if self.request.version >= (1, 1):
-            response.enable_chunked_encoding()  # explicit: the direct writer frames chunks itself
-        await response.prepare(self.request)
-        self.response = response
-        return response
-
-    async def _write_chunks(self, first: ChunkEv, stream: RequestStream) -> None:
-        """This chunk and every chunk queued behind it in one write: one syscall for all
-        of them (a relay that fell behind catches up in one go)."""
-        more = stream.take_chunks()
-        sent = self.sent
-        if sent is not None:
-            sent.append(first.delta)
-            sent.extend(more)
-        if more:
-            await self._write((first.delta + "".join(more)).encode())
-        else:
-            await self._write(first.delta.encode())
-
-    def _through(self, delta: str) -> bool:
-        """The stream's sink, called from the node socket's reader: one chunk straight onto the
-        gateway's transport (`apps.netio.aiohttp_server`), unless the gateway is slow or gone; then
-        the chunk is queued and goes out through `_write`, in order."""
-        direct = self._direct
-        data = delta.encode()
-        if direct is None or not direct.write(data):
-            return False
-        sent = self.sent
-        if sent is not None:
-            sent.append(delta)
-        self.chunks += data.count(b"\n\n")
-        return True
-
-    async def _write(self, data: bytes, *, count: bool = True) -> None:
-        assert self.response is not None
-        if count:
-            self.chunks += data.count(b"\n\n") if not data.startswith(b"data: [DONE]") else 0
-        self._writes += 1
-        await self.response.write(data)
+            await self.out.write(SSE_DONE)
 
     async def _fail_before_output(self, exc: LlmfleetError) -> web.StreamResponse:
         await self._cancel_reservation()

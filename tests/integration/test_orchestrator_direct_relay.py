@@ -1,4 +1,4 @@
-"""The orchestrator's direct relay path (`_Relay._through`, `RequestStream.sink`): chunks written to the
+"""The orchestrator's direct relay path (`GatewayOutlet.through`, `RequestStream.sink`): chunks written to the
 gateway's socket from the node socket's reader. Checked against an in-process orchestrator and a scripted
 node: a long stream arrives complete and in order, and a gateway that stops reading pushes chunks back onto
 the queued path (the sink declines while writing is paused) without losing or reordering any."""
@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from apps.core.protocol.dispatch import DISPATCH_PATH
-from apps.orchestrator import relay
+from apps.orchestrator import outlet
 from tests.fakes.fake_node import Auto, FakeNode, vllm_chunk
 from tests.integration.orchestrator_env import TOKEN, Env
 
@@ -29,7 +29,7 @@ def contents(body: bytes) -> list[str]:
 
 async def test_a_long_stream_arrives_complete_and_in_order(env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
     direct = 0
-    original = relay._Relay._through
+    original = outlet.GatewayOutlet.through
 
     def counting(self: Any, delta: str) -> bool:
         nonlocal direct
@@ -37,7 +37,7 @@ async def test_a_long_stream_arrives_complete_and_in_order(env: Env, monkeypatch
         direct += wrote
         return wrote
 
-    monkeypatch.setattr(relay._Relay, "_through", counting)
+    monkeypatch.setattr(outlet.GatewayOutlet, "through", counting)
     orch = await env.orchestrator()
     await env.node(orch, "n1", auto=Auto(tokens=500))
     env.ledger.add("r1")
@@ -61,7 +61,7 @@ async def test_a_gateway_that_stops_reading_gets_every_chunk_in_order(
     env: Env, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     paused = asyncio.Event()
-    original = relay._Relay._through
+    original = outlet.GatewayOutlet.through
 
     def spy(self: Any, delta: str) -> bool:
         wrote = original(self, delta)
@@ -69,7 +69,7 @@ async def test_a_gateway_that_stops_reading_gets_every_chunk_in_order(
             paused.set()
         return wrote
 
-    monkeypatch.setattr(relay._Relay, "_through", spy)
+    monkeypatch.setattr(outlet.GatewayOutlet, "through", spy)
     orch = await env.orchestrator()
     node = await env.node(orch, "n1")
     env.ledger.add("r1")
