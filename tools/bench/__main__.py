@@ -7,6 +7,7 @@ import sys
 
 BENCHMARKS: dict[str, str] = {
     "platform": "whole platform vs direct to the engine: added TTFT, transit, CPU, memory per stream",
+    "fastpaths": "each apps/netio fast path on/off, one platform per configuration, rotated in one run",
     "hotpath": "CPU per 1,000 relayed tokens of each platform process (before/after across trees)",
     "gateway": "the gateway alone in front of a fake zero-latency orchestrator: added TTFT, CPU",
     "dispatch": "the gateway's upstream client alone: aiohttp baseline vs the raw-protocol client",
