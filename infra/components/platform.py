@@ -10,9 +10,9 @@ import pulumi
 import pulumi_random as random
 
 from infra.components.kube import KubeObject
-from infra.manifests import vllm
 from infra.manifests.common import Manifest, meta
 from infra.manifests.netpol import network_policies
+from infra.manifests.node_agent import NODE_POOL, NODE_TOKEN_SECRET
 from infra.manifests.platform import (
     APP_SECRET,
     NodePoolRegistration,
@@ -65,12 +65,12 @@ class PlatformApps(pulumi.ComponentResource):
         node_token: Manifest = {
             "apiVersion": "v1",
             "kind": "Secret",
-            "metadata": meta(vllm.NODE_TOKEN_SECRET, "vllm"),
+            "metadata": meta(NODE_TOKEN_SECRET, "vllm"),
             "type": "Opaque",
             "stringData": pulumi.Output.secret(cloud_node_token.result.apply(lambda t: {"token": t})),
         }
         KubeObject(node_token, k8s_opts)
-        job = migrate_job("", args.target.stack, NodePoolRegistration(vllm.NODE_POOL, vllm.NODE_TOKEN_SECRET))
+        job = migrate_job("", args.target.stack, NodePoolRegistration(NODE_POOL, NODE_TOKEN_SECRET))
         pod = job["spec"]["template"]
         for container in [*pod["spec"]["initContainers"], *pod["spec"]["containers"]]:
             container["image"] = args.gateway_image

@@ -15,6 +15,7 @@ from infra.config import OfficeHours
 from infra.manifests import keda, vllm
 from infra.manifests.common import NAMESPACE, Manifest, meta
 from infra.manifests.iam import model_sync_read
+from infra.manifests.vllm_target import Capacity, VllmTarget
 
 
 @dataclass(frozen=True)
@@ -49,7 +50,7 @@ def serving_objects(
     for name, model in spec.models.items():
         mp = plan.models[name]
         serving = model.serving
-        target = vllm.VllmTarget(
+        target = VllmTarget(
             plan=mp,
             revision=model.revision,
             vllm_image="",
@@ -63,13 +64,11 @@ def serving_objects(
             # Warm floor on on-demand capacity (spot reclaims must not take the floor), spot on top.
             base = max(serving.on_demand_min_replicas, mp.min_replicas)
             # Not KEDA's: the stack's floor once the weights are there, 0 before.
-            objects.append(
-                vllm.deployment(target, vllm.Capacity.ON_DEMAND, replicas=base if scale_models else 0)
-            )
-            objects.append(vllm.pdb(name, vllm.Capacity.ON_DEMAND))
-            burst = vllm.deployment_name(name, vllm.Capacity.SPOT)
-            objects.append(vllm.deployment(target, vllm.Capacity.SPOT, replicas=0))
-            objects.append(vllm.pdb(name, vllm.Capacity.SPOT))
+            objects.append(vllm.deployment(target, Capacity.ON_DEMAND, replicas=base if scale_models else 0))
+            objects.append(vllm.pdb(name, Capacity.ON_DEMAND))
+            burst = vllm.deployment_name(name, Capacity.SPOT)
+            objects.append(vllm.deployment(target, Capacity.SPOT, replicas=0))
+            objects.append(vllm.pdb(name, Capacity.SPOT))
             scaling.append(
                 keda.ScalingTarget(
                     burst,
@@ -82,11 +81,11 @@ def serving_objects(
                 )
             )
         else:
-            objects.append(vllm.deployment(target, vllm.Capacity.ON_DEMAND, replicas=0))
-            objects.append(vllm.pdb(name, vllm.Capacity.ON_DEMAND))
+            objects.append(vllm.deployment(target, Capacity.ON_DEMAND, replicas=0))
+            objects.append(vllm.pdb(name, Capacity.ON_DEMAND))
             scaling.append(
                 keda.ScalingTarget(
-                    vllm.deployment_name(name, vllm.Capacity.ON_DEMAND),
+                    vllm.deployment_name(name, Capacity.ON_DEMAND),
                     mp,
                     mp.min_replicas,
                     mp.max_replicas,

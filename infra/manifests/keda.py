@@ -40,8 +40,8 @@ from dataclasses import dataclass
 
 from apps.core.sizing.plan import ModelPlan
 from infra.config import OfficeHours
-from infra.manifests import vllm
 from infra.manifests.common import PROMETHEUS_URL, Manifest, meta, slug
+from infra.manifests.vllm_target import timing
 
 # Scale out when the average KV-cache use per replica passes this (alert fires at 0.9).
 KV_CACHE_TARGET = 0.8
@@ -89,7 +89,7 @@ def streams_target(plan: ModelPlan, headroom: float) -> float:
 
 def startup_budget_s(plan: ModelPlan) -> int:
     """Node launch plus the vLLM startup-probe budget (weights from NVMe, CUDA graphs)."""
-    return NODE_LAUNCH_BUDGET_S + 10 * vllm.timing(plan).startup_failure_threshold
+    return NODE_LAUNCH_BUDGET_S + 10 * timing(plan).startup_failure_threshold
 
 
 def scale_down_window_s(plan: ModelPlan) -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from infra.manifests.vllm import NODE_POOL, NODE_TOKEN_SECRET
+from infra.manifests.node_agent import NODE_POOL, NODE_TOKEN_SECRET
 from tests.infra.conftest import of_kind
 
 

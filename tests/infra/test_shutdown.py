@@ -9,15 +9,9 @@ import sys
 from apps.cli.procs import free_port as _free_port
 from apps.core.sizing.plan import plan_fleet
 from apps.core.spec import load_spec
-from infra.manifests.vllm import (
-    SPOT_HANDOFF_S,
-    SPOT_NOTICE_S,
-    Capacity,
-    agent_drain_s,
-    deployment,
-    timing,
-    wait_for_agent_exit,
-)
+from infra.manifests.node_agent import SPOT_HANDOFF_S, SPOT_NOTICE_S, agent_drain_s
+from infra.manifests.vllm import deployment, wait_for_agent_exit
+from infra.manifests.vllm_target import Capacity, timing
 
 
 def test_hook_returns_at_once_when_the_agent_is_gone() -> None:
@@ -63,7 +57,7 @@ def test_a_spot_pods_agent_drains_within_the_interruption_notice() -> None:
 
 
 def test_the_rendered_spot_deployment_passes_the_spot_drain_bound() -> None:
-    from infra.manifests.vllm import VllmTarget
+    from infra.manifests.vllm_target import VllmTarget
 
     mp = plan_fleet(load_spec("prod")).models["llama-3.1-8b-instruct"]
     target = VllmTarget(mp, "rev", "vllm:img", "agent:img", "bucket")
