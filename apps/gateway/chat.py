@@ -20,7 +20,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.types import Receive
 
-from apps.core.aio import first_of, shielded
+from apps.core.aio import shielded
 from apps.core.errors import (
     DuplicateRequestId,
     ForwardedError,
@@ -35,9 +35,9 @@ from apps.core.errors import (
 )
 from apps.core.identity.principal import Principal
 from apps.core.protocol.dispatch import QUEUE_WAIT_HEADER, Deadlines, DispatchRequest
-from apps.core.protocol.openai import SseSplitter, assemble_completion
 from apps.core.quota.admission import Verdict
 from apps.gateway.auth import authenticate, require_team
+from apps.gateway.collect import Timeouts, collect
 from apps.gateway.deps import GatewayDeps
 from apps.gateway.errors import error_response
 from apps.gateway.exchange import (
@@ -66,12 +66,6 @@ from apps.gateway.validate import (
 from apps.netio import fastpath
 
 log = logging.getLogger("llmfleet.gateway")
-
-
-async def _client_gone(receive: Receive) -> None:
-    """Returns when the client disconnects (the request body has been read already)."""
-    while (await receive())["type"] != "http.disconnect":
-        pass
 
 
 class ChatHandler:
@@ -301,17 +295,13 @@ class ChatHandler:
     async def _collect(
         self, upstream: Upstream, ex: Exchange, headers: dict[str, str], receive: Receive
     ) -> Response:
-        """A non-streaming request: read the whole upstream stream, answer one JSON body. Bound to the
-        client connection like a stream: a client that leaves stops the request upstream (the
-        orchestrator cancels it on the node and settles the tokens produced so far)."""
+        """A non-streaming request (`apps.gateway.collect`): one JSON body, or 499 when the client left."""
         outcome = RelayOutcome()
+        timeouts = Timeouts(self._s.first_token_s, self._s.idle_s, self._s.max_request_s)
         try:
-            reader, _ = await first_of(self._read_all(upstream, outcome), _client_gone(receive))
-            if not reader.done():
-                outcome.ended = "disconnect"
-                await asyncio.wait({reader})
+            body = await collect(upstream, outcome, receive, timeouts)
+            if body is None:
                 return Response(status_code=499)  # nobody is listening; the server drops it
-            body = reader.result()
         finally:
             await shielded(self._after_relay(ex, upstream, outcome), self._s.cleanup_timeout_s, "after_relay")
         usage = body.get("usage") or {}
@@ -319,34 +309,6 @@ class ChatHandler:
         if isinstance(outcome.completion_tokens, int):
             self._m.output_tokens.labels(ex.model).inc(outcome.completion_tokens)
         return JSONResponse(body, headers=headers)
-
-    async def _read_all(self, upstream: Upstream, outcome: RelayOutcome) -> dict[str, Any]:
-        payloads: list[bytes] = []
-        splitter = SseSplitter()
-        try:
-            chunks = upstream.chunks()
-            deadline = self._s.first_token_s
-            # The whole request within the maximum request time, like a stream (its slot's lease).
-            async with asyncio.timeout(self._s.max_request_s):
-                while True:
-                    try:
-                        async with asyncio.timeout(deadline):
-                            data = await anext(chunks)
-                    except StopAsyncIteration:
-                        break
-                    deadline = self._s.idle_s
-                    if outcome.first_byte_at is None:
-                        outcome.first_byte_at = time.monotonic()
-                    payloads.extend(splitter.feed(data))
-            body = assemble_completion(payloads)
-        except TimeoutError:
-            outcome.ended = "timeout"
-            raise UpstreamFailed("upstream timed out") from None
-        except (OSError, ValueError) as exc:
-            outcome.ended = "upstream_error"
-            raise UpstreamFailed(f"upstream failed: {exc}") from None
-        outcome.ended = "done"
-        return body
 
     async def _after_relay(self, ex: Exchange, upstream: Upstream, outcome: RelayOutcome) -> None:
         ended_at = time.monotonic()
