@@ -129,9 +129,31 @@ def amount_microcredits(body: dict[str, Any]) -> int:
     return int(micro)
 
 
-def admin_routes(settings: GatewaySettings, deps: GatewayDeps) -> list[Route]:
-    async def create_team(request: Request) -> JSONResponse:
-        await require_admin(request, deps, settings)
+class AdminApi:
+    """The admin routes of one gateway: each a method, `routes()` their table."""
+
+    def __init__(self, settings: GatewaySettings, deps: GatewayDeps) -> None:
+        self.settings = settings
+        self.deps = deps
+
+    def routes(self) -> list[Route]:
+        return [
+            Route("/admin/teams", self.create_team, methods=["POST"]),
+            Route("/admin/teams", self.list_teams, methods=["GET"]),
+            Route("/admin/teams/sharing", self.set_sharing, methods=["POST"]),
+            Route("/admin/queues", self.queues, methods=["GET"]),
+            Route("/admin/keys", self.create_key, methods=["POST"]),
+            Route("/admin/keys", self.list_keys, methods=["GET"]),
+            Route("/admin/keys/{key_id}", self.revoke_key, methods=["DELETE"]),
+            Route("/admin/keys/{key_id}", self.update_key, methods=["PATCH"]),
+            Route("/admin/credits", self.add_credits, methods=["POST"]),
+            Route("/admin/nodes", self.list_nodes, methods=["GET"]),
+            Route("/admin/nodes", self.create_node, methods=["POST"]),
+            Route("/admin/nodes/{node_id}", self.revoke_node, methods=["DELETE"]),
+        ]
+
+    async def create_team(self, request: Request) -> JSONResponse:
+        await require_admin(request, self.deps, self.settings)
         body = await _json(request, TEAM_FIELDS)
         name = body.get("name")
         if not isinstance(name, str):
@@ -139,33 +161,37 @@ def admin_routes(settings: GatewaySettings, deps: GatewayDeps) -> list[Route]:
         weight = (
             team_weight(body["weight"])
             if body.get("weight") is not None
-            else deps.spec.sharing.default_weight
+            else self.deps.spec.sharing.default_weight
         )
-        team = await deps.teams.create_team(name, weight)
+        team = await self.deps.teams.create_team(name, weight)
         if body.get("credits") is not None:
-            await deps.teams.add_credits(team.id, amount_microcredits({"amount": body["credits"]}), "initial")
-            team = await deps.teams.get_team(team.id)
+            await self.deps.teams.add_credits(
+                team.id, amount_microcredits({"amount": body["credits"]}), "initial"
+            )
+            team = await self.deps.teams.get_team(team.id)
         return JSONResponse(team.as_json(), status_code=201)
 
-    async def list_teams(request: Request) -> JSONResponse:
-        await require_admin(request, deps, settings)
-        return JSONResponse({"object": "list", "data": [t.as_json() for t in await deps.teams.list_teams()]})
+    async def list_teams(self, request: Request) -> JSONResponse:
+        await require_admin(request, self.deps, self.settings)
+        return JSONResponse(
+            {"object": "list", "data": [t.as_json() for t in await self.deps.teams.list_teams()]}
+        )
 
-    async def create_key(request: Request) -> JSONResponse:
-        await require_admin(request, deps, settings)
+    async def create_key(self, request: Request) -> JSONResponse:
+        await require_admin(request, self.deps, self.settings)
         body = await _json(request, KEY_FIELDS)
         team = _required_team(body)
         allow = body.get("model_allowlist") or []
         if not isinstance(allow, list) or not all(isinstance(m, str) for m in allow):
             raise InvalidRequest("'model_allowlist' must be a list of model names.", param="model_allowlist")
-        unknown = [m for m in allow if m not in deps.spec.models]
+        unknown = [m for m in allow if m not in self.deps.spec.models]
         if unknown:
             raise NotFound(f"unknown models in allowlist: {', '.join(unknown)}", param="model_allowlist")
         expires: datetime | None = None
         if body.get("expires_at") is not None:
             expires = parse_time(body["expires_at"], "expires_at")
         name = body.get("name")
-        secret, record = await deps.keys.create(
+        secret, record = await self.deps.keys.create(
             team=team,
             model_allowlist=allow,
             rpm=_opt_int(body, "rpm"),
@@ -179,9 +205,9 @@ def admin_routes(settings: GatewaySettings, deps: GatewayDeps) -> list[Route]:
         )
         return JSONResponse({**record.as_json(), "key": secret}, status_code=201)
 
-    async def update_key(request: Request) -> JSONResponse:
+    async def update_key(self, request: Request) -> JSONResponse:
         """Change a key's limits: each field given is set (null clears it), the others stay."""
-        await require_admin(request, deps, settings)
+        await require_admin(request, self.deps, self.settings)
         raw = request.path_params["key_id"]
         if not str(raw).isdigit() or len(str(raw)) > 18:
             raise NotFound(f"key {raw} does not exist", param="id", code="key_not_found")
@@ -190,11 +216,11 @@ def admin_routes(settings: GatewaySettings, deps: GatewayDeps) -> list[Route]:
             raise InvalidRequest(
                 f"Nothing to change; give one of: {', '.join(sorted(KEY_PATCH_FIELDS))}.", param=None
             )
-        record = await deps.keys.update(int(raw), {name: _opt_int(body, name) for name in body})
+        record = await self.deps.keys.update(int(raw), {name: _opt_int(body, name) for name in body})
         return JSONResponse(record.as_json())
 
-    async def set_sharing(request: Request) -> JSONResponse:
-        await require_admin(request, deps, settings)
+    async def set_sharing(self, request: Request) -> JSONResponse:
+        await require_admin(request, self.deps, self.settings)
         body = await _json(request, SHARING_FIELDS)
         team = _required_team(body)
         weight = team_weight(body["weight"]) if body.get("weight") is not None else None
@@ -204,41 +230,43 @@ def admin_routes(settings: GatewaySettings, deps: GatewayDeps) -> list[Route]:
                 limits[name] = _opt_int(body, name)
         if weight is None and not limits:
             raise InvalidRequest("Give 'weight', 'max_streams' or 'tokens_per_minute'.", param="weight")
-        return JSONResponse((await deps.teams.set_sharing(team, weight=weight, **limits)).as_json())
+        return JSONResponse((await self.deps.teams.set_sharing(team, weight=weight, **limits)).as_json())
 
-    async def queues(request: Request) -> JSONResponse:
-        await require_admin(request, deps, settings)
-        if deps.board is None:
+    async def queues(self, request: Request) -> JSONResponse:
+        await require_admin(request, self.deps, self.settings)
+        if self.deps.board is None:
             raise Unavailable("The queue board is not configured.", code="no_queue_board")
-        return JSONResponse({"object": "list", "data": await deps.board.read(sorted(deps.spec.models))})
+        return JSONResponse(
+            {"object": "list", "data": await self.deps.board.read(sorted(self.deps.spec.models))}
+        )
 
-    async def list_keys(request: Request) -> JSONResponse:
-        await require_admin(request, deps, settings)
-        keys = await deps.keys.list_keys(team_ref(request.query_params, query=True))
+    async def list_keys(self, request: Request) -> JSONResponse:
+        await require_admin(request, self.deps, self.settings)
+        keys = await self.deps.keys.list_keys(team_ref(request.query_params, query=True))
         return JSONResponse({"object": "list", "data": [k.as_json() for k in keys]})
 
-    async def revoke_key(request: Request) -> JSONResponse:
-        await require_admin(request, deps, settings)
+    async def revoke_key(self, request: Request) -> JSONResponse:
+        await require_admin(request, self.deps, self.settings)
         raw = request.path_params["key_id"]
         if not str(raw).isdigit():
             raise NotFound(f"key {raw} does not exist", param="id", code="key_not_found")
-        changed = await deps.keys.revoke(int(raw))
+        changed = await self.deps.keys.revoke(int(raw))
         return JSONResponse({"id": int(raw), "revoked": True, "changed": changed})
 
-    async def add_credits(request: Request) -> JSONResponse:
-        await require_admin(request, deps, settings)
+    async def add_credits(self, request: Request) -> JSONResponse:
+        await require_admin(request, self.deps, self.settings)
         body = await _json(request, CREDIT_FIELDS)
         team = _required_team(body)
         reason = body.get("reason") if isinstance(body.get("reason"), str) else "admin"
-        entry = await deps.teams.add_credits(team, amount_microcredits(body), str(reason))
+        entry = await self.deps.teams.add_credits(team, amount_microcredits(body), str(reason))
         return JSONResponse(entry, status_code=201)
 
-    async def list_nodes(request: Request) -> JSONResponse:
-        await require_admin(request, deps, settings)
-        return JSONResponse({"object": "list", "data": await deps.nodes.list_nodes()})
+    async def list_nodes(self, request: Request) -> JSONResponse:
+        await require_admin(request, self.deps, self.settings)
+        return JSONResponse({"object": "list", "data": await self.deps.nodes.list_nodes()})
 
-    async def create_node(request: Request) -> JSONResponse:
-        await require_admin(request, deps, settings)
+    async def create_node(self, request: Request) -> JSONResponse:
+        await require_admin(request, self.deps, self.settings)
         body = await _json(request, NODE_FIELDS)
         node_id, location = body.get("node_id"), body.get("location", "onprem")
         if (
@@ -256,11 +284,11 @@ def admin_routes(settings: GatewaySettings, deps: GatewayDeps) -> list[Route]:
         models = body.get("models")
         if not isinstance(models, list) or not models or not all(isinstance(m, str) for m in models):
             raise InvalidRequest("'models' (the model names the node may serve) is required.", param="models")
-        unknown = [m for m in models if m not in deps.spec.models]
+        unknown = [m for m in models if m not in self.deps.spec.models]
         if unknown:
             raise NotFound(f"unknown models: {', '.join(unknown)}", param="models")
         # A pool token admits every node id `<pool>/<instance>` (EKS pods, named at run time).
-        token = await deps.nodes.issue_token(node_id, location, pool=pool, models=models)
+        token = await self.deps.nodes.issue_token(node_id, location, pool=pool, models=models)
         return JSONResponse(
             {
                 "node_id": node_id,
@@ -272,24 +300,9 @@ def admin_routes(settings: GatewaySettings, deps: GatewayDeps) -> list[Route]:
             status_code=201,
         )
 
-    async def revoke_node(request: Request) -> JSONResponse:
-        await require_admin(request, deps, settings)
+    async def revoke_node(self, request: Request) -> JSONResponse:
+        await require_admin(request, self.deps, self.settings)
         node_id = request.path_params["node_id"]
-        if not await deps.nodes.revoke(node_id):
+        if not await self.deps.nodes.revoke(node_id):
             raise NotFound(f"node {node_id} does not exist", param="node_id", code="node_not_found")
         return JSONResponse({"node_id": node_id, "revoked": True})
-
-    return [
-        Route("/admin/teams", create_team, methods=["POST"]),
-        Route("/admin/teams", list_teams, methods=["GET"]),
-        Route("/admin/teams/sharing", set_sharing, methods=["POST"]),
-        Route("/admin/queues", queues, methods=["GET"]),
-        Route("/admin/keys", create_key, methods=["POST"]),
-        Route("/admin/keys", list_keys, methods=["GET"]),
-        Route("/admin/keys/{key_id}", revoke_key, methods=["DELETE"]),
-        Route("/admin/keys/{key_id}", update_key, methods=["PATCH"]),
-        Route("/admin/credits", add_credits, methods=["POST"]),
-        Route("/admin/nodes", list_nodes, methods=["GET"]),
-        Route("/admin/nodes", create_node, methods=["POST"]),
-        Route("/admin/nodes/{node_id}", revoke_node, methods=["DELETE"]),
-    ]

@@ -13,7 +13,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from apps.core.errors import ForwardedError, LlmfleetError, NotFound, Unavailable, unknown_route
-from apps.gateway.admin_routes import admin_routes
+from apps.gateway.admin_routes import AdminApi
 from apps.gateway.auth import authenticate
 from apps.gateway.chat import ChatHandler
 from apps.gateway.console import console_mount
@@ -100,7 +100,7 @@ def create_app(settings: GatewaySettings, deps: GatewayDeps) -> GatewayApp:
         Route("/livez", livez, methods=["GET"]),
         Route("/readyz", readyz, methods=["GET"]),
         Route("/metrics", metrics_view, methods=["GET"]),
-        *admin_routes(settings, deps),
+        *AdminApi(settings, deps).routes(),
         console_mount(settings, deps),
     ]
     handlers = {LlmfleetError: on_error, HTTPException: on_http_error}
