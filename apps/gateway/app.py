@@ -25,65 +25,84 @@ from apps.gateway.usage import usage_route
 from apps.netio.uvicorn_writer import GatewayApp
 
 
-def create_app(settings: GatewaySettings, deps: GatewayDeps) -> GatewayApp:
-    metrics = GatewayMetrics(deps.registry)
-    chat = ChatHandler(settings, deps, metrics)
+def model_object(name: str) -> dict[str, object]:
+    return {"id": name, "object": "model", "created": 0, "owned_by": "llmfleet"}
 
-    def model_object(name: str) -> dict[str, object]:
-        return {"id": name, "object": "model", "created": 0, "owned_by": "llmfleet"}
 
-    async def models(request: Request) -> JSONResponse:
-        principal = await authenticate(request, deps, settings)
-        data = [model_object(name) for name in deps.spec.models if principal.may_use(name)]
+class PublicApi:
+    """The gateway's own routes (chat, models, health, metrics): each a method, `routes()` their table."""
+
+    def __init__(self, settings: GatewaySettings, deps: GatewayDeps) -> None:
+        self.settings = settings
+        self.deps = deps
+        self.chat = ChatHandler(settings, deps, GatewayMetrics(deps.registry))
+
+    def routes(self) -> list[Route]:
+        return [
+            Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
+            Route("/v1/models", self.models, methods=["GET"]),
+            Route("/v1/models/{model:path}", self.model, methods=["GET"]),
+            Route("/v1/usage", usage_route(self.settings, self.deps), methods=["GET"]),
+            Route("/livez", self.livez, methods=["GET"]),
+            Route("/readyz", self.readyz, methods=["GET"]),
+            Route("/metrics", self.metrics_view, methods=["GET"]),
+        ]
+
+    async def models(self, request: Request) -> JSONResponse:
+        principal = await authenticate(request, self.deps, self.settings)
+        data = [model_object(name) for name in self.deps.spec.models if principal.may_use(name)]
         return JSONResponse({"object": "list", "data": data})
 
-    async def model(request: Request) -> JSONResponse:
+    async def model(self, request: Request) -> JSONResponse:
         """`client.models.retrieve(name)`: a model the caller may use, else 404 (a model outside the
         allowlist is not revealed: the same answer as one that does not exist)."""
-        principal = await authenticate(request, deps, settings)
+        principal = await authenticate(request, self.deps, self.settings)
         name = request.path_params["model"]
-        if name not in deps.spec.models or not principal.may_use(name):
+        if name not in self.deps.spec.models or not principal.may_use(name):
             raise NotFound(f"The model `{name[:200]}` does not exist.", param="model")
         return JSONResponse(model_object(name))
 
-    async def livez(request: Request) -> Response:
+    async def livez(self, request: Request) -> Response:
         return PlainTextResponse("ok")
 
-    async def readyz(request: Request) -> Response:
-        if deps.lifecycle.stopping:
+    async def readyz(self, request: Request) -> Response:
+        if self.deps.lifecycle.stopping:
             return JSONResponse({"stopping": True}, status_code=503)
-        pg, rd = await asyncio.gather(deps.health.postgres_ok(), deps.health.redis_ok())
+        pg, rd = await asyncio.gather(self.deps.health.postgres_ok(), self.deps.health.redis_ok())
         body = {"postgres": pg, "redis": rd}
         return JSONResponse(body, status_code=200 if pg and rd else 503)
 
-    async def chat_completions(request: Request) -> Response:
-        if deps.lifecycle.stopping:
+    async def chat_completions(self, request: Request) -> Response:
+        if self.deps.lifecycle.stopping:
             # A request on a kept-alive connection after SIGTERM: nothing reserved, retry elsewhere.
             raise Unavailable("The gateway is shutting down.", code="shutting_down", retry_after=1)
-        return await chat.handle(request)
+        return await self.chat.handle(request)
 
-    async def metrics_view(request: Request) -> Response:
+    async def metrics_view(self, request: Request) -> Response:
         server = request.scope.get("server")
-        if settings.metrics_port is not None and (server is None or server[1] != settings.metrics_port):
+        port = self.settings.metrics_port
+        if port is not None and (server is None or server[1] != port):
             raise NotFound("Metrics are served on the metrics port.")
-        return Response(generate_latest(deps.registry), media_type=CONTENT_TYPE_LATEST)
+        return Response(generate_latest(self.deps.registry), media_type=CONTENT_TYPE_LATEST)
 
-    async def on_error(request: Request, exc: Exception) -> Response:
-        assert isinstance(exc, LlmfleetError)
-        return error_response(exc)
 
-    async def on_http_error(request: Request, exc: Exception) -> Response:
-        """Starlette's own 404/405 (no route, wrong method) in the OpenAI envelope, `Allow` kept."""
-        assert isinstance(exc, HTTPException)
-        error: LlmfleetError
-        if exc.status_code in (404, 405):
-            error = unknown_route(request.method, request.url.path, exc.status_code)
-        else:
-            error = ForwardedError(
-                str(exc.detail), status=exc.status_code, error_type="invalid_request_error"
-            )
-        return error_response(error, exc.headers)
+async def on_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, LlmfleetError)
+    return error_response(exc)
 
+
+async def on_http_error(request: Request, exc: Exception) -> Response:
+    """Starlette's own 404/405 (no route, wrong method) in the OpenAI envelope, `Allow` kept."""
+    assert isinstance(exc, HTTPException)
+    error: LlmfleetError
+    if exc.status_code in (404, 405):
+        error = unknown_route(request.method, request.url.path, exc.status_code)
+    else:
+        error = ForwardedError(str(exc.detail), status=exc.status_code, error_type="invalid_request_error")
+    return error_response(error, exc.headers)
+
+
+def create_app(settings: GatewaySettings, deps: GatewayDeps) -> GatewayApp:
     @asynccontextmanager
     async def lifespan(app: GatewayApp) -> AsyncIterator[None]:
         try:
@@ -93,13 +112,7 @@ def create_app(settings: GatewaySettings, deps: GatewayDeps) -> GatewayApp:
                 await close()
 
     routes = [
-        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
-        Route("/v1/models", models, methods=["GET"]),
-        Route("/v1/models/{model:path}", model, methods=["GET"]),
-        Route("/v1/usage", usage_route(settings, deps), methods=["GET"]),
-        Route("/livez", livez, methods=["GET"]),
-        Route("/readyz", readyz, methods=["GET"]),
-        Route("/metrics", metrics_view, methods=["GET"]),
+        *PublicApi(settings, deps).routes(),
         *AdminApi(settings, deps).routes(),
         console_mount(settings, deps),
     ]

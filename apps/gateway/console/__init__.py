@@ -7,9 +7,9 @@ from starlette.responses import RedirectResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from apps.gateway.console.admin import admin_routes
+from apps.gateway.console.admin import AdminView
 from apps.gateway.console.signin import signin_routes
-from apps.gateway.console.team import team_routes
+from apps.gateway.console.team import TeamView
 from apps.gateway.console.views import HERE, Console
 from apps.gateway.deps import GatewayDeps
 from apps.gateway.settings import GatewaySettings
@@ -32,8 +32,8 @@ def console_mount(settings: GatewaySettings, deps: GatewayDeps) -> Mount:
     routes = [
         Route("/", home, methods=["GET"]),
         *signin_routes(console),
-        *team_routes(console),
-        *admin_routes(console),
+        *TeamView(console).routes(),
+        *AdminView(console).routes(),
         Mount("/static", app=StaticFiles(directory=str(HERE / "static")), name="static"),
     ]
     return Mount("/console", routes=routes)

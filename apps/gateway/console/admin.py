@@ -49,45 +49,66 @@ def capacity(plan: dict[str, tuple[int, int, int]], nodes: list[dict[str, Any]])
     ]
 
 
-def admin_routes(console: Console) -> list[Route]:
-    deps = console.deps
-    plan = {n: (m.max_num_seqs, m.replicas, m.peak_streams) for n, m in plan_fleet(deps.spec).models.items()}
+class AdminView:
+    """The console's admin view's routes: each a method, `routes()` their table."""
 
-    async def admin_session(request: Request) -> Session | None:
-        session = await console.session(request)
+    def __init__(self, console: Console) -> None:
+        self.console = console
+        self.deps = console.deps
+        # model -> (max_num_seqs, replicas, peak streams), from the planner
+        self.plan = {
+            n: (m.max_num_seqs, m.replicas, m.peak_streams)
+            for n, m in plan_fleet(self.deps.spec).models.items()
+        }
+
+    def routes(self) -> list[Route]:
+        return [
+            Route("/admin", self.admin_view, methods=["GET"]),
+            Route("/admin/capacity.csv", self.capacity_csv, methods=["GET"]),
+            Route("/admin/credits", self.add_credits, methods=["POST"]),
+            Route("/admin/keys/{key_id}/revoke", self.revoke_key, methods=["POST"]),
+            Route("/admin/nodes/{node_id}/drain", self.drain, methods=["POST"]),
+        ]
+
+    async def admin_session(self, request: Request) -> Session | None:
+        session = await self.console.session(request)
         return session if session is not None and session.is_admin else None
 
-    async def page(request: Request, session: Session, extra: dict[str, Any], status: int = 200) -> Response:
-        nodes = await deps.nodes.list_nodes()
-        slo = await deps.slo.status() if deps.slo is not None else NOT_CONFIGURED
+    async def page(
+        self, request: Request, session: Session, extra: dict[str, Any], status: int = 200
+    ) -> Response:
+        nodes = await self.deps.nodes.list_nodes()
+        slo = await self.deps.slo.status() if self.deps.slo is not None else NOT_CONFIGURED
         ctx = {
             "slo": slo,
-            "teams": await deps.teams.list_teams(),
-            "keys": await deps.keys.list_keys(None),
-            "last_used": await console.usage.key_last_used(None),
+            "teams": await self.deps.teams.list_teams(),
+            "keys": await self.deps.keys.list_keys(None),
+            "last_used": await self.console.usage.key_last_used(None),
             "nodes": nodes,
-            "capacity": capacity(plan, nodes),
+            "capacity": capacity(self.plan, nodes),
             **extra,
         }
-        return console.render(request, "admin.html", ctx, status, session)
+        return self.console.render(request, "admin.html", ctx, status, session)
 
-    async def admin_view(request: Request) -> Response:
-        session = await admin_session(request)
+    async def admin_view(self, request: Request) -> Response:
+        session = await self.admin_session(request)
         if session is None:
             return to_signin()
-        return await page(request, session, {})
+        return await self.page(request, session, {})
 
-    async def capacity_csv(request: Request) -> Response:
-        if await admin_session(request) is None:
+    async def capacity_csv(self, request: Request) -> Response:
+        if await self.admin_session(request) is None:
             return to_signin()
-        return csv_response("capacity.csv", CAPACITY_HEADER, capacity(plan, await deps.nodes.list_nodes()))
+        return csv_response(
+            "capacity.csv", CAPACITY_HEADER, capacity(self.plan, await self.deps.nodes.list_nodes())
+        )
 
-    async def add_credits(request: Request) -> Response:
-        session = await admin_session(request)
+    async def add_credits(self, request: Request) -> Response:
+        session = await self.admin_session(request)
         if session is None:
             return to_signin()
         try:
-            form = await console.checked_form(request, session)
+            form = await self.console.checked_form(request, session)
             team = first(form, "team")
             if not team.isdigit():
                 raise Problem("Pick a team.")
@@ -97,50 +118,44 @@ def admin_routes(console: Console) -> list[Route]:
                 raise Problem(exc.message) from None
             if micro <= 0:
                 raise Problem("The amount must be a positive number of credits.")
-            entry = await deps.teams.add_credits(int(team), micro, first(form, "reason")[:200] or "console")
+            entry = await self.deps.teams.add_credits(
+                int(team), micro, first(form, "reason")[:200] or "console"
+            )
         except Problem as problem:
-            return await page(request, session, {"error": problem.message}, problem.status)
+            return await self.page(request, session, {"error": problem.message}, problem.status)
         except LlmfleetError as exc:
-            return await page(request, session, {"error": exc.message}, exc.status)
-        return await page(
+            return await self.page(request, session, {"error": exc.message}, exc.status)
+        return await self.page(
             request, session, {"notice": f"Added {first(form, 'amount')} credits to {entry['team']}."}
         )
 
-    async def revoke_key(request: Request) -> Response:
-        session = await admin_session(request)
+    async def revoke_key(self, request: Request) -> Response:
+        session = await self.admin_session(request)
         if session is None:
             return to_signin()
         try:
-            await console.checked_form(request, session)
+            await self.console.checked_form(request, session)
             raw = str(request.path_params["key_id"])
             if not raw.isdigit():
                 raise Problem(f"No key {raw[:20]}.", 404)
-            await deps.keys.revoke(int(raw))
+            await self.deps.keys.revoke(int(raw))
         except Problem as problem:
-            return await page(request, session, {"error": problem.message}, problem.status)
+            return await self.page(request, session, {"error": problem.message}, problem.status)
         except LlmfleetError as exc:
-            return await page(request, session, {"error": exc.message}, exc.status)
-        return await page(request, session, {"notice": f"Key {raw} revoked."})
+            return await self.page(request, session, {"error": exc.message}, exc.status)
+        return await self.page(request, session, {"notice": f"Key {raw} revoked."})
 
-    async def drain(request: Request) -> Response:
-        session = await admin_session(request)
+    async def drain(self, request: Request) -> Response:
+        session = await self.admin_session(request)
         if session is None:
             return to_signin()
         node_id = str(request.path_params["node_id"])
         try:
-            await console.checked_form(request, session)
-            if not await deps.nodes.request_drain(node_id):
+            await self.console.checked_form(request, session)
+            if not await self.deps.nodes.request_drain(node_id):
                 raise Problem(
                     f"Node {node_id[:128]} is not connected to any orchestrator; nothing to drain.", 409
                 )
         except Problem as problem:
-            return await page(request, session, {"error": problem.message}, problem.status)
-        return await page(request, session, {"notice": f"Drain requested for {node_id}."})
-
-    return [
-        Route("/admin", admin_view, methods=["GET"]),
-        Route("/admin/capacity.csv", capacity_csv, methods=["GET"]),
-        Route("/admin/credits", add_credits, methods=["POST"]),
-        Route("/admin/keys/{key_id}/revoke", revoke_key, methods=["POST"]),
-        Route("/admin/nodes/{node_id}/drain", drain, methods=["POST"]),
-    ]
+            return await self.page(request, session, {"error": problem.message}, problem.status)
+        return await self.page(request, session, {"notice": f"Drain requested for {node_id}."})

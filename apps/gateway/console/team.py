@@ -59,23 +59,35 @@ def _usage_rows(rows: list[DailyUsage]) -> list[tuple[Any, ...]]:
     ]  # fmt: skip
 
 
-def team_routes(console: Console) -> list[Route]:
-    deps = console.deps
+class TeamView:
+    """The team view's routes: each a method, `routes()` their table."""
 
-    async def team_session(request: Request) -> Session | None:
-        session = await console.session(request)
+    def __init__(self, console: Console) -> None:
+        self.console = console
+        self.deps = console.deps
+
+    def routes(self) -> list[Route]:
+        return [
+            Route("/team", self.team_view, methods=["GET"]),
+            Route("/team/usage.csv", self.usage_csv, methods=["GET"]),
+            Route("/team/keys", self.create_key, methods=["POST"]),
+            Route("/team/keys/{key_id}/revoke", self.revoke_key, methods=["POST"]),
+        ]
+
+    async def team_session(self, request: Request) -> Session | None:
+        session = await self.console.session(request)
         if session is None or session.team_id is None:
             return None
         return session
 
-    async def query_of(request: Request) -> UsageQuery:
-        return usage_query(dict(request.query_params), deps.spec.models, deps.clock().date())
+    async def query_of(self, request: Request) -> UsageQuery:
+        return usage_query(dict(request.query_params), self.deps.spec.models, self.deps.clock().date())
 
-    async def context(session: Session, query: UsageQuery | None) -> dict[str, Any]:
+    async def context(self, session: Session, query: UsageQuery | None) -> dict[str, Any]:
         assert session.team_id is not None
-        team = await deps.teams.get_team(session.team_id)
-        today = deps.clock().date()
-        usage = console.usage
+        team = await self.deps.teams.get_team(session.team_id)
+        today = self.deps.clock().date()
+        usage = self.console.usage
         week = await usage.daily(
             team.id, today - timedelta(days=6), today + timedelta(days=1), key_id=session.key_id
         )
@@ -87,7 +99,7 @@ def team_routes(console: Console) -> list[Route]:
             if query
             else []
         )
-        keys = await deps.keys.list_keys(team.id)
+        keys = await self.deps.keys.list_keys(team.id)
         if session.kind == "key":
             keys = [k for k in keys if k.id == session.key_id]
         return {
@@ -95,69 +107,71 @@ def team_routes(console: Console) -> list[Route]:
             "burn": burn,
             "days_left": days_left(team.balance_microcredits, burn),
             "query": query,
-            "models": sorted(deps.spec.models),
+            "models": sorted(self.deps.spec.models),
             "rows": _usage_rows(rows),
             "chart": chart_data(query, rows) if query else None,
             "keys": keys,
             "last_used": await usage.key_last_used(team.id),
             "recent": await usage.recent(team.id, key_id=session.key_id),
             "counts": await usage.status_counts(
-                team.id, deps.clock() - timedelta(days=1), key_id=session.key_id
+                team.id, self.deps.clock() - timedelta(days=1), key_id=session.key_id
             ),
-            "refusals": await refusals(team.id, session.key_id),
-            "shares": await shares(team.id) if session.kind != "key" else None,
+            "refusals": await self.refusals(team.id, session.key_id),
+            "shares": await self.shares(team.id) if session.kind != "key" else None,
         }
 
-    async def shares(team_id: int) -> list[QueueShare] | None:
+    async def shares(self, team_id: int) -> list[QueueShare] | None:
         """The team's queue share per model; None when the board is not wired or Redis fails."""
-        if deps.board is None:
+        if self.deps.board is None:
             return None
         try:
-            return team_shares(await deps.board.read(sorted(deps.spec.models)), team_id)
+            return team_shares(await self.deps.board.read(sorted(self.deps.spec.models)), team_id)
         except (StoreUnavailable, RedisError, OSError):
             return None
 
-    async def refusals(team_id: int, key_id: int | None) -> list[RefusalCount] | None:
+    async def refusals(self, team_id: int, key_id: int | None) -> list[RefusalCount] | None:
         """None when the counter is not wired or Redis does not answer (the page still renders)."""
-        if deps.refusals is None:
+        if self.deps.refusals is None:
             return None
         try:
-            return await deps.refusals.recent(team_id, key_id)
+            return await self.deps.refusals.recent(team_id, key_id)
         except StoreUnavailable:
             return None
 
-    async def page(request: Request, session: Session, extra: dict[str, Any], status: int = 200) -> Response:
+    async def page(
+        self, request: Request, session: Session, extra: dict[str, Any], status: int = 200
+    ) -> Response:
         query: UsageQuery | None = None
         error = extra.pop("error", None)
         try:
-            query = await query_of(request)
+            query = await self.query_of(request)
         except Problem as problem:
             error, status = problem.message, problem.status
-        ctx = {**await context(session, query), "error": error, **extra}
-        return console.render(request, "team.html", ctx, status, session)
+        ctx = {**await self.context(session, query), "error": error, **extra}
+        return self.console.render(request, "team.html", ctx, status, session)
 
-    async def team_view(request: Request) -> Response:
-        session = await team_session(request)
+    async def team_view(self, request: Request) -> Response:
+        session = await self.team_session(request)
         if session is None:
             return to_signin()
-        return await page(request, session, {})
+        return await self.page(request, session, {})
 
-    async def usage_csv(request: Request) -> Response:
-        session = await team_session(request)
+    async def usage_csv(self, request: Request) -> Response:
+        session = await self.team_session(request)
         if session is None:
             return to_signin()
         assert session.team_id is not None
         try:
-            query = await query_of(request)
+            query = await self.query_of(request)
         except Problem as problem:
-            return console.problem(request, problem, session)
-        rows = await console.usage.daily(
+            return self.console.problem(request, problem, session)
+        rows = await self.console.usage.daily(
             session.team_id, query.start, query.end_exclusive, key_id=session.key_id, model=query.model
         )
         return csv_response(f"usage-{query.start}-{query.end}.csv", USAGE_HEADER, _usage_rows(rows))
 
-    async def create_key(request: Request) -> Response:
-        session = await team_session(request)
+    async def create_key(self, request: Request) -> Response:
+        session = await self.team_session(request)
         if session is None:
             return to_signin()
         try:
@@ -165,44 +179,37 @@ def team_routes(console: Console) -> list[Route]:
                 raise Problem(
                     "A key-scoped session cannot create keys; sign in with your team's identity.", 403
                 )
-            form = await console.checked_form(request, session)
+            form = await self.console.checked_form(request, session)
             allow = [m for m in form.get("model", []) if m]
-            unknown = [m for m in allow if m not in deps.spec.models]
+            unknown = [m for m in allow if m not in self.deps.spec.models]
             if unknown:
                 raise Problem(f"Unknown model in the allowlist: {', '.join(unknown)[:200]}.")
             name = first(form, "name")[:200] or None
-            secret, record = await deps.keys.create(
+            secret, record = await self.deps.keys.create(
                 team=session.team_id or 0, model_allowlist=allow, rpm=positive_int(form, "rpm"),
                 tokens_per_day=positive_int(form, "tokens_per_day"), max_streams=positive_int(form, "max_streams"),
                 max_tokens=positive_int(form, "max_tokens"), max_context=positive_int(form, "max_context"),
-                expires_at=expiry(form, deps.clock()), name=name,
+                expires_at=expiry(form, self.deps.clock()), name=name,
             )  # fmt: skip
         except Problem as problem:
-            return await page(request, session, {"error": problem.message}, problem.status)
+            return await self.page(request, session, {"error": problem.message}, problem.status)
         except LlmfleetError as exc:
-            return await page(request, session, {"error": exc.message}, exc.status)
-        return await page(request, session, {"created": {"secret": secret, "record": record}}, 201)
+            return await self.page(request, session, {"error": exc.message}, exc.status)
+        return await self.page(request, session, {"created": {"secret": secret, "record": record}}, 201)
 
-    async def revoke_key(request: Request) -> Response:
-        session = await team_session(request)
+    async def revoke_key(self, request: Request) -> Response:
+        session = await self.team_session(request)
         if session is None:
             return to_signin()
         try:
             if not session.manages_keys:
                 raise Problem("A key-scoped session cannot revoke keys.", 403)
-            await console.checked_form(request, session)
+            await self.console.checked_form(request, session)
             raw = str(request.path_params["key_id"])
-            mine = {k.id for k in await deps.keys.list_keys(session.team_id or 0)}
+            mine = {k.id for k in await self.deps.keys.list_keys(session.team_id or 0)}
             if not raw.isdigit() or int(raw) not in mine:
                 raise Problem(f"Your team has no key {raw[:20]}.", 404)
-            await deps.keys.revoke(int(raw))
+            await self.deps.keys.revoke(int(raw))
         except Problem as problem:
-            return await page(request, session, {"error": problem.message}, problem.status)
-        return await page(request, session, {"notice": f"Key {raw} revoked."})
-
-    return [
-        Route("/team", team_view, methods=["GET"]),
-        Route("/team/usage.csv", usage_csv, methods=["GET"]),
-        Route("/team/keys", create_key, methods=["POST"]),
-        Route("/team/keys/{key_id}/revoke", revoke_key, methods=["POST"]),
-    ]
+            return await self.page(request, session, {"error": problem.message}, problem.status)
+        return await self.page(request, session, {"notice": f"Key {raw} revoked."})
