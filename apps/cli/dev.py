@@ -119,37 +119,8 @@ def run(args: argparse.Namespace) -> int:
         starting = False
         _write_credentials(platform.data_dir / "credentials.env", lines)
         roll.write_pid(platform.data_dir)
-        print("\n".join(lines), flush=True)
-        links = console_links(platform.gateway_url, platform.issuer, DEMO_TEAM)
-        print("\n".join(links.lines(DEMO_TEAM)), flush=True)
-        # Where to inject a fault (`POST <engine>/_sim/faults`) and watch the orchestrator's metrics.
-        for node_id, engine in platform.engines.items():
-            print(f"# engine of {node_id}: {engine.url}", file=sys.stderr, flush=True)
-        for i in range(len(platform.orchestrator_ports)):
-            print(f"# orchestrator {i}: {platform.orchestrator_url(i)}", file=sys.stderr, flush=True)
-        print(
-            f"# llmfleet dev: {len(config.nodes)} nodes ready; logs in {platform.supervisor.log_dir}; "
-            "Ctrl-C stops everything",
-            file=sys.stderr,
-            flush=True,
-        )
-        # Wake up once a second to notice a child that died on its own, or a roll request.
-        while not stop.wait(1.0):
-            if roll_requested.is_set():
-                roll_requested.clear()
-                roll.serve_request(platform)  # the rolled children are replaced, not reported dead
-                continue
-            dead = [c for c in platform.supervisor.children if not c.alive()]
-            if dead:
-                child = dead[0]
-                print(
-                    f"llmfleet dev: {child.name} exited with status {child.popen.returncode}; stopping.\n"
-                    f"{child.log_tail()}",
-                    file=sys.stderr,
-                    flush=True,
-                )
-                return 1
-        return 0
+        _announce(platform, lines)
+        return _watch(platform, stop, roll_requested)
     finally:
         # No second signal may interrupt the ordered stop; it is bounded by the supervisor.
         for sig in previous:
@@ -158,3 +129,42 @@ def run(args: argparse.Namespace) -> int:
         platform.stop()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def _announce(platform: LocalPlatform, lines: list[str]) -> None:
+    """The credentials and console links on stdout; where everything runs on stderr."""
+    print("\n".join(lines), flush=True)
+    links = console_links(platform.gateway_url, platform.issuer, DEMO_TEAM)
+    print("\n".join(links.lines(DEMO_TEAM)), flush=True)
+    # Where to inject a fault (`POST <engine>/_sim/faults`) and watch the orchestrator's metrics.
+    for node_id, engine in platform.engines.items():
+        print(f"# engine of {node_id}: {engine.url}", file=sys.stderr, flush=True)
+    for i in range(len(platform.orchestrator_ports)):
+        print(f"# orchestrator {i}: {platform.orchestrator_url(i)}", file=sys.stderr, flush=True)
+    print(
+        f"# llmfleet dev: {len(platform.config.nodes)} nodes ready; logs in {platform.supervisor.log_dir}; "
+        "Ctrl-C stops everything",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
+def _watch(platform: LocalPlatform, stop: threading.Event, roll_requested: threading.Event) -> int:
+    """Until a signal: 0; a child that died on its own: 1 (with its log's tail). Serves roll requests."""
+    # Wake up once a second to notice a child that died on its own, or a roll request.
+    while not stop.wait(1.0):
+        if roll_requested.is_set():
+            roll_requested.clear()
+            roll.serve_request(platform)  # the rolled children are replaced, not reported dead
+            continue
+        dead = [c for c in platform.supervisor.children if not c.alive()]
+        if dead:
+            child = dead[0]
+            print(
+                f"llmfleet dev: {child.name} exited with status {child.popen.returncode}; stopping.\n"
+                f"{child.log_tail()}",
+                file=sys.stderr,
+                flush=True,
+            )
+            return 1
+    return 0

@@ -132,6 +132,41 @@ def plan_chat(
     server_seed: int,
     priority_scheduling: bool = False,
 ) -> ChatJob:
+    req = _checked_request(body, served_model, priority_scheduling)
+    stops = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
+    if any(s == "" for s in stops):
+        raise bad_request("stop cannot contain an empty string.", "stop")
+    prompt = textgen.chat_prompt_tokens(
+        req.messages, req.add_generation_prompt, continue_final=req.continue_final_message
+    )
+    limit = _completion_limit(req, prompt, max_model_len)
+    job = ChatJob(
+        request_id=f"chatcmpl-{uuid.uuid4().hex[:16]}",
+        model=served_model,
+        created=int(time.time()),
+        prompt_tokens=prompt,
+        stream=bool(req.stream),
+        # Measured on 0.32: `stream_options: {}` gives no usage chunk; only an explicit true does.
+        include_usage=bool(req.stream_options and req.stream_options.include_usage),
+        # As vLLM's `should_include_usage`: only together with include_usage.
+        continuous_usage=bool(
+            req.stream_options
+            and req.stream_options.include_usage
+            and req.stream_options.continuous_usage_stats
+        ),
+        user=req.user,
+        priority=req.priority,
+    )
+    n = req.n if req.n is not None else 1
+    for index in range(n):
+        choice = _choice(req, index, limit, mean_answer_tokens, server_seed)
+        _apply_stop_strings(choice, stops)
+        job.choices.append(choice)
+    return job
+
+
+def _checked_request(body: Any, served_model: str, priority_scheduling: bool) -> ChatRequest:
+    """The body as vLLM validates it, with vLLM's errors, before any token is counted."""
     if not isinstance(body, dict):
         raise VllmError(
             400,
@@ -177,13 +212,11 @@ def plan_chat(
         raise bad_request(f"top_p must be in (0, 1], got {req.top_p}.", "top_p", req.top_p)
     if req.priority != 0 and not priority_scheduling:  # vLLM's processor, word for word
         raise bad_request(f"Got priority {req.priority} but Priority scheduling is not enabled.")
-    stops = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
-    if any(s == "" for s in stops):
-        raise bad_request("stop cannot contain an empty string.", "stop")
+    return req
 
-    prompt = textgen.chat_prompt_tokens(
-        req.messages, req.add_generation_prompt, continue_final=req.continue_final_message
-    )
+
+def _completion_limit(req: ChatRequest, prompt: int, max_model_len: int) -> int:
+    """How many tokens the answer may have: `max_tokens` within what the context leaves (vLLM's errors)."""
     if prompt > max_model_len:
         raise bad_request(
             f"This model's maximum context length is {max_model_len} tokens. However, your prompt contains at "
@@ -205,50 +238,33 @@ def plan_chat(
     room = max_model_len - prompt
     if room < 1:
         raise bad_request(f"max_tokens must be at least 1, got {room}.", "max_tokens", room)
-    limit = min(asked, room) if asked is not None else room
+    return min(asked, room) if asked is not None else room
 
+
+def _choice(req: ChatRequest, index: int, limit: int, mean_answer_tokens: int, server_seed: int) -> Choice:
+    """One choice's words: seeded by the conversation, its index and the seeds, as long as its natural
+    length (finish `stop`) or the limit (finish `length`)."""
     # Continuing an assistant message: the answer is the one the conversation without it would get,
     # from the token after the given text when that text is its beginning (so a resumed stream
     # reads as if never interrupted); otherwise a fresh answer for the whole conversation.
     continued = req.continue_final_message and req.messages[-1].get("role") == "assistant"
     given = textgen.message_text(req.messages[-1].get("content")) if continued else ""
     fingerprint = textgen.prompt_fingerprint(req.messages[:-1] if continued else req.messages)
-    job = ChatJob(
-        request_id=f"chatcmpl-{uuid.uuid4().hex[:16]}",
-        model=served_model,
-        created=int(time.time()),
-        prompt_tokens=prompt,
-        stream=bool(req.stream),
-        # Measured on 0.32: `stream_options: {}` gives no usage chunk; only an explicit true does.
-        include_usage=bool(req.stream_options and req.stream_options.include_usage),
-        # As vLLM's `should_include_usage`: only together with include_usage.
-        continuous_usage=bool(
-            req.stream_options
-            and req.stream_options.include_usage
-            and req.stream_options.continuous_usage_stats
-        ),
-        user=req.user,
-        priority=req.priority,
-    )
-    for index in range(n):
-        rng = textgen.output_rng(server_seed, req.seed, f"{fingerprint}:{index}")
-        natural = None if req.ignore_eos else textgen.natural_length(rng, mean_answer_tokens)
-        if continued:
-            done = textgen.continue_from(rng, given)
-            if done is None:
-                rng = textgen.output_rng(server_seed, req.seed, f"{fingerprint}:{given}:{index}")
-            elif natural is not None:
-                natural = natural - done if natural > done else None
-        if natural is not None and natural <= limit:
-            target, reason = natural, "stop"
-            words = [*textgen.generate_words(rng, target - 1), ""]  # the EOS token is counted, not shown
-        else:
-            target, reason = limit, "length"
-            words = textgen.generate_words(rng, target)
-        choice = Choice(index=index, words=words, target_tokens=target, finish_reason=reason)
-        _apply_stop_strings(choice, stops)
-        job.choices.append(choice)
-    return job
+    rng = textgen.output_rng(server_seed, req.seed, f"{fingerprint}:{index}")
+    natural = None if req.ignore_eos else textgen.natural_length(rng, mean_answer_tokens)
+    if continued:
+        done = textgen.continue_from(rng, given)
+        if done is None:
+            rng = textgen.output_rng(server_seed, req.seed, f"{fingerprint}:{given}:{index}")
+        elif natural is not None:
+            natural = natural - done if natural > done else None
+    if natural is not None and natural <= limit:
+        target, reason = natural, "stop"
+        words = [*textgen.generate_words(rng, target - 1), ""]  # the EOS token is counted, not shown
+    else:
+        target, reason = limit, "length"
+        words = textgen.generate_words(rng, target)
+    return Choice(index=index, words=words, target_tokens=target, finish_reason=reason)
 
 
 def _apply_stop_strings(choice: Choice, stops: list[str]) -> None:

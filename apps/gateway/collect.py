@@ -45,7 +45,8 @@ async def collect(
         outcome.ended = "disconnect"
         await asyncio.wait({reader})
         return None
-    return reader.result()
+    body: dict[str, Any] = reader.result()
+    return body
 
 
 async def read_completion(upstream: Upstream, outcome: RelayOutcome, timeouts: Timeouts) -> dict[str, Any]:

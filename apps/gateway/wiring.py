@@ -53,11 +53,8 @@ def node_admin(pool: AsyncConnectionPool, redis: Any, secret_key: bytes) -> Node
     return NodeStore(pool, redis, secret_key)
 
 
-async def build_deps(settings: GatewaySettings) -> GatewayDeps:
-    if not settings.secret_key:
-        raise ValueError("LLMFLEET_SECRET_KEY is required")
-    spec = load_spec(settings.stack)
-    secret = settings.secret_key.encode()
+async def pg_pools(settings: GatewaySettings) -> tuple[AsyncConnectionPool, AsyncConnectionPool]:
+    """(the stores' pool, the node admin's pool), both opening in the background."""
     # Autocommit: every statement the gateway's stores run outside an explicit `transaction()` is a
     # single statement (the reservation is one CTE), so the implicit transaction only cost a second
     # round trip (COMMIT) per request and held the team's row lock across it; multi-statement
@@ -75,8 +72,12 @@ async def build_deps(settings: GatewaySettings) -> GatewayDeps:
         settings.database_url, min_size=0, max_size=settings.pg_nodes_pool_max, open=False, timeout=5
     )
     await node_pool.open(wait=False)
+    return pool, node_pool
+
+
+def redis_client(settings: GatewaySettings) -> Any:
     # A blocking pool: under a burst, callers wait (bounded) for a connection instead of failing.
-    redis = aioredis.Redis.from_pool(
+    return aioredis.Redis.from_pool(
         aioredis.BlockingConnectionPool.from_url(
             settings.redis_url,
             max_connections=settings.redis_max_connections,
@@ -85,21 +86,32 @@ async def build_deps(settings: GatewaySettings) -> GatewayDeps:
             socket_connect_timeout=2,
         )
     )
-    jwt = None
-    if settings.jwks_url:
-        jwt = JwtVerifier(
-            settings.jwks_url,
-            issuer=settings.jwt_issuer,
-            audience=settings.jwt_audience,
-            algorithms=[a.strip() for a in settings.jwt_algorithms.split(",") if a.strip()],
-            team_claim=settings.jwt_team_claim,
-            team_id_claim=settings.jwt_team_id_claim,
-            class_claim=settings.jwt_class_claim,
-            models_claim=settings.jwt_models_claim,
-            admin_claim=settings.jwt_admin_claim,
-            admin_role=settings.jwt_admin_role,
-            cache_s=settings.jwt_cache_s,
-        )
+
+
+def jwt_verifier(settings: GatewaySettings) -> JwtVerifier:
+    return JwtVerifier(
+        settings.jwks_url,
+        issuer=settings.jwt_issuer,
+        audience=settings.jwt_audience,
+        algorithms=[a.strip() for a in settings.jwt_algorithms.split(",") if a.strip()],
+        team_claim=settings.jwt_team_claim,
+        team_id_claim=settings.jwt_team_id_claim,
+        class_claim=settings.jwt_class_claim,
+        models_claim=settings.jwt_models_claim,
+        admin_claim=settings.jwt_admin_claim,
+        admin_role=settings.jwt_admin_role,
+        cache_s=settings.jwt_cache_s,
+    )
+
+
+async def build_deps(settings: GatewaySettings) -> GatewayDeps:
+    if not settings.secret_key:
+        raise ValueError("LLMFLEET_SECRET_KEY is required")
+    spec = load_spec(settings.stack)
+    secret = settings.secret_key.encode()
+    pool, node_pool = await pg_pools(settings)
+    redis = redis_client(settings)
+    jwt = jwt_verifier(settings) if settings.jwks_url else None
     dispatcher = HttpDispatcher(
         [u.strip() for u in settings.orchestrator_url.split(",") if u.strip()], settings.internal_token
     )
