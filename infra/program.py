@@ -29,6 +29,53 @@ def define(config: InfraConfig, spec: StackSpec | None = None) -> None:
     spec = spec or load_spec(config.stack)
     plan = plan_fleet(spec)
     name = spec.cluster_name
+    network, cluster, addons = _kubernetes(config, spec, name)
+    bucket, images, database, cache = _stores(config, spec, network)
+    # The KEDA and Prometheus-operator CRDs, and the namespaces our objects live in.
+    crds: list[pulumi.Resource] = [
+        addons.releases["keda"],
+        addons.releases["kube-prometheus-stack"],
+        *addons.namespaces,
+    ]
+    ModelServing(
+        "serving",
+        ServingArgs(
+            spec=spec,
+            plan=plan,
+            vllm_image=VLLM_IMAGE,
+            agent_image=images.refs["agent"],
+            model_sync_image=images.refs["modelsync"],
+            model_bucket=bucket.bucket.bucket,
+            model_bucket_arn=bucket.bucket.arn,
+            oidc_provider_arn=cluster.oidc_provider_arn,
+            oidc_provider_url=cluster.oidc_provider_url,
+            office_hours=config.office_hours,
+            scale_models=config.scale_models,
+            provider=cluster.provider,
+            depends_on=crds,
+        ),
+    )
+    _platform_apps(config, spec, cluster, addons, images, database, cache)
+    Observability(
+        "observability",
+        ObservabilityArgs(
+            spec=spec,
+            plan=plan,
+            office_hours=config.office_hours,
+            ops_image=images.refs["gateway"],
+            provider=cluster.provider,
+            depends_on=[addons.releases["kube-prometheus-stack"], *addons.namespaces],
+        ),
+    )
+    pulumi.export("cluster", name)
+    pulumi.export("kubeconfig", pulumi.Output.secret(cluster.cluster.kubeconfig_json))
+    pulumi.export("model_bucket", bucket.bucket.bucket)
+    pulumi.export("gpus_peak", plan.gpus_peak)
+    pulumi.export("gpus_cloud", plan.gpus_cloud)
+
+
+def _kubernetes(config: InfraConfig, spec: StackSpec, name: str) -> tuple[Network, Cluster, Addons]:
+    """The VPC, the EKS cluster, Karpenter's GPU pools and the cluster add-ons."""
     account_id = aws.get_caller_identity_output().account_id
     network = Network(
         "network",
@@ -76,6 +123,13 @@ def define(config: InfraConfig, spec: StackSpec | None = None) -> None:
             depends_on=cluster.ready,
         ),
     )
+    return network, cluster, addons
+
+
+def _stores(
+    config: InfraConfig, spec: StackSpec, network: Network
+) -> tuple[ModelBucket, Images, Database, Cache]:
+    """The model bucket, the image repositories, Aurora PostgreSQL and ElastiCache Redis."""
     artifacts = ArtifactsArgs(name=f"llmfleet-{spec.name}", image_tag=config.image_tag or content_tag())
     bucket = ModelBucket("models", artifacts)
     images = Images("images", artifacts)
@@ -91,30 +145,19 @@ def define(config: InfraConfig, spec: StackSpec | None = None) -> None:
     )
     database = Database("database", stores)
     cache = Cache("cache", stores)
-    # The KEDA and Prometheus-operator CRDs, and the namespaces our objects live in.
-    crds: list[pulumi.Resource] = [
-        addons.releases["keda"],
-        addons.releases["kube-prometheus-stack"],
-        *addons.namespaces,
-    ]
-    ModelServing(
-        "serving",
-        ServingArgs(
-            spec=spec,
-            plan=plan,
-            vllm_image=VLLM_IMAGE,
-            agent_image=images.refs["agent"],
-            model_sync_image=images.refs["modelsync"],
-            model_bucket=bucket.bucket.bucket,
-            model_bucket_arn=bucket.bucket.arn,
-            oidc_provider_arn=cluster.oidc_provider_arn,
-            oidc_provider_url=cluster.oidc_provider_url,
-            office_hours=config.office_hours,
-            scale_models=config.scale_models,
-            provider=cluster.provider,
-            depends_on=crds,
-        ),
-    )
+    return bucket, images, database, cache
+
+
+def _platform_apps(
+    config: InfraConfig,
+    spec: StackSpec,
+    cluster: Cluster,
+    addons: Addons,
+    images: Images,
+    database: Database,
+    cache: Cache,
+) -> None:
+    """The gateway and the orchestrators, once the load balancer controller and the stores are up."""
     PlatformApps(
         "platform",
         PlatformArgs(
@@ -142,22 +185,6 @@ def define(config: InfraConfig, spec: StackSpec | None = None) -> None:
             ],
         ),
     )
-    Observability(
-        "observability",
-        ObservabilityArgs(
-            spec=spec,
-            plan=plan,
-            office_hours=config.office_hours,
-            ops_image=images.refs["gateway"],
-            provider=cluster.provider,
-            depends_on=[addons.releases["kube-prometheus-stack"], *addons.namespaces],
-        ),
-    )
-    pulumi.export("cluster", name)
-    pulumi.export("kubeconfig", pulumi.Output.secret(cluster.cluster.kubeconfig_json))
-    pulumi.export("model_bucket", bucket.bucket.bucket)
-    pulumi.export("gpus_peak", plan.gpus_peak)
-    pulumi.export("gpus_cloud", plan.gpus_cloud)
 
 
 def config_from_pulumi() -> InfraConfig:
