@@ -22,8 +22,24 @@ def _table(headers: list[str], rows: list[list[str]]) -> list[str]:
 
 
 def render_plan(plan: FleetPlan) -> str:
+    capacity = _capacity_table(plan)
+    economics = _economics_table(plan)
+    fleet = [
+        f"GPUs at peak: {plan.gpus_peak}  (on premises {plan.gpus_onprem}, cloud {plan.gpus_cloud})",
+        f"cost at peak: {plan.cost_per_hour_peak_usd:,.2f} USD/hour (cloud GPUs only)",
+        f"cost per month: {plan.cost_per_month_usd:,.0f} USD "
+        f"at an average of {plan.average_cloud_gpus:g} cloud GPUs",
+    ]
+    warnings = [f"warning: {w}" for w in plan.warnings]
+    return "\n".join(
+        [f"capacity plan: stack {plan.stack}", "", *capacity, "", *economics, "", *fleet, *warnings]
+    )
+
+
+def _capacity_table(plan: FleetPlan) -> list[str]:
+    """Per model: the KV cache's fit, the streams per replica and the replicas at peak."""
     models = list(plan.models.values())
-    capacity = _table(
+    return _table(
         [
             "model",
             "KV/token",
@@ -56,7 +72,12 @@ def render_plan(plan: FleetPlan) -> str:
             for m in models
         ],
     )
-    economics = _table(
+
+
+def _economics_table(plan: FleetPlan) -> list[str]:
+    """Per model: throughput, cost per million tokens and the queueing figures."""
+    models = list(plan.models.values())
+    return _table(
         [
             "model",
             "tok/s/replica",
@@ -80,14 +101,4 @@ def render_plan(plan: FleetPlan) -> str:
             ]
             for m in models
         ],
-    )
-    fleet = [
-        f"GPUs at peak: {plan.gpus_peak}  (on premises {plan.gpus_onprem}, cloud {plan.gpus_cloud})",
-        f"cost at peak: {plan.cost_per_hour_peak_usd:,.2f} USD/hour (cloud GPUs only)",
-        f"cost per month: {plan.cost_per_month_usd:,.0f} USD "
-        f"at an average of {plan.average_cloud_gpus:g} cloud GPUs",
-    ]
-    warnings = [f"warning: {w}" for w in plan.warnings]
-    return "\n".join(
-        [f"capacity plan: stack {plan.stack}", "", *capacity, "", *economics, "", *fleet, *warnings]
     )
