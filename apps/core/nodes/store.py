@@ -318,6 +318,19 @@ class NodeStore:
 
     async def list_nodes(self) -> list[dict[str, object]]:
         """Every node with a token or a registration, merged with its live heartbeat."""
+        rows = await self._listed_rows()
+        now = self._clock()
+        pipe = self._redis.pipeline(transaction=False)
+        for row in rows:
+            pipe.hgetall(keys.node_hash(row[0]))
+            pipe.zcount(keys.node_inflight(row[0]), now, "+inf")
+        answers = await pipe.execute() if rows else []
+        return [
+            self._listed(row, decode_hash(answers[2 * i]), int(answers[2 * i + 1]), now)
+            for i, row in enumerate(rows)
+        ]
+
+    async def _listed_rows(self) -> list[Any]:
         async with self._pool.connection() as conn:
             # Registered nodes with the token that admits them (their own or, for `<pool>/<x>`,
             # the pool's), then the tokens nobody registered under (pools always land here).
@@ -335,49 +348,38 @@ class NodeStore:
                 (POOL_MEMBER_HISTORY_S,),
             )
             rows = await cur.fetchall()
-        now = self._clock()
-        pipe = self._redis.pipeline(transaction=False)
-        for row in rows:
-            pipe.hgetall(keys.node_hash(row[0]))
-            pipe.zcount(keys.node_inflight(row[0]), now, "+inf")
-        answers = await pipe.execute() if rows else []
-        out: list[dict[str, object]] = []
-        for i, row in enumerate(rows):
-            node_id, location, gpus, models, last_seen, owner, revoked, reg_state, token_kind = row
-            hb = decode_hash(answers[2 * i])
-            in_flight = int(answers[2 * i + 1])
-            ts = _float(hb.get("ts"))
-            age = round(max(0.0, now - ts), 3) if ts is not None else None
-            state = derive_state(
-                revoked=bool(revoked),
-                heartbeat_present=bool(hb),
-                heartbeat_age_s=age,
-                draining=hb.get("draining") == "1" or reg_state == "draining",
-                heartbeat_interval_s=self._interval,
-            )
-            names = [m.get("name") for m in models if isinstance(m, dict)] if isinstance(models, list) else []
-            out.append(
-                {
-                    "node_id": node_id,
-                    # "pool": a pool's token row (members are listed as nodes with `pool` set).
-                    "kind": token_kind,
-                    "pool": pool_of(node_id),
-                    "location": location,
-                    "gpus": gpus,
-                    "models": names,
-                    "state": state.value,
-                    "queue_depth": int(_float(hb.get("queue_depth")) or 0) if hb else None,
-                    "kv_cache_usage": _float(hb.get("kv_cache_usage")) if hb else None,
-                    "gpu_util": _float(hb.get("gpu_util")) if hb else None,
-                    "in_flight": in_flight,
-                    "orchestrator_id": hb.get("orchestrator_id") or owner,
-                    "last_heartbeat_age_s": age,
-                    "last_seen": _iso(ts)
-                    if ts is not None
-                    else (last_seen.isoformat() if last_seen else None),
-                }
-            )
-        return out
+        return rows
+
+    def _listed(self, row: Any, hb: dict[str, str], in_flight: int, now: float) -> dict[str, object]:
+        """One node's admin listing: its registration or token row, heartbeat and in-flight count."""
+        node_id, location, gpus, models, last_seen, owner, revoked, reg_state, token_kind = row
+        ts = _float(hb.get("ts"))
+        age = round(max(0.0, now - ts), 3) if ts is not None else None
+        state = derive_state(
+            revoked=bool(revoked),
+            heartbeat_present=bool(hb),
+            heartbeat_age_s=age,
+            draining=hb.get("draining") == "1" or reg_state == "draining",
+            heartbeat_interval_s=self._interval,
+        )
+        names = [m.get("name") for m in models if isinstance(m, dict)] if isinstance(models, list) else []
+        return {
+            "node_id": node_id,
+            # "pool": a pool's token row (members are listed as nodes with `pool` set).
+            "kind": token_kind,
+            "pool": pool_of(node_id),
+            "location": location,
+            "gpus": gpus,
+            "models": names,
+            "state": state.value,
+            "queue_depth": int(_float(hb.get("queue_depth")) or 0) if hb else None,
+            "kv_cache_usage": _float(hb.get("kv_cache_usage")) if hb else None,
+            "gpu_util": _float(hb.get("gpu_util")) if hb else None,
+            "in_flight": in_flight,
+            "orchestrator_id": hb.get("orchestrator_id") or owner,
+            "last_heartbeat_age_s": age,
+            "last_seen": _iso(ts) if ts is not None else (last_seen.isoformat() if last_seen else None),
+        }
 
 
 def _iso(ts: float) -> str:
