@@ -7,7 +7,7 @@ KEDA thresholds from it (ARCHITECTURE D8), so both always agree.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from apps.core.errors import SpecError
 from apps.core.sizing import fleet, kv
@@ -74,7 +74,18 @@ class FleetPlan:
         }
 
 
-def plan_model(spec: StackSpec, name: str, model: ModelSpec) -> ModelPlan:
+class _KvFit(NamedTuple):
+    per_token: int  # KV bytes per token
+    weights: float  # weight bytes
+    tp: int  # GPUs per replica
+    budget: float  # KV bytes per replica
+    blocks: int
+    fit: int  # streams of the planning context that fit
+
+
+def _kv_fit(spec: StackSpec, name: str, model: ModelSpec) -> _KvFit:
+    """The tensor-parallel size and KV cache of one replica, checked against the streams and the
+    context the spec asks for (a SpecError naming the field when they do not fit)."""
     serving = model.serving
     gpu = spec.gpu_types[serving.gpu_type]
     sizing = spec.sizing
@@ -115,6 +126,13 @@ def plan_model(spec: StackSpec, name: str, model: ModelSpec) -> ModelPlan:
             f"in the KV cache ({blocks * sizing.block_size} tokens)",
             param=f"models.{name}.serving.max_model_len",
         )
+    return _KvFit(per_token, weights, tp, budget, blocks, fit)
+
+
+def plan_model(spec: StackSpec, name: str, model: ModelSpec) -> ModelPlan:
+    serving = model.serving
+    gpu = spec.gpu_types[serving.gpu_type]
+    per_token, weights, tp, budget, blocks, fit = _kv_fit(spec, name, model)
     max_num_seqs = serving.max_num_seqs or max(
         kv.largest_power_of_two_at_most(fit), serving.streams_per_replica
     )
