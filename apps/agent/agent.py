@@ -42,7 +42,6 @@ from apps.agent.telemetry import GpuProbe, choose_gpu_probe
 from apps.agent.work import Work
 from apps.core.aio import first_of
 from apps.core.protocol import node as proto
-from apps.netio import fastpath
 
 log = logging.getLogger("llmfleet.agent")
 
@@ -396,18 +395,7 @@ class Agent:
         request's first chunk is urgent (it leads its batch)."""
         conn = self._conn
         if conn is not None:
-            if first:
-                self.metrics.netio.served(fastpath.AIOHTTP_WS_FRAME, fallback=1)
             await conn.send(frame, urgent=first)
-
-    def send_first_now(self, frame: proto.Chunk) -> bool:
-        """`ChunkSink`: a request's first chunk straight onto the socket (from the engine socket's
-        callback), or False when the live connection cannot take it synchronously now."""
-        conn = self._conn
-        if conn is None or not conn.send_now(frame):
-            return False
-        self.metrics.netio.served(fastpath.AIOHTTP_WS_FRAME, fast=1)
-        return True
 
     async def send_done(self, frame: proto.Done) -> None:
         conn = self._conn

@@ -18,7 +18,6 @@ from pydantic import ValidationError
 
 from apps.core.aio import first_of, won
 from apps.core.protocol import node as proto
-from apps.netio.aiohttp_ws import frame_writer
 
 log = logging.getLogger("llmfleet.agent.connection")
 
@@ -105,7 +104,6 @@ class Connection:
         # (urgent, text): an urgent frame (a request's first chunk) leads the batch it is sent in.
         self._queue: asyncio.Queue[tuple[bool, str]] = asyncio.Queue(maxsize=queue_size)
         self._closed = asyncio.Event()
-        self._write_now = frame_writer(ws)
 
     @property
     def closed(self) -> bool:
@@ -115,8 +113,7 @@ class Connection:
         """Queue one frame; False if the connection is gone (the frame is dropped). An `urgent`
         frame (a request's chunks up to its first token) goes out ahead of the non-urgent frames
         queued with it (never ahead of another urgent one), so time to first token does not wait
-        behind a whole engine step's worth of other requests' chunks. (`send_now` writes one at
-        once instead, when the socket takes it.)"""
+        behind a whole engine step's worth of other requests' chunks."""
         if self._closed.is_set():
             return False
         text = (urgent, proto.encode(frame))
@@ -128,15 +125,6 @@ class Connection:
         # Slow path, only under backpressure: wait for room or for the end of the connection.
         put, _ = await first_of(self._queue.put(text), self._closed.wait())
         return won(put)
-
-    def send_now(self, frame: proto._Frame) -> bool:
-        """Write `frame` as its own message at once, from the caller (synchronous): not after the
-        writer task's turn, which comes only once the event loop has handled the whole engine
-        step (every other request's chunk). False, with nothing sent, when the connection is
-        closed, compresses, or its socket is not taking more now."""
-        return (
-            not self._closed.is_set() and self._write_now is not None and self._write_now(proto.encode(frame))
-        )
 
     async def flush(self, timeout_s: float) -> None:
         """Wait (bounded) until the writer has sent everything queued so far."""

@@ -15,14 +15,11 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from apps.netio.fastpath import PathMetrics
-
 
 class AgentMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
-        self.netio = PathMetrics(r)
         self.connected = Gauge(
             "llmfleet_agent_connected", "1 while registered with an orchestrator", registry=r
         )

@@ -48,7 +48,6 @@ from apps.core.protocol.openai import (
     parse_usage,
     sse_event,
 )
-from apps.netio import fastpath
 from apps.netio.http_client import HttpResponse, Unreachable
 
 log = logging.getLogger("llmfleet.agent.relay")
@@ -75,11 +74,6 @@ class ChunkSink(Protocol):
     async def send_chunk(self, frame: Chunk, *, first: bool = False) -> None:
         """Queue a chunk frame for the orchestrator (may wait: the send queue is bounded);
         `first`: the request's first chunk (sent ahead of other requests' queued chunks)."""
-        ...
-
-    def send_first_now(self, frame: Chunk) -> bool:
-        """Write a request's first chunk to the orchestrator at once, synchronously; False (and
-        nothing done) when that is not possible now (no connection, socket busy)."""
         ...
 
 
@@ -140,8 +134,6 @@ class Relay:
         self._deadline_phase = "response headers"
         # What has happened so far, for partial usage.
         self.events_sent = 0  # SSE events forwarded (role chunk included)
-        self._queued_early = False  # a frame up to the first token went through the send queue
-        self.socket_pieces = 0  # pieces forwarded from the engine socket's callback (`_first_piece`)
         self.tokens = 0  # content chunks (the first-token logic; billing only without a tally)
         n = assign.body.get("n")
         self.tally = TokenTally(client_wants_chunk_usage(assign), n if isinstance(n, int) and n > 1 else 1)
@@ -219,7 +211,6 @@ class Relay:
             self._deadline_phase = "the first token"
             return await self._read_events(resp, scope, loop)
         finally:
-            resp.set_sink(None)
             # A stream read to its end goes back to the pool (this is then a no-op); a half-read
             # one is dropped: closing the socket is what makes vLLM abort the request.
             await resp.aclose()
@@ -230,10 +221,6 @@ class Relay:
         splitter = SseSplitter()
         usage_raw: bytes | None = None
         saw_done = False
-        # Until the first token is out, a piece that arrives while this loop waits is forwarded from
-        # the engine socket's callback (`_first_piece`) when it can be.
-        if fastpath.enabled(fastpath.ENGINE_FIRST_PIECE):
-            resp.set_sink(lambda data: self._first_piece(data, splitter, scope, loop))
         while data := await resp.readany():
             self._note_output(scope, loop)
             urgent = self.tokens == 0
@@ -257,8 +244,6 @@ class Relay:
                         self.finish_reason = reason
             if out:
                 await self._forward(out, urgent)
-            if self.tokens or self._queued_early:
-                resp.set_sink(None)
             if saw_done:
                 # The end of the body (the last chunk of the chunked encoding) follows `[DONE]` at
                 # once: read it, so the connection goes back to the pool instead of being closed
@@ -301,48 +286,11 @@ class Relay:
         if when is None or not now + idle_s <= when <= now + idle_s + slack:
             scope.reschedule(now + idle_s + slack)
 
-    def _first_piece(
-        self, data: bytes, splitter: SseSplitter, scope: asyncio.Timeout, loop: asyncio.AbstractEventLoop
-    ) -> bool:
-        """The engine socket's sink until the first token is out (called from its `data_received`
-        while the loop above waits): whole content events (the role chunk, the first token) go to
-        the orchestrator at once, from this callback, not after the event loop has woken and run
-        every other stream's relay of the same engine step. Anything else (a partial event, usage,
-        `[DONE]`, an error, a socket that cannot take it now, an earlier frame of this request
-        still queued) is declined, untouched, and the loop reads it as usual. True: forwarded."""
-        if self.tokens or self._queued_early or self._abort_reason is not None:
-            return False
-        if splitter.pending or not data.endswith(b"\n\n"):
-            return False
-        # `splitter` holds nothing and the piece ends an event: a fresh splitter gives its answer
-        # without touching its state (which matters when the piece is declined below).
-        payloads = SseSplitter().feed(data)
-        if not payloads or any(p == DONE_PAYLOAD or is_usage_event(p) or is_error_event(p) for p in payloads):
-            return False
-        events = [sse_event(self.tally.take(p)) for p in payloads]
-        frame = Chunk(request_id=self.request_id, delta=b"".join(events).decode())
-        if not self._sink.send_first_now(frame):
-            return False
-        self.events_sent += len(events)
-        self.socket_pieces += 1
-        for payload in payloads:
-            if _ROLE_MARK not in payload:
-                self.tokens += 1
-            reason = _finish_reason(payload)
-            if reason is not None:
-                self.finish_reason = reason
-        self._note_output(scope, loop)
-        return True
-
     async def _forward(self, events: list[bytes], urgent: bool) -> None:
-        """`urgent`: the frame carries no token or the first one (it leads the queued frames, or
-        is written at once). Later frames never overtake it: once an urgent frame of this request
-        waits in the queue, the next ones queue behind it."""
+        """`urgent`: the frame carries no token or the first one (it leads the batch of queued frames
+        it is sent in; later frames of this request queue behind it)."""
         self.events_sent += len(events)
         frame = Chunk(request_id=self.request_id, delta=b"".join(events).decode())
-        if urgent and not self._queued_early and self._sink.send_first_now(frame):
-            return
-        self._queued_early = self._queued_early or urgent
         await self._sink.send_chunk(frame, first=urgent)
 
     async def _prompt_tokens(self) -> int:

@@ -17,7 +17,6 @@ from apps.agent.health import AgentMetrics
 from apps.agent.journal import Journal
 from apps.agent.relay import Relay, RelayTimeouts
 from apps.core.protocol import node as proto
-from apps.netio import fastpath
 
 log = logging.getLogger("llmfleet.agent.work")
 
@@ -26,8 +25,6 @@ class Outlet(Protocol):
     """Where frames go: the live connection, or nowhere while there is none."""
 
     async def send_chunk(self, frame: proto.Chunk, *, first: bool = False) -> None: ...
-
-    def send_first_now(self, frame: proto.Chunk) -> bool: ...
 
     async def send_done(self, frame: proto.Done) -> None: ...
 
@@ -95,9 +92,6 @@ class Work:
                     completion_tokens=relay.completion_tokens,
                 )
             self._metrics.assignments.labels(relay.outcome.value if relay.outcome else "failed").inc()
-            self._metrics.netio.served(
-                fastpath.ENGINE_FIRST_PIECE, fast=relay.socket_pieces, fallback=int(relay.socket_pieces == 0)
-            )
             if isinstance(result, proto.Done):
                 # Journal first (fsync), then send: a crash in between replays it later.
                 await asyncio.shield(self._journal.record_done(result))

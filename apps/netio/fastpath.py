@@ -23,9 +23,9 @@ ENV: Final = "LLMFLEET_NETIO_FASTPATHS"
 
 UVICORN_CHUNK: Final = "uvicorn_chunk"  # gateway: relayed chunk framed onto uvicorn's transport
 AIOHTTP_CHUNK: Final = "aiohttp_chunk"  # orchestrator: relayed chunk framed onto aiohttp's transport
-AIOHTTP_WS_FRAME: Final = "aiohttp_ws_frame"  # agent: a first chunk framed by aiohttp's ws writer at once
-ENGINE_FIRST_PIECE: Final = "engine_first_piece"  # agent: first token forwarded from the engine socket
-PATHS: Final = (UVICORN_CHUNK, AIOHTTP_CHUNK, AIOHTTP_WS_FRAME, ENGINE_FIRST_PIECE)
+PATHS: Final = (UVICORN_CHUNK, AIOHTTP_CHUNK)
+# Removed on 2026-12-01 (measured within the noise, docs/performance.md): `aiohttp_ws_frame` and
+# `engine_first_piece`, the agent's synchronous first-chunk write from the engine socket's callback.
 
 
 def enabled(path: str, environ: Mapping[str, str] | None = None) -> bool:

@@ -196,36 +196,12 @@ async def ws_server() -> Any:
         await runner.cleanup()
 
 
-async def test_a_first_chunk_is_written_at_once_without_waiting_for_the_writer_task(ws_server: Any) -> None:
+async def test_an_urgent_first_chunk_leads_the_batch_it_is_sent_in(ws_server: Any) -> None:
     server, url = ws_server
     async with aiohttp.ClientSession() as session, session.ws_connect(url) as ws:
         conn = Connection(ws, queue_size=64, batching=True)
-        for i in range(3):
-            assert await conn.send(proto.Chunk(request_id=f"r{i}", delta=f"data: {i}\n\n"))
-        assert conn.send_now(proto.Chunk(request_id="new", delta="data: first\n\n"))
-        # The writer task is not running: only the immediate write can have sent this.
-        await server.wait_for(1)
-        assert server.messages == [proto.encode_chunk("new", "data: first\n\n")]
-        writer = asyncio.ensure_future(conn.writer())
-        try:
-            await server.wait_for(2)
-            await conn.flush(GUARD_S)
-        finally:
-            writer.cancel()
-            with pytest.raises(asyncio.CancelledError):
-                await writer
-    frames = [proto.decode_node_frame(t) for t in proto.split_frames(server.messages[1])]
-    assert [f.request_id for f in frames] == ["r0", "r1", "r2"]  # type: ignore[union-attr]
-
-
-async def test_a_compressing_connection_queues_first_chunks_like_the_rest(ws_server: Any) -> None:
-    server, url = ws_server
-    async with aiohttp.ClientSession() as session, session.ws_connect(url, compress=15) as ws:
-        conn = Connection(ws, queue_size=64, batching=True)
         assert await conn.send(proto.Chunk(request_id="r0", delta="data: 0\n\n"))
-        first = proto.Chunk(request_id="new", delta="data: first\n\n")
-        assert not conn.send_now(first)  # declined, nothing written: the caller queues it
-        assert await conn.send(first, urgent=True)
+        assert await conn.send(proto.Chunk(request_id="new", delta="data: first\n\n"), urgent=True)
         writer = asyncio.ensure_future(conn.writer())
         try:
             await server.wait_for(1)
@@ -235,29 +211,3 @@ async def test_a_compressing_connection_queues_first_chunks_like_the_rest(ws_ser
                 await writer
     frames = [proto.decode_node_frame(t) for t in proto.split_frames(server.messages[0])]
     assert [f.request_id for f in frames] == ["new", "r0"]  # type: ignore[union-attr]
-
-
-def test_an_aiohttp_frame_writer_of_another_shape_is_not_used() -> None:
-    from apps.netio.aiohttp_ws import frame_writer as _frame_writer
-
-    class Protocol:
-        _paused = False
-
-    class Transport:
-        def is_closing(self) -> bool:
-            return False
-
-    class Writer:
-        compress = 0
-        _closing = False
-        protocol = Protocol()
-        transport = Transport()
-
-        def _write_websocket_frame(self, message: bytes, opcode: int) -> None:  # no `rsv`
-            raise AssertionError("must not be called")
-
-    class Ws:
-        closed = False
-        _writer = Writer()
-
-    assert _frame_writer(cast(aiohttp.ClientWebSocketResponse, Ws())) is None

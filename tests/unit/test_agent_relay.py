@@ -3,7 +3,6 @@ cancel → upstream closed and `done(abort)` with counted tokens, errors in ever
 
 from __future__ import annotations
 
-import asyncio
 import json
 from pathlib import Path
 from typing import Any
@@ -22,27 +21,13 @@ FORCED_OPTIONS = {"include_usage": True, "continuous_usage_stats": True}
 
 
 class ListSink:
-    def __init__(self, *, takes_first_now: bool = False, declines: int = 0) -> None:
+    def __init__(self) -> None:
         self.frames: list[proto.Chunk] = []
         self.first_flags: list[bool] = []
-        self.takes_first_now = takes_first_now
-        self.declines = declines  # the first N `send_first_now` calls are declined (socket busy)
-        self.sent_now: list[int] = []  # indexes in `frames` of those written synchronously
-        self.from_callback: list[bool] = []  # per `send_first_now`: called outside any task
 
     async def send_chunk(self, frame: proto.Chunk, *, first: bool = False) -> None:
         self.frames.append(frame)
         self.first_flags.append(first)
-
-    def send_first_now(self, frame: proto.Chunk) -> bool:
-        if not self.takes_first_now or self.declines:
-            self.declines = max(0, self.declines - 1)
-            return False
-        self.from_callback.append(asyncio.current_task() is None)  # a protocol's data_received
-        self.sent_now.append(len(self.frames))
-        self.frames.append(frame)
-        self.first_flags.append(True)
-        return True
 
     def events(self) -> list[bytes]:
         return SseSplitter().feed("".join(f.delta for f in self.frames).encode())
@@ -113,71 +98,14 @@ async def test_stream_forwards_engine_bytes_and_reports_usage(engine: FakeEngine
     assert engine.tokenize_requests == []  # D5: usage from the engine, no counting when it reports
 
 
-async def test_the_first_chunk_goes_out_from_the_engine_sockets_callback(engine: FakeEngine) -> None:
-    """With a sink that can write synchronously, the first piece (role chunk + first token) is
-    forwarded from `data_received`, and the rest of the stream through the relay loop: same bytes,
-    same usage, same counts as the loop alone."""
-    plain_frame, plain, _ = await _relay(engine, _assign({"tokens": 5, "prompt_tokens": 12}))
-    frame, sink, relay = await _relay(
-        engine, _assign({"tokens": 5, "prompt_tokens": 12}), ListSink(takes_first_now=True)
-    )
-    assert sink.sent_now == [0]  # the first frame, and only it
-    assert b'"role":"assistant"' in SseSplitter().feed(sink.frames[0].delta.encode())[0]
-    # What the loop alone forwards (each request has its own completion id).
-    assert [json.loads(e)["choices"] for e in sink.events()] == [
-        json.loads(e)["choices"] for e in plain.events()
-    ]
-    assert (frame.prompt_tokens, frame.completion_tokens) == (
-        plain_frame.prompt_tokens,
-        plain_frame.completion_tokens,
-    )  # type: ignore[union-attr]
-    assert isinstance(frame, proto.Done)
-    assert (frame.prompt_tokens, frame.completion_tokens) == (12, 5)
-    assert (relay.events_sent, relay.tokens) == (6, 5)
-    assert relay.outcome is Outcome.COMPLETED
-
-
-async def test_a_first_token_arriving_while_the_relay_waits_is_forwarded_from_the_callback(
-    engine: FakeEngine,
-) -> None:
-    # Paced: the role chunk comes with the head; each token is its own piece, read while the relay
-    # waits. The role chunk goes at once from the loop, the first token from the engine socket's
-    # callback (no task), the rest through the queue.
-    frame, sink, relay = await _relay(
-        engine, _assign({"tokens": 3, "prompt_tokens": 4, "pace_s": 0.05}), ListSink(takes_first_now=True)
-    )
-    assert sink.sent_now == [0, 1]
-    assert sink.from_callback == [False, True]
+async def test_frames_up_to_the_first_token_are_urgent_and_the_rest_are_not(engine: FakeEngine) -> None:
+    # Paced: the role chunk comes with the head; each token is its own piece. The role chunk and the
+    # first token's frame lead the batch they are sent in; later tokens queue in order.
+    frame, sink, relay = await _relay(engine, _assign({"tokens": 3, "prompt_tokens": 4, "pace_s": 0.05}))
     assert [b'"role"' in e for e in sink.events()] == [True, False, False, False]
     assert sink.first_flags == [True, True, False, False]
     assert isinstance(frame, proto.Done)
     assert (relay.events_sent, relay.tokens, frame.completion_tokens) == (4, 3, 3)
-
-
-async def test_once_an_early_frame_waits_in_the_queue_the_next_one_does_not_overtake_it(
-    engine: FakeEngine,
-) -> None:
-    # The role chunk cannot be written at once (socket busy) and is queued; the first token then
-    # arrives while the relay waits: it must queue behind it, not go out first from the callback.
-    frame, sink, _ = await _relay(
-        engine,
-        _assign({"tokens": 3, "prompt_tokens": 4, "pace_s": 0.05}),
-        ListSink(takes_first_now=True, declines=1),
-    )
-    assert sink.sent_now == []
-    assert [b'"role"' in e for e in sink.events()] == [True, False, False, False]
-    assert sink.first_flags == [True, True, False, False]
-    assert isinstance(frame, proto.Done)
-
-
-async def test_a_first_piece_the_socket_cannot_take_now_goes_through_the_loop(engine: FakeEngine) -> None:
-    frame, sink, relay = await _relay(
-        engine, _assign({"tokens": 3, "prompt_tokens": 4}), ListSink(takes_first_now=False)
-    )
-    assert sink.sent_now == []
-    assert sink.first_flags[0] is True  # still urgent, through the queue
-    assert isinstance(frame, proto.Done)
-    assert (relay.events_sent, relay.tokens) == (4, 3)
 
 
 async def test_events_that_piled_up_while_the_relay_was_busy_go_out_as_one_frame(engine: FakeEngine) -> None:

@@ -10,7 +10,6 @@ instead of raising into the socket callback that called it.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -27,15 +26,14 @@ from starlette.types import Receive, Scope, Send
 from apps.cli.procs import free_port as _free_port
 from apps.netio import fastpath
 from apps.netio.aiohttp_server import ChunkWriter, chunk_writer
-from apps.netio.aiohttp_ws import frame_writer
 from apps.netio.uvicorn_writer import GatewayApp, direct_writer
 
 
 def test_the_switch_reads_on_off_and_a_list_of_paths() -> None:
     assert all(fastpath.enabled(p, {}) for p in fastpath.PATHS)
     assert not any(fastpath.enabled(p, {fastpath.ENV: "off"}) for p in fastpath.PATHS)
-    only = {fastpath.ENV: "uvicorn_chunk, aiohttp_ws_frame"}
-    assert [p for p in fastpath.PATHS if fastpath.enabled(p, only)] == ["uvicorn_chunk", "aiohttp_ws_frame"]
+    only = {fastpath.ENV: "aiohttp_chunk, "}
+    assert [p for p in fastpath.PATHS if fastpath.enabled(p, only)] == ["aiohttp_chunk"]
 
 
 def test_the_metric_counts_fast_and_fallback_pieces_per_path() -> None:
@@ -180,53 +178,3 @@ def test_aiohttp_chunk_writer_that_breaks_declines_instead_of_raising() -> None:
     assert writer.broken
     assert writer.write(b"y") is False
     assert writer.written == 0
-
-
-# -- aiohttp client WebSocket -------------------------------------------------------------------------
-
-
-@contextlib.asynccontextmanager
-async def _ws_client(
-    got: asyncio.Queue[str], *, compress: bool = False
-) -> AsyncIterator[aiohttp.ClientWebSocketResponse]:
-    """A client WebSocket to an aiohttp server that puts every text message it gets into `got`."""
-
-    async def ws_handler(request: web.Request) -> web.WebSocketResponse:
-        ws = web.WebSocketResponse(compress=compress)
-        await ws.prepare(request)
-        async for msg in ws:
-            await got.put(msg.data)
-        return ws
-
-    app = web.Application()
-    app.router.add_get("/ws", ws_handler)
-    runner, port = await _serve_aiohttp(app)
-    try:
-        async with (
-            aiohttp.ClientSession() as session,
-            session.ws_connect(f"http://127.0.0.1:{port}/ws", compress=15 if compress else 0) as ws,
-        ):
-            yield ws
-    finally:
-        await runner.cleanup()
-
-
-@pytest.mark.parametrize("switch", ["on", "off"])
-async def test_aiohttp_ws_frame_writer_sends_a_text_message(
-    switch: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv(fastpath.ENV, switch)
-    got: asyncio.Queue[str] = asyncio.Queue()
-    async with _ws_client(got) as ws:
-        write = frame_writer(ws)
-        assert (write is not None) is (switch == "on")
-        if write is not None:
-            assert write('{"type":"chunk"}') is True
-            assert await asyncio.wait_for(got.get(), 5) == '{"type":"chunk"}'
-            await ws.close()
-            assert write("late") is False  # a closed socket declines
-
-
-async def test_aiohttp_ws_frame_writer_is_not_used_when_the_connection_compresses() -> None:
-    async with _ws_client(asyncio.Queue(), compress=True) as ws:
-        assert frame_writer(ws) is None
