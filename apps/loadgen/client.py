@@ -65,6 +65,25 @@ def _is_token_chunk(payload: bytes) -> bool:
     return b'"delta"' in payload and b'"role"' not in payload
 
 
+def _note_event(result: RequestResult, payload: bytes) -> bool:
+    """Record one SSE event of the stream in `result`; True when it was a token chunk (counted; its
+    timing is the caller's)."""
+    if payload == DONE_PAYLOAD:
+        result.outcome = Outcome.OK if result.error is None else Outcome.ERROR
+    elif is_error_event(payload):
+        result.status = "stream_error"
+        result.error = payload[:300].decode(errors="replace")
+    elif is_usage_event(payload):
+        usage = parse_usage(payload)
+        if usage is not None:
+            result.usage_completion_tokens = usage.completion_tokens
+            result.prompt_tokens = usage.prompt_tokens
+    elif _is_token_chunk(payload):
+        result.token_chunks += 1
+        return True
+    return False
+
+
 async def stream_one(
     session: aiohttp.ClientSession,
     url: str,
@@ -95,32 +114,19 @@ async def stream_one(
             async for data in resp.content.iter_any():
                 now = time.monotonic()
                 for payload in splitter.feed(data):
-                    if payload == DONE_PAYLOAD:
-                        result.outcome = Outcome.OK if result.error is None else Outcome.ERROR
+                    if not _note_event(result, payload):
                         continue
-                    if is_error_event(payload):
-                        result.status = "stream_error"
-                        result.error = payload[:300].decode(errors="replace")
-                        continue
-                    if is_usage_event(payload):
-                        usage = parse_usage(payload)
-                        if usage is not None:
-                            result.usage_completion_tokens = usage.completion_tokens
-                            result.prompt_tokens = usage.prompt_tokens
-                        continue
-                    if _is_token_chunk(payload):
-                        result.token_chunks += 1
-                        if last is None:
-                            result.ttft_s = now - start
-                            result.first_content_at = now
-                        else:
-                            result.itls_s.append(now - last)
-                        last = now
-                        if abandon_after is not None and result.token_chunks >= abandon_after:
-                            resp.close()  # drop the connection mid-stream, like a client that goes away
-                            result.outcome = Outcome.ABANDONED
-                            result.end = time.monotonic()
-                            return result
+                    if last is None:
+                        result.ttft_s = now - start
+                        result.first_content_at = now
+                    else:
+                        result.itls_s.append(now - last)
+                    last = now
+                    if abandon_after is not None and result.token_chunks >= abandon_after:
+                        resp.close()  # drop the connection mid-stream, like a client that goes away
+                        result.outcome = Outcome.ABANDONED
+                        result.end = time.monotonic()
+                        return result
             if result.outcome is not Outcome.OK and result.status == "200":
                 result.status = "incomplete"  # the stream ended without [DONE]
                 result.error = result.error or "stream ended without [DONE]"

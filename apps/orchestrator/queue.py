@@ -175,19 +175,7 @@ class Queues:
                 return node
         self._admit(model, q, share, timeout_s, retry_after_s)
         me = _Waiter(share, start)
-        lane: Lane = (share.klass, share.team)
-        waiters = q.lanes.get(lane)
-        if not waiters:
-            waiters = q.lanes[lane] = deque()
-            others = [
-                self._weighted(model, q, other, w[0].share.weight)
-                for other, w in q.lanes.items()
-                if other[0] is share.klass and w
-            ]
-            floor = max(q.vtime, min(others, default=0.0))
-            q.offsets[lane] = max(0.0, floor - self.service.served(model, share.team) / share.weight)
-        waiters.append(me)
-        q.size += 1
+        lane, waiters = self._join(model, q, me)
         try:
             while True:
                 head = self._head(model, q)
@@ -223,6 +211,25 @@ class Queues:
                 q.offsets.pop(lane, None)
             # The next head must try now: it may fit in capacity this waiter did not take.
             self.notify(model)
+
+    def _join(self, model: str, q: _ModelQueue, me: _Waiter) -> tuple[Lane, deque[_Waiter]]:
+        """Queue `me` at the end of its lane (class, team); a lane that starts now begins at the
+        class's fair floor (virtual time), less what its team was already served."""
+        share = me.share
+        lane: Lane = (share.klass, share.team)
+        waiters = q.lanes.get(lane)
+        if not waiters:
+            waiters = q.lanes[lane] = deque()
+            others = [
+                self._weighted(model, q, other, w[0].share.weight)
+                for other, w in q.lanes.items()
+                if other[0] is share.klass and w
+            ]
+            floor = max(q.vtime, min(others, default=0.0))
+            q.offsets[lane] = max(0.0, floor - self.service.served(model, share.team) / share.weight)
+        waiters.append(me)
+        q.size += 1
+        return lane, waiters
 
     def _admit(
         self, model: str, q: _ModelQueue, share: Share, timeout_s: float, hint: float | Callable[[], float]

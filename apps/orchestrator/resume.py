@@ -218,15 +218,7 @@ class Resumer:
         if body is None:
             return Outcome.NOT_POSSIBLE
         first_prompt = error.prompt_tokens if error is not None and error.prompt_tokens > 0 else None
-        pick = PickRequest(
-            dreq.model,
-            dreq.request_id,
-            frozenset({lost.node_id}),
-            plane.settings.kv_cache_max,
-            usage_bound=(dreq.max_prompt_tokens, dreq.max_completion_tokens)
-            if dreq.max_prompt_tokens is not None and dreq.max_completion_tokens is not None
-            else None,
-        )
+        pick = self._pick(lost)
         others = [
             n
             for n in plane.fleet.snapshot()
@@ -255,30 +247,7 @@ class Resumer:
             if not await plane.start(node, dreq.model_copy(update={"body": body}), stream):
                 return Outcome.NO_NODE
             self.assigned = True
-            wait = dreq.deadlines.first_token_s
-            while True:
-                ev = await stream.next(wait)
-                wait = dreq.deadlines.idle_s
-                if isinstance(ev, ChunkEv):
-                    data = splice.chunks(ev.delta + "".join(stream.take_chunks()))
-                    if data:
-                        await self.write(data)
-                    continue
-                if isinstance(ev, DoneEv):
-                    frame = ev.frame
-                    plane.metrics.resume_prefill_tokens.labels(model=dreq.model).inc(frame.prompt_tokens)
-                    if dreq.client_wants_usage and frame.usage_event:
-                        usage = splice.usage_event(
-                            frame.usage_event, frame.prompt_tokens, frame.completion_tokens
-                        )
-                        await self.write(usage + SSE_DONE)
-                    else:
-                        await self.write(SSE_DONE)
-                    return Outcome.COMPLETED
-                if ev is None or (isinstance(ev, LostEv) and ev.reason.value == "relay_overflow"):
-                    await shielded(plane.cancel(node.node_id, dreq.request_id), _CLEANUP_S, "cancel")
-                self.end = ev
-                return Outcome.FAILED
+            return await self._relay(node, stream, splice)
         except BaseException:
             # The gateway went away (or the write failed): stop the second node; its done settles.
             if self.assigned:
@@ -287,6 +256,47 @@ class Resumer:
         finally:
             stream.close()
             await shielded(plane.finish(node.node_id, dreq.request_id, stream), _CLEANUP_S, "finish")
+
+    def _pick(self, lost: NodeView) -> PickRequest:
+        """Any node of the model but the one that was lost."""
+        dreq = self.dreq
+        return PickRequest(
+            dreq.model,
+            dreq.request_id,
+            frozenset({lost.node_id}),
+            self.plane.settings.kv_cache_max,
+            usage_bound=(dreq.max_prompt_tokens, dreq.max_completion_tokens)
+            if dreq.max_prompt_tokens is not None and dreq.max_completion_tokens is not None
+            else None,
+        )
+
+    async def _relay(self, node: NodeView, stream: RequestStream, splice: Splice) -> Outcome:
+        """The second node's stream, spliced onto what the client already has, to its end."""
+        plane, dreq = self.plane, self.dreq
+        wait = dreq.deadlines.first_token_s
+        while True:
+            ev = await stream.next(wait)
+            wait = dreq.deadlines.idle_s
+            if isinstance(ev, ChunkEv):
+                data = splice.chunks(ev.delta + "".join(stream.take_chunks()))
+                if data:
+                    await self.write(data)
+                continue
+            if isinstance(ev, DoneEv):
+                frame = ev.frame
+                plane.metrics.resume_prefill_tokens.labels(model=dreq.model).inc(frame.prompt_tokens)
+                if dreq.client_wants_usage and frame.usage_event:
+                    usage = splice.usage_event(
+                        frame.usage_event, frame.prompt_tokens, frame.completion_tokens
+                    )
+                    await self.write(usage + SSE_DONE)
+                else:
+                    await self.write(SSE_DONE)
+                return Outcome.COMPLETED
+            if ev is None or (isinstance(ev, LostEv) and ev.reason.value == "relay_overflow"):
+                await shielded(plane.cancel(node.node_id, dreq.request_id), _CLEANUP_S, "cancel")
+            self.end = ev
+            return Outcome.FAILED
 
 
 def resume_reason(ev: ErrorEv | LostEv | None) -> Reason | None:

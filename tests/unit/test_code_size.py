@@ -34,13 +34,6 @@ LONG_FUNCTIONS: dict[str, str] = {
     "infra/components/karpenter.py::Karpenter.__init__": PULUMI,
     "infra/components/addons.py::Addons.__init__": PULUMI,
     "infra/components/cluster.py::Cluster.__init__": PULUMI,
-    # Not split yet (issue 14 ran out of time); the hot-path ones want a before/after measurement of
-    # their own when they are split.
-    "apps/core/batching/scheduler.py::Scheduler.step": "enginesim's batching step (hot path): not split yet",
-    "apps/orchestrator/queue.py::Queues.acquire": "the fair queue's wait for a node (hot path): not split yet",
-    "apps/orchestrator/resume.py::Resumer._run": "one resume attempt's state machine: not split yet",
-    "apps/core/sizing/plan.py::plan_model": "the planner's per-model sizing, one formula per step: not split yet",
-    "apps/loadgen/client.py::stream_one": "loadgen's one-request client loop: not split yet",
 }
 
 

@@ -179,11 +179,19 @@ class Scheduler:
         return self.running[-1]
 
     def step(self) -> StepResult:
-        prof = self.profile
         result = StepResult(duration_s=0.0)
-        budget = prof.max_num_batched_tokens
         scheduled: list[tuple[Sequence, int]] = []
+        budget = self._schedule_running(self.profile.max_num_batched_tokens, scheduled, result)
+        if not result.preempted:
+            self._admit_waiting(budget, scheduled)
+        self._advance(scheduled, result)
+        return result
 
+    def _schedule_running(
+        self, budget: int, scheduled: list[tuple[Sequence, int]], result: StepResult
+    ) -> int:
+        """The running sequences' next tokens within `budget` (preempting for blocks); the budget left."""
+        prof = self.profile
         bs = prof.block_size
         running_state = SeqState.RUNNING
         for seq in list(self.running):
@@ -205,19 +213,26 @@ class Scheduler:
                     continue
             scheduled.append((seq, new))
             budget -= new
+        return budget
 
-        if not result.preempted:
-            while self.waiting and len(self.running) < prof.max_num_seqs and budget > 0:
-                seq = self.waiting[0]
-                new = min(seq.num_tokens - seq.computed, budget)
-                if not self._allocate(seq, new):
-                    break
-                self.waiting.popleft()
-                seq.state = SeqState.RUNNING
-                self.running.append(seq)
-                scheduled.append((seq, new))
-                budget -= new
+    def _admit_waiting(self, budget: int, scheduled: list[tuple[Sequence, int]]) -> None:
+        """Waiting sequences join, in order, while seats, budget and blocks last."""
+        prof = self.profile
+        while self.waiting and len(self.running) < prof.max_num_seqs and budget > 0:
+            seq = self.waiting[0]
+            new = min(seq.num_tokens - seq.computed, budget)
+            if not self._allocate(seq, new):
+                break
+            self.waiting.popleft()
+            seq.state = SeqState.RUNNING
+            self.running.append(seq)
+            scheduled.append((seq, new))
+            budget -= new
 
+    def _advance(self, scheduled: list[tuple[Sequence, int]], result: StepResult) -> None:
+        """Run the step: its duration from the batch's shape, then each sequence's computed tokens,
+        its new token and whether it finished."""
+        prof = self.profile
         # A decode is one new token on top of a complete context; anything else is prefill work.
         total = 0
         decodes = 0
@@ -253,7 +268,6 @@ class Scheduler:
             result.tokens.append(TokenOut(seq.request_id, index, reason))
             if reason is not None:
                 self._finish(seq, result)
-        return result
 
     def _finish(self, seq: Sequence, result: StepResult) -> None:
         self.running.remove(seq)
