@@ -6,31 +6,21 @@ import time
 from collections.abc import AsyncIterator
 
 import pytest
-from psycopg_pool import AsyncConnectionPool
-from redis.asyncio import Redis
 
 from apps.core.errors import InvalidRequest
 from apps.core.nodes import keys
 from apps.core.nodes.ids import parse_node_id, pool_of
-from apps.core.nodes.store import NodeStore, PoolStatus
+from apps.core.nodes.store import PoolStatus
 from apps.core.secrets import hash_secret
+from tests.integration.nodestore_env import SECRET, Store, node_store
 
-SECRET = b"k" * 32
 POOL_TOKEN = "p" * 48
-
-Store = tuple[NodeStore, AsyncConnectionPool, Redis]
 
 
 @pytest.fixture
 async def store(migrated_db_url: str, redis_url: str) -> AsyncIterator[Store]:
-    pool = AsyncConnectionPool(migrated_db_url, min_size=1, max_size=4, open=False)
-    await pool.open()
-    redis = Redis.from_url(redis_url)
-    try:
-        yield NodeStore(pool, redis, SECRET, heartbeat_interval_s=5.0), pool, redis
-    finally:
-        await redis.aclose()
-        await pool.close()
+    async with node_store(migrated_db_url, redis_url) as s:
+        yield s
 
 
 def test_node_id_parsing() -> None:

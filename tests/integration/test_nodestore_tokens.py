@@ -7,32 +7,20 @@ import time
 from collections.abc import AsyncIterator
 
 import pytest
-from psycopg_pool import AsyncConnectionPool
-from redis.asyncio import Redis
 
 from apps.core.errors import InvalidRequest
 from apps.core.nodes import keys
-from apps.core.nodes.store import NodeStore
-
-SECRET = b"k" * 32
+from tests.integration.nodestore_env import Store, node_store
 
 
 @pytest.fixture
-async def store(
-    migrated_db_url: str, redis_url: str
-) -> AsyncIterator[tuple[NodeStore, AsyncConnectionPool, Redis]]:
-    pool = AsyncConnectionPool(migrated_db_url, min_size=1, max_size=4, open=False)
-    await pool.open()
-    redis = Redis.from_url(redis_url)
-    try:
-        yield NodeStore(pool, redis, SECRET, heartbeat_interval_s=5.0), pool, redis
-    finally:
-        await redis.aclose()
-        await pool.close()
+async def store(migrated_db_url: str, redis_url: str) -> AsyncIterator[Store]:
+    async with node_store(migrated_db_url, redis_url) as s:
+        yield s
 
 
 async def test_token_is_returned_once_and_stored_only_as_a_hash(
-    store: tuple[NodeStore, AsyncConnectionPool, Redis],
+    store: Store,
 ) -> None:
     nodes, pool, _ = store
     token = await nodes.issue_token("gpu-1", "onprem")
@@ -50,7 +38,7 @@ async def test_token_is_returned_once_and_stored_only_as_a_hash(
     assert not await nodes.verify("gpu-2", token)
 
 
-async def test_revoke_then_reissue(store: tuple[NodeStore, AsyncConnectionPool, Redis]) -> None:
+async def test_revoke_then_reissue(store: Store) -> None:
     nodes, _, redis = store
     old = await nodes.issue_token("gpu-1", "cloud")
     assert await nodes.revoke("gpu-1")
@@ -65,7 +53,7 @@ async def test_revoke_then_reissue(store: tuple[NodeStore, AsyncConnectionPool, 
     assert not await redis.sismember(keys.NODES_REVOKED, "gpu-1")
 
 
-async def test_bad_location_or_node_id_is_a_400(store: tuple[NodeStore, AsyncConnectionPool, Redis]) -> None:
+async def test_bad_location_or_node_id_is_a_400(store: Store) -> None:
     nodes, _, _ = store
     with pytest.raises(InvalidRequest) as err:
         await nodes.issue_token("gpu-1", "moon")
@@ -75,7 +63,7 @@ async def test_bad_location_or_node_id_is_a_400(store: tuple[NodeStore, AsyncCon
 
 
 async def test_list_nodes_merges_registration_and_live_heartbeat(
-    store: tuple[NodeStore, AsyncConnectionPool, Redis],
+    store: Store,
 ) -> None:
     nodes, _, redis = store
     await nodes.issue_token("gpu-1", "onprem")
@@ -120,7 +108,7 @@ async def test_list_nodes_merges_registration_and_live_heartbeat(
 
 
 async def test_request_drain_reports_whether_any_replica_owns_the_node(
-    store: tuple[NodeStore, AsyncConnectionPool, Redis],
+    store: Store,
 ) -> None:
     nodes, _, redis = store
     assert not await nodes.request_drain("gpu-1")
