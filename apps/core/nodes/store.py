@@ -347,7 +347,7 @@ class NodeStore:
                 "ORDER BY 1",
                 (POOL_MEMBER_HISTORY_S,),
             )
-            rows = await cur.fetchall()
+            rows: list[Any] = await cur.fetchall()
         return rows
 
     def _listed(self, row: Any, hb: dict[str, str], in_flight: int, now: float) -> dict[str, object]:
