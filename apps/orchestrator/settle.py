@@ -13,9 +13,9 @@ mid-stream `error` of the first node of a stream that may resume is not settled 
 resumes it or settles that report itself).
 
 The sweeper (one replica at a time, Redis lock) takes reservations older than the
-maximum request time: settles them from a done record, else from a partial record (the
-content events relayed before the node vanished; prompt tokens unknown, so 0), else
-cancels them (the node never reported).
+maximum request time: settles them from a done record, else from a partial record (written by
+the relay when the node vanished mid-stream: `partial_usage`), else cancels them (the node never
+reported).
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from redis.asyncio import Redis
 
 from apps.core.ledger.api import Ledger
 from apps.core.nodes import keys
+from apps.core.protocol.dispatch import DispatchRequest
 from apps.core.protocol.node import DoneAck
 from apps.orchestrator.connection import NodeConnection
 from apps.orchestrator.fleet import Fleet
@@ -198,6 +199,20 @@ class Settler:
     def _ack(job: SettleJob) -> None:
         if job.ack_to is not None:
             job.ack_to.send(DoneAck(request_id=job.request_id))
+
+
+def partial_usage(dreq: DispatchRequest, events: int) -> dict[str, int]:
+    """The best counts a relay holds for a stream whose node vanished without a report. The prompt
+    as the gateway reserved it: output started, so the prefill ran, and no exact count reached the
+    orchestrator (the engine's usage comes with `done`/`error`); the gateway's estimate is an upper
+    bound. The completion: one token per event relayed, vLLM's one content event per token (more
+    per event when its HTTP side fell behind, the role chunk counted too): the floor the relay saw.
+    Both within the reservation, so the settle never debits more than was reserved."""
+    prompt = dreq.max_prompt_tokens or 0
+    completion = events
+    if dreq.max_completion_tokens is not None:
+        completion = min(completion, dreq.max_completion_tokens)
+    return {"prompt_tokens": prompt, "completion_tokens": completion}
 
 
 class Sweeper:
