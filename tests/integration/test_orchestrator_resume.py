@@ -256,3 +256,26 @@ async def test_a_relay_on_another_replica_resumes_through_the_owners(env: Env) -
     await second.wait_for(lambda: "r1" in second.acks)
     assert env.ledger.settle_calls == [("r1", 7, 5)]
     assert _resumes(b, "engine_error", "completed") == 1
+
+
+async def test_a_node_whose_owner_is_gone_is_skipped_and_the_next_one_continues(env: Env) -> None:
+    """kill -9 of a replica takes its nodes with it, but the other replicas' fleet views list them
+    until their heartbeats expire: a continuation picked onto one reaches no one (PUBLISH to its
+    channel: 0). The resume leaves it out and continues on the next node (it was `no_node`)."""
+    a = await env.orchestrator()
+    b = await env.orchestrator()
+    first = await env.node(a, "n1")
+    ghost = await env.node(b, "n-ghost")  # on premises: the picker's first choice
+    second = await env.node(a, "n2", location="cloud")
+    await eventually(lambda: _done(a.plane.fleet.get("n-ghost") is not None))
+    await b.plane.bus.unsubscribe_node("n-ghost")  # as if b died: nobody hears its node's channel
+    task = await _start_and_deliver(env, a, first)
+    await first.error("r1", 500, "engine died", chunks_sent=2, prompt_tokens=7, completion_tokens=2)
+    await _continue_on(second, prompt=9)
+    status, _, body = await task
+    assert status == 200
+    _check_client_stream(body, prompt=7)
+    await second.wait_for(lambda: "r1" in second.acks)
+    assert env.ledger.settle_calls == [("r1", 7, 5)]
+    assert _resumes(a, "engine_error", "completed") == 1
+    assert ghost.assigns.empty()
