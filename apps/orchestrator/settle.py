@@ -90,6 +90,9 @@ class SettleJob:
     completion_tokens: int
     ack_to: NodeConnection | None  # send `done_ack` here after the commit (None: an error frame)
     from_error: bool = False  # an `error` frame after output started (not a `done`)
+    # A `done(abort)` with no relay on its socket: an agent's journal replay after its socket to
+    # another replica dropped (it aborts then). Its relay, if alive, may still resume the stream.
+    replayed_abort: bool = False
 
 
 class Settler:
@@ -157,7 +160,13 @@ class Settler:
                 keys.done_key(job.request_id),
                 keys.node_inflight(job.node_id),
             ],
-            args=[job.node_id, json.dumps(record), self._ttl, job.request_id, "1" if job.from_error else "0"],
+            args=[
+                job.node_id,
+                json.dumps(record),
+                self._ttl,
+                job.request_id,
+                "1" if await self._defer(job) else "0",
+            ],
         )
         recorded, freed = int(answer[0]), int(answer[1])
         if freed:
@@ -165,6 +174,7 @@ class Settler:
         self._on_slot_freed()
         if recorded == 2:
             self._metrics.settles.labels(outcome="deferred_resume").inc()
+            self._ack(job)  # a replayed done: its record is in Redis now, the agent may forget it
             return
         if not recorded:
             self._metrics.settles.labels(outcome="superseded").inc()
@@ -177,6 +187,22 @@ class Settler:
         self._metrics.settles.labels(outcome=result.outcome.value).inc()
         self._metrics.writeoff.inc(result.written_off_microcredits)
         self._ack(job)
+
+    async def _defer(self, job: SettleJob) -> bool:
+        """Leave the report to the relay (it resumes the stream, and the second node settles it
+        whole, or it settles this report): a mid-stream error, or a replayed abort whose relaying
+        replica is alive (someone hears its channel). The relay of a replica that died resumes
+        nothing: its replayed abort settles now, the tokens the node produced."""
+        if job.from_error:
+            return True
+        if not job.replayed_abort:
+            return False
+        origin = await self._redis.hget(keys.request_key(job.request_id), "origin")
+        if not origin:
+            return False
+        channel = keys.replica_channel(origin.decode() if isinstance(origin, bytes) else str(origin))
+        [(_, listeners)] = await self._redis.pubsub_numsub(channel)
+        return int(listeners) > 0
 
     async def _overreported(self, job: SettleJob, prompt_bound: int, completion_bound: int) -> None:
         """A node reported more than the request could produce (the engine was told the bound):

@@ -279,3 +279,37 @@ async def test_a_node_whose_owner_is_gone_is_skipped_and_the_next_one_continues(
     assert env.ledger.settle_calls == [("r1", 7, 5)]
     assert _resumes(a, "engine_error", "completed") == 1
     assert ghost.assigns.empty()
+
+
+async def test_a_replayed_abort_of_the_lost_node_waits_for_the_resume_and_does_not_settle_first(
+    env: Env,
+) -> None:
+    """The lost node's agent aborts when its socket drops, registers again at once and replays that
+    `done(abort)` from its journal, while the relay still waits for a node to continue on. Settling
+    that report would bill 2 tokens of a 5-token answer (the second node's settle then finds the row
+    settled): it is recorded and acknowledged, and the resumed stream is billed whole."""
+    orch = await env.orchestrator()
+    one_seq = [proto.ModelInfo(name="m", max_num_seqs=1, max_model_len=4096)]
+    second = await env.node(orch, "n2", location="cloud", models=one_seq)
+    env.ledger.add("r0")
+    busy = asyncio.create_task(env.dispatch(orch, "r0", body=BODY))  # holds n2's only slot
+    assert (await asyncio.wait_for(second.assigns.get(), 5)).request_id == "r0"
+    first = await env.node(orch, "n1")
+    task = await _start_and_deliver(env, orch, first)
+    await eventually(lambda: _done(orch.plane.local["n1"].routes.get("r1") is not None))
+    await first.abort()
+    again = FakeNode(orch.ws_url, "n1", first.token, heartbeat_every_s=0.2)
+    env.nodes.append(again)
+    assert isinstance(await again.connect(), proto.RegisterAck)
+    await again.done("r1", 7, 2, finish_reason="abort")
+    await again.wait_for(lambda: "r1" in again.acks)
+    assert env.ledger.status("r1") is ReservationStatus.RESERVED
+    await second.chunk("r0", text("chatcmpl-r0", 1, "x", "stop"))
+    await second.done("r0", 1, 1)
+    await _continue_on(second, prompt=9)
+    status, _, body = await task
+    assert status == 200
+    _check_client_stream(body, prompt=7)
+    await second.wait_for(lambda: "r1" in second.acks)
+    assert [c for c in env.ledger.settle_calls if c[0] == "r1"] == [("r1", 7, 5)]
+    await busy
