@@ -93,6 +93,25 @@ def _resumes(orch: Any, reason: str, outcome: str) -> float:
     return float(value or 0.0)
 
 
+async def _engine_error_then_resumed_on(
+    env: Env,
+    relay: Any,
+    task: asyncio.Task[tuple[int, dict[str, str], bytes]],
+    first: FakeNode,
+    second: FakeNode,
+) -> None:
+    """`first` fails after its two tokens (its prompt: 7) and `second` continues: one stream for the
+    client, settled once for the prompt and all five tokens, counted by `relay`'s resume metric."""
+    await first.error("r1", 500, "engine died", chunks_sent=2, prompt_tokens=7, completion_tokens=2)
+    await _continue_on(second, prompt=9)
+    status, _, body = await task
+    assert status == 200
+    _check_client_stream(body, prompt=7)
+    await second.wait_for(lambda: "r1" in second.acks)
+    assert env.ledger.settle_calls == [("r1", 7, 5)]
+    assert _resumes(relay, "engine_error", "completed") == 1
+
+
 async def test_engine_error_mid_stream_continues_on_another_node_and_bills_once(env: Env) -> None:
     orch = await env.orchestrator()
     first = await env.node(orch, "n1")
@@ -248,14 +267,7 @@ async def test_a_relay_on_another_replica_resumes_through_the_owners(env: Env) -
         lambda: _done(b.plane.fleet.get("n1") is not None and a.plane.fleet.get("n2") is not None)
     )
     task = await _start_and_deliver(env, b, first)  # relayed by b, n1 owned by a
-    await first.error("r1", 500, "engine died", chunks_sent=2, prompt_tokens=7, completion_tokens=2)
-    await _continue_on(second, prompt=9)
-    status, _, body = await task
-    assert status == 200
-    _check_client_stream(body, prompt=7)
-    await second.wait_for(lambda: "r1" in second.acks)
-    assert env.ledger.settle_calls == [("r1", 7, 5)]
-    assert _resumes(b, "engine_error", "completed") == 1
+    await _engine_error_then_resumed_on(env, b, task, first, second)
 
 
 async def test_a_node_whose_owner_is_gone_is_skipped_and_the_next_one_continues(env: Env) -> None:
@@ -270,14 +282,7 @@ async def test_a_node_whose_owner_is_gone_is_skipped_and_the_next_one_continues(
     await eventually(lambda: _done(a.plane.fleet.get("n-ghost") is not None))
     await b.plane.bus.unsubscribe_node("n-ghost")  # as if b died: nobody hears its node's channel
     task = await _start_and_deliver(env, a, first)
-    await first.error("r1", 500, "engine died", chunks_sent=2, prompt_tokens=7, completion_tokens=2)
-    await _continue_on(second, prompt=9)
-    status, _, body = await task
-    assert status == 200
-    _check_client_stream(body, prompt=7)
-    await second.wait_for(lambda: "r1" in second.acks)
-    assert env.ledger.settle_calls == [("r1", 7, 5)]
-    assert _resumes(a, "engine_error", "completed") == 1
+    await _engine_error_then_resumed_on(env, a, task, first, second)
     assert ghost.assigns.empty()
 
 
