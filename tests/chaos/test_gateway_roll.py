@@ -25,9 +25,16 @@ import httpx
 import psutil
 import pytest
 
-from apps.cli.platform import MODEL_8B, LocalPlatform
+from apps.cli.platform import LocalPlatform
 from tests.chaos.conftest import PlatformFactory, eight_b_nodes
-from tests.chaos.helpers import balance_consistent, ledger_totals, settled_rows, wait_until
+from tests.chaos.helpers import (
+    balance_consistent,
+    content_events,
+    ledger_totals,
+    settled_rows,
+    story_body,
+    wait_until,
+)
 
 pytestmark = pytest.mark.chaos
 
@@ -83,22 +90,17 @@ class Load:
                     self.broken.append(problem)
 
     def _one(self) -> str | None:
-        body = {
-            "model": MODEL_8B,
-            "messages": [{"role": "user", "content": "tell me a story"}],
-            "max_tokens": MAX_TOKENS,
-            "stream": True,
-            "ignore_eos": True,
-        }
         payloads: list[str] = []
         try:
-            with httpx.stream("POST", self.url, json=body, headers=self.headers, timeout=60) as resp:
+            with httpx.stream(
+                "POST", self.url, json=story_body(MAX_TOKENS), headers=self.headers, timeout=60
+            ) as resp:
                 if resp.status_code != 200:
                     return f"status {resp.status_code}: {resp.read()[:200]!r}"
                 payloads = [line[6:] for line in resp.iter_lines() if line.startswith("data: ")]
         except httpx.HTTPError as exc:
             return f"{type(exc).__name__}: {exc}"
-        content = sum(1 for p in payloads if '"content":"' in p and '"role"' not in p)
+        content = content_events(payloads)
         if payloads[-1:] != ["[DONE]"] or any(p.startswith('{"error"') for p in payloads):
             return f"ended badly: {payloads[-2:]}"
         return None if content == MAX_TOKENS else f"{content} tokens"

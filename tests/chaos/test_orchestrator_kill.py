@@ -42,9 +42,9 @@ import httpx
 import psycopg
 import pytest
 
-from apps.cli.platform import MODEL_8B, LocalPlatform, NodeSpec
+from apps.cli.platform import LocalPlatform, NodeSpec
 from tests.chaos.conftest import PlatformFactory, eight_b_nodes
-from tests.chaos.helpers import balance_consistent, ledger_totals, wait_until
+from tests.chaos.helpers import balance_consistent, content_events, ledger_totals, story_body, wait_until
 from tests.chaos.proxy import TcpProxy
 
 pytestmark = pytest.mark.chaos
@@ -62,23 +62,16 @@ class Stream:
 
     @property
     def content(self) -> int:
-        return sum(1 for p in self.payloads if '"content":"' in p and '"role"' not in p)
+        return content_events(self.payloads)
 
 
 def _stream(platform: LocalPlatform, started: threading.Event) -> Stream:
     assert platform.credentials is not None
     out = Stream()
-    body = {
-        "model": MODEL_8B,
-        "messages": [{"role": "user", "content": "tell me a long story"}],
-        "max_tokens": MAX_TOKENS,
-        "stream": True,
-        "ignore_eos": True,
-    }
     with httpx.stream(
         "POST",
         platform.gateway_url + "/v1/chat/completions",
-        json=body,
+        json=story_body(MAX_TOKENS),
         headers={"Authorization": f"Bearer {platform.credentials.api_key}"},
         timeout=90,
     ) as resp:
