@@ -78,6 +78,9 @@ class PlatformConfig:
     agent_env: dict[str, str] = field(default_factory=dict)
     gateway_env: dict[str, str] = field(default_factory=dict)
     ready_timeout_s: float = 60.0
+    # Replica ids are `{prefix}-{index}`; pub/sub channels are named after them and are shared by
+    # every Redis DB, so platforms running side by side on one Redis need distinct prefixes.
+    orchestrator_id_prefix: str = "orch"
     stop_timeout_s: float = 20.0
 
 
@@ -257,7 +260,7 @@ class LocalPlatform:
     def start_orchestrator(self, index: int) -> Child:
         name = f"orchestrator-{index}"
         argv = llmfleet_argv(
-            "orchestrator", "--port", str(self.orchestrator_ports[index]), "--id", f"orch-{index}"
+            "orchestrator", "--port", str(self.orchestrator_ports[index]), "--id", self.orchestrator_id(index)
         )
         child = self.supervisor.start(name, argv, {**self._common_env(), **self.config.orchestrator_env})
         if index < len(self.orchestrators):
@@ -265,6 +268,9 @@ class LocalPlatform:
         else:
             self.orchestrators.append(child)
         return child
+
+    def orchestrator_id(self, index: int) -> str:
+        return f"{self.config.orchestrator_id_prefix}-{index}"
 
     def wait_orchestrator(self, index: int) -> None:
         self.supervisor.wait_http_ok(

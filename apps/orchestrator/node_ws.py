@@ -233,6 +233,9 @@ class NodeSockets:
                         frame.completion_tokens,
                         ack_to,
                         from_error=isinstance(frame, Error),
+                        replayed_abort=route is None
+                        and isinstance(frame, Done)
+                        and frame.finish_reason == "abort",
                     )
                 )
             else:

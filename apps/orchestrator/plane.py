@@ -211,7 +211,15 @@ class ControlPlane:
             else:
                 route.deliver(ErrorEv(frame))
         elif isinstance(route, RemoteRoute):
-            await self.bus.to_replica(route.origin, msgs.FrameMsg(request_id=frame.request_id, frame=raw))
+            heard = await self.bus.to_replica(
+                route.origin, msgs.FrameMsg(request_id=frame.request_id, frame=raw)
+            )
+            if not heard and not terminal:
+                # No one listens on the relaying replica's channel: it died (kill -9, OOM) and its
+                # gateway stream with it. Stop the engine; the node's `done(abort)` settles what ran.
+                conn.routes.pop(frame.request_id, None)
+                conn.send(Cancel(request_id=frame.request_id))
+                event("relay_gone", node_id=conn.node_id, request_id=frame.request_id, origin=route.origin)
         elif isinstance(frame, Chunk):
             # Output for a request nobody relays any more: stop the engine working for nothing.
             conn.send(Cancel(request_id=frame.request_id))

@@ -41,6 +41,7 @@ from apps.orchestrator.scheduling.view import NodeView, PickRequest
 from apps.orchestrator.streams import ChunkEv, DoneEv, ErrorEv, LostEv, RequestStream
 
 _CLEANUP_S = 5.0
+ASSIGN_ATTEMPTS = 3  # nodes tried for the continuation (one unreachable node is not the end)
 DRAINING = "node_draining"  # the agent's `error_type` for a stream its drain handed off
 _NO_RESUME_FIELDS = ("logprobs", "top_logprobs", "tools", "functions", "prompt_logprobs")
 
@@ -218,7 +219,6 @@ class Resumer:
         if body is None:
             return Outcome.NOT_POSSIBLE
         first_prompt = error.prompt_tokens if error is not None and error.prompt_tokens > 0 else None
-        pick = self._pick(lost)
         others = [
             n
             for n in plane.fleet.snapshot()
@@ -226,26 +226,14 @@ class Resumer:
         ]
         if not others:
             return Outcome.NO_NODE  # nobody to wait for: fail now, not at the deadline
-        try:
-            # The client has been waiting since its last chunk: within its idle deadline too.
-            wait = min(dreq.deadlines.first_token_s, dreq.deadlines.idle_s)
-            node = await plane.queues.acquire(pick, wait, self.retry_hint, self.share)
-        except LlmfleetError:
+        # The client has been waiting since its last chunk: within its idle deadline too.
+        wait = min(dreq.deadlines.first_token_s, dreq.deadlines.idle_s)
+        started = await self._assign(body, lost, first_prompt, done, plane.deps.monotonic() + wait)
+        if started is None:
             return Outcome.NO_NODE
-        self.node_id = node.node_id
-        # Before the assignment leaves: the second node's done/error settles through this.
-        await plane.deps.redis.hset(
-            keys.request_key(dreq.request_id),
-            mapping={
-                "resume_delivered": done.tokens,
-                "resume_prompt": "" if first_prompt is None else first_prompt,
-            },
-        )
-        stream = RequestStream(dreq.request_id, node.node_id, plane.settings.relay_queue_events)
+        node, stream = started
         splice = Splice(done, first_prompt)
         try:
-            if not await plane.start(node, dreq.model_copy(update={"body": body}), stream):
-                return Outcome.NO_NODE
             self.assigned = True
             return await self._relay(node, stream, splice)
         except BaseException:
@@ -257,18 +245,49 @@ class Resumer:
             stream.close()
             await shielded(plane.finish(node.node_id, dreq.request_id, stream), _CLEANUP_S, "finish")
 
-    def _pick(self, lost: NodeView) -> PickRequest:
-        """Any node of the model but the one that was lost."""
-        dreq = self.dreq
-        return PickRequest(
-            dreq.model,
-            dreq.request_id,
-            frozenset({lost.node_id}),
-            self.plane.settings.kv_cache_max,
-            usage_bound=(dreq.max_prompt_tokens, dreq.max_completion_tokens)
-            if dreq.max_prompt_tokens is not None and dreq.max_completion_tokens is not None
-            else None,
-        )
+    async def _assign(
+        self, body: dict[str, Any], lost: NodeView, first_prompt: int | None, done: Delivered, deadline: float
+    ) -> tuple[NodeView, RequestStream] | None:
+        """The continuation on another node, within `deadline`. A node the assignment cannot reach
+        (its owner replica died and this replica's fleet view does not know it yet: nobody hears
+        its channel) is left out and the next one tried, up to `ASSIGN_ATTEMPTS` nodes."""
+        plane, dreq = self.plane, self.dreq
+        bound = dreq.max_prompt_tokens, dreq.max_completion_tokens
+        excluded = {lost.node_id}
+        for _ in range(ASSIGN_ATTEMPTS):
+            pick = PickRequest(
+                dreq.model,
+                dreq.request_id,
+                frozenset(excluded),
+                plane.settings.kv_cache_max,
+                usage_bound=(bound[0], bound[1]) if bound[0] is not None and bound[1] is not None else None,
+            )
+            try:
+                left = max(deadline - plane.deps.monotonic(), 0.0)
+                node = await plane.queues.acquire(pick, left, self.retry_hint, self.share)
+            except LlmfleetError:
+                return None
+            self.node_id = node.node_id
+            # Before the assignment leaves: the second node's done/error settles through this.
+            await plane.deps.redis.hset(
+                keys.request_key(dreq.request_id),
+                mapping={
+                    "resume_delivered": done.tokens,
+                    "resume_prompt": "" if first_prompt is None else first_prompt,
+                },
+            )
+            stream = RequestStream(dreq.request_id, node.node_id, plane.settings.relay_queue_events)
+            sent = False
+            try:
+                sent = await plane.start(node, dreq.model_copy(update={"body": body}), stream)
+            finally:
+                if not sent:
+                    stream.close()
+                    await shielded(plane.finish(node.node_id, dreq.request_id, stream), _CLEANUP_S, "finish")
+            if sent:
+                return node, stream
+            excluded.add(node.node_id)
+        return None
 
     async def _relay(self, node: NodeView, stream: RequestStream, splice: Splice) -> Outcome:
         """The second node's stream, spliced onto what the client already has, to its end."""

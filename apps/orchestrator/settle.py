@@ -13,9 +13,9 @@ mid-stream `error` of the first node of a stream that may resume is not settled 
 resumes it or settles that report itself).
 
 The sweeper (one replica at a time, Redis lock) takes reservations older than the
-maximum request time: settles them from a done record, else from a partial record (the
-content events relayed before the node vanished; prompt tokens unknown, so 0), else
-cancels them (the node never reported).
+maximum request time: settles them from a done record, else from a partial record (written by
+the relay when the node vanished mid-stream: `partial_usage`), else cancels them (the node never
+reported).
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from redis.asyncio import Redis
 
 from apps.core.ledger.api import Ledger
 from apps.core.nodes import keys
+from apps.core.protocol.dispatch import DispatchRequest
 from apps.core.protocol.node import DoneAck
 from apps.orchestrator.connection import NodeConnection
 from apps.orchestrator.fleet import Fleet
@@ -89,6 +90,9 @@ class SettleJob:
     completion_tokens: int
     ack_to: NodeConnection | None  # send `done_ack` here after the commit (None: an error frame)
     from_error: bool = False  # an `error` frame after output started (not a `done`)
+    # A `done(abort)` with no relay on its socket: an agent's journal replay after its socket to
+    # another replica dropped (it aborts then). Its relay, if alive, may still resume the stream.
+    replayed_abort: bool = False
 
 
 class Settler:
@@ -156,7 +160,13 @@ class Settler:
                 keys.done_key(job.request_id),
                 keys.node_inflight(job.node_id),
             ],
-            args=[job.node_id, json.dumps(record), self._ttl, job.request_id, "1" if job.from_error else "0"],
+            args=[
+                job.node_id,
+                json.dumps(record),
+                self._ttl,
+                job.request_id,
+                "1" if await self._defer(job) else "0",
+            ],
         )
         recorded, freed = int(answer[0]), int(answer[1])
         if freed:
@@ -164,6 +174,7 @@ class Settler:
         self._on_slot_freed()
         if recorded == 2:
             self._metrics.settles.labels(outcome="deferred_resume").inc()
+            self._ack(job)  # a replayed done: its record is in Redis now, the agent may forget it
             return
         if not recorded:
             self._metrics.settles.labels(outcome="superseded").inc()
@@ -176,6 +187,22 @@ class Settler:
         self._metrics.settles.labels(outcome=result.outcome.value).inc()
         self._metrics.writeoff.inc(result.written_off_microcredits)
         self._ack(job)
+
+    async def _defer(self, job: SettleJob) -> bool:
+        """Leave the report to the relay (it resumes the stream, and the second node settles it
+        whole, or it settles this report): a mid-stream error, or a replayed abort whose relaying
+        replica is alive (someone hears its channel). The relay of a replica that died resumes
+        nothing: its replayed abort settles now, the tokens the node produced."""
+        if job.from_error:
+            return True
+        if not job.replayed_abort:
+            return False
+        origin = await self._redis.hget(keys.request_key(job.request_id), "origin")
+        if not origin:
+            return False
+        channel = keys.replica_channel(origin.decode() if isinstance(origin, bytes) else str(origin))
+        [(_, listeners)] = await self._redis.pubsub_numsub(channel)
+        return int(listeners) > 0
 
     async def _overreported(self, job: SettleJob, prompt_bound: int, completion_bound: int) -> None:
         """A node reported more than the request could produce (the engine was told the bound):
@@ -198,6 +225,20 @@ class Settler:
     def _ack(job: SettleJob) -> None:
         if job.ack_to is not None:
             job.ack_to.send(DoneAck(request_id=job.request_id))
+
+
+def partial_usage(dreq: DispatchRequest, events: int) -> dict[str, int]:
+    """The best counts a relay holds for a stream whose node vanished without a report. The prompt
+    as the gateway reserved it: output started, so the prefill ran, and no exact count reached the
+    orchestrator (the engine's usage comes with `done`/`error`); the gateway's estimate is an upper
+    bound. The completion: one token per event relayed, vLLM's one content event per token (more
+    per event when its HTTP side fell behind, the role chunk counted too): the floor the relay saw.
+    Both within the reservation, so the settle never debits more than was reserved."""
+    prompt = dreq.max_prompt_tokens or 0
+    completion = events
+    if dreq.max_completion_tokens is not None:
+        completion = min(completion, dreq.max_completion_tokens)
+    return {"prompt_tokens": prompt, "completion_tokens": completion}
 
 
 class Sweeper:

@@ -44,6 +44,9 @@ def make_platform(migrated_db_url: str, redis_url: str, tmp_path: Path) -> Itera
             gateway_env={"LLMFLEET_PG_POOL_MIN": "1", "LLMFLEET_PG_POOL_MAX": "8"},
             ready_timeout_s=90.0,
             stop_timeout_s=20.0,
+            # Channels `orch:{id}` are shared by every Redis DB: ids of their own (helpers and CI
+            # runs side by side on one Redis would hear each other's replicas otherwise).
+            orchestrator_id_prefix=f"orch{uuid.uuid4().hex[:6]}",
         )
         for key, value in overrides.items():
             setattr(config, key, value)

@@ -12,6 +12,8 @@ from typing import Any
 
 import psycopg
 
+from apps.cli.platform import MODEL_8B
+
 
 def wait_until(predicate: Callable[[], Any], timeout_s: float, what: str, every_s: float = 0.1) -> Any:
     """Poll until `predicate()` is truthy; returns that value (tests chain `cond and value`)."""
@@ -23,6 +25,24 @@ def wait_until(predicate: Callable[[], Any], timeout_s: float, what: str, every_
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
         time.sleep(every_s)
+
+
+def story_body(max_tokens: int, **extra: object) -> dict[str, object]:
+    """A streamed chat request to the 8B model that runs exactly `max_tokens` tokens."""
+    return {
+        "model": MODEL_8B,
+        "messages": [{"role": "user", "content": "tell me a long story"}],
+        "max_tokens": max_tokens,
+        "stream": True,
+        "ignore_eos": True,
+        **extra,
+    }
+
+
+def content_events(payloads: list[str]) -> int:
+    """The content events among an SSE stream's `data:` payloads (enginesim: one per token; the
+    role chunk carries none)."""
+    return sum(1 for p in payloads if '"content":"' in p and '"role"' not in p)
 
 
 def http_text(url: str, timeout_s: float = 5.0) -> str:

@@ -8,6 +8,8 @@ bytes but swallows server -> agent bytes (acknowledgements never arrive). `black
 silent partition: bytes in both directions are swallowed and no close is passed on either way (no
 FIN, no RST), as when a NAT or a link drops everything, so each side learns only from its own
 heartbeat timeout. `silent` is that state as a switch (`blackhole()` sets it; a test may clear it).
+`fallback_ports`: a Service in front of replicas: a connection goes to the first port that accepts
+it (the target while it lives, then the next), as kube-proxy stops sending to a dead endpoint.
 """
 
 from __future__ import annotations
@@ -20,8 +22,10 @@ from concurrent.futures import Future
 
 
 class TcpProxy:
-    def __init__(self, target_port: int) -> None:
+    def __init__(self, target_port: int, fallback_ports: tuple[int, ...] = ()) -> None:
         self.target_port = target_port
+        self.fallback_ports = fallback_ports
+        self.upstreams: list[int] = []  # the port each forwarded connection went to
         self.port = 0
         self.accepts: list[float] = []  # monotonic time of every accepted client connection
         self.refused: list[float] = []  # ... of those refused while cut
@@ -65,9 +69,14 @@ class TcpProxy:
             self.refused.append(now)
             writer.close()
             return
-        try:
-            up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
-        except OSError:
+        for port in (self.target_port, *self.fallback_ports):
+            try:
+                up_reader, up_writer = await asyncio.open_connection("127.0.0.1", port)
+            except OSError:
+                continue
+            self.upstreams.append(port)
+            break
+        else:
             writer.close()
             return
         self._writers |= {writer, up_writer}

@@ -15,24 +15,21 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from apps.cli.platform import MODEL_8B, LocalPlatform
+from apps.cli.platform import LocalPlatform
 from tests.chaos.conftest import PlatformFactory, eight_b_nodes
-from tests.chaos.helpers import balance_consistent, ledger_totals, settled_rows, wait_until
+from tests.chaos.helpers import (
+    balance_consistent,
+    content_events,
+    ledger_totals,
+    settled_rows,
+    story_body,
+    wait_until,
+)
 
 pytestmark = pytest.mark.chaos
 
 STREAMS = 8
 MAX_TOKENS = 400  # a few seconds at speed 2: long enough to still run at the SIGTERM
-
-
-def _body() -> dict[str, object]:
-    return {
-        "model": MODEL_8B,
-        "messages": [{"role": "user", "content": "tell me a long story"}],
-        "max_tokens": MAX_TOKENS,
-        "stream": True,
-        "ignore_eos": True,
-    }
 
 
 def _stream(platform: LocalPlatform, started: threading.Event) -> list[str]:
@@ -41,7 +38,7 @@ def _stream(platform: LocalPlatform, started: threading.Event) -> list[str]:
     with httpx.stream(
         "POST",
         platform.gateway_url + "/v1/chat/completions",
-        json=_body(),
+        json=story_body(MAX_TOKENS),
         headers={"Authorization": f"Bearer {platform.credentials.api_key}"},
         timeout=90,
     ) as resp:
@@ -60,7 +57,7 @@ def _refused(platform: LocalPlatform) -> str | None:
     try:
         resp = httpx.post(
             platform.gateway_url + "/v1/chat/completions",
-            json={**_body(), "stream": False, "max_tokens": 1},
+            json=story_body(1, stream=False),
             headers={"Authorization": f"Bearer {platform.credentials.api_key}"},
             timeout=10,
         )
@@ -101,8 +98,7 @@ def test_sigterm_lets_every_stream_finish_and_takes_no_new_request(
     for payloads in results:
         assert payloads[-1] == "[DONE]"
         assert not any(p.startswith('{"error"') for p in payloads), payloads[-3:]
-        content = [p for p in payloads if '"content":"' in p and '"role"' not in p]
-        assert len(content) == MAX_TOKENS  # enginesim: one chunk per token, every one delivered
+        assert content_events(payloads) == MAX_TOKENS  # enginesim: one chunk per token, every one delivered
     wait_until(lambda: gateway.poll() is not None, 30, "the gateway to exit")
     code = gateway.returncode
     # One worker re-raises SIGTERM after its graceful shutdown (uvicorn); the supervisor exits 0.

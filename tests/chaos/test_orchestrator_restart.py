@@ -2,10 +2,18 @@
 bound, no replica accepts registrations faster than its limit, and the reconnects are spread
 by the agents' jittered backoff (the spread is printed).
 
-Bound: the agents back off with full jitter (windows 1, 2, 4, 8 ... s, capped at 60 s) and
-a refused registration waits for the retry hint plus jitter. With both replicas down for
-D seconds and a limit of R registrations per second per replica, every node is back within
-2·D + 16 s + nodes/R; the test states BOUND_S = 45 s for 6 nodes at R = 1, D ≈ 2 s.
+Bound: the agents back off with full jitter (the k-th retry waits uniform(0, 2^k) s, capped at
+60 s) and a refused registration waits for the retry hint (its place in the replica's line, at
+most nodes/R) plus jitter. The agents lose their sockets when the stops begin, so the outage D runs
+from then until both replicas are ready again (measured: the graceful stops and the restarts; about
+2 s on a quiet machine, 10 s and more on a loaded one). When the replicas return, an agent is in a
+window of about 2·D (full jitter reaches the window 2^k after about 2^(k-1) s: the windows double
+while the sum of the delays only follows them by half), its attempt lands within it, and a refusal
+adds the hint and a jitter of at most 16 s (the window of a fourth attempt; at R = 1 for 6 nodes the
+line is through by then). So every node is back within 2·D + 16 s + nodes/R of the stops; the test
+computes it from the measured D (the first version assumed D ≈ 2 s and a fixed 45 s, and failed at
+47 s on a loaded machine whose restarts took longer: the bound, not the backoff, was wrong). This is
+the expected-case bound: full jitter has no hard one below its 60 s cap.
 """
 
 from __future__ import annotations
@@ -24,7 +32,7 @@ pytestmark = pytest.mark.chaos
 
 RATE = 1.0
 BURST = 1
-BOUND_S = 45.0
+JITTER_AFTER_REFUSAL_S = 16.0
 
 
 def _registrations(db_url: str, since: datetime) -> list[tuple[str, str, datetime]]:
@@ -67,8 +75,10 @@ def test_all_orchestrators_restart_nodes_return_within_bound_at_limited_rate(
         platform.start_orchestrator(i)
     for i in range(len(platform.orchestrators)):
         platform.wait_orchestrator(i)
-    down_s = time.monotonic() - downtime_start
-    platform.wait_nodes_ready(all_ids, BOUND_S)
+    ready_at = time.monotonic()
+    down_s = ready_at - t_down  # the agents' outage: from the stops to both replicas ready
+    bound_s = 2 * down_s + JITTER_AFTER_REFUSAL_S + len(all_ids) / RATE
+    platform.wait_nodes_ready(all_ids, bound_s)
     back_s = time.monotonic() - t_down
 
     regs = wait_until(
@@ -80,10 +90,11 @@ def test_all_orchestrators_restart_nodes_return_within_bound_at_limited_rate(
     times = sorted(at.timestamp() for _, at in first.values())
     spread = times[-1] - times[0]
     print(
-        f"orchestrators down {down_s:.1f} s; all {len(all_ids)} nodes back after {back_s:.1f} s; "
+        f"orchestrators down {down_s:.1f} s (of it the restarts {ready_at - downtime_start:.1f} s); "
+        f"all {len(all_ids)} nodes back after {back_s:.1f} s (bound {bound_s:.1f} s); "
         f"reconnect spread {spread:.1f} s; registration times {[round(t - times[0], 2) for t in times]}"
     )
-    assert back_s <= BOUND_S
+    assert back_s <= bound_s
     # The limit holds per replica: in every window [t, t + w], at most BURST + RATE * w accepted.
     by_replica: dict[str, list[float]] = {}
     for _, orch, at in regs:

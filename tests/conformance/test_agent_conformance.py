@@ -167,9 +167,15 @@ async def test_heartbeats_carry_the_engine_queue_and_kv_use(fleet: AgentFleet) -
 
     # One load keeps the engine's queue non-empty for about a second on a fast CPU, a couple of
     # heartbeats: load again (bounded) until a beat has caught it, so timing cannot make this flaky.
+    # The load runs on an event loop of its own (a thread): on the test's loop, reading its 36
+    # streams queued the agent's heartbeats and the orchestrator's reads behind thousands of chunk
+    # callbacks, so on a loaded machine the orchestrator missed the beats, closed the node's socket
+    # and dropped its heartbeat hash, and a sample had `queue_depth` None.
     async with asyncio.timeout(90):
         while not seen_load():
-            load = asyncio.create_task(_engine_load(engine, streams=6 * MAX_NUM_SEQS))
+            load = asyncio.create_task(
+                asyncio.to_thread(asyncio.run, _engine_load(engine, streams=6 * MAX_NUM_SEQS))
+            )
             while not load.done():
                 samples.append(await fleet.node())
                 await asyncio.sleep(0.1)  # sampling interval while the load runs (not a wait for an event)

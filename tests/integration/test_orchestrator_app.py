@@ -274,9 +274,10 @@ async def test_node_lost_mid_stream_gives_error_event_and_done_and_a_partial_rec
     node = await env.node(orch, "n1")
     await env.node(orch, "n2", location="cloud", auto=Auto())
     env.ledger.add("r1")
-    task = asyncio.create_task(env.dispatch(orch, "r1"))
+    task = asyncio.create_task(env.dispatch(orch, "r1", max_prompt_tokens=12, max_completion_tokens=50))
     assign = await asyncio.wait_for(node.assigns.get(), 5)
     await node.chunk(assign.request_id, vllm_chunk("r1", "m", "hello"))
+    await node.chunk(assign.request_id, vllm_chunk("r1", "m", " world"))
     await eventually(lambda: _done(orch.plane.local["n1"].routes.get("r1") is not None))
     await node.abort()
     status, headers, body = await task
@@ -284,10 +285,13 @@ async def test_node_lost_mid_stream_gives_error_event_and_done_and_a_partial_rec
     assert status == 200
     assert headers["x-llmfleet-node"] == "n1"
     assert b"hello" in evs[0]
-    assert evs[1].startswith(b'{"error"')
+    assert b" world" in evs[1]
+    assert evs[2].startswith(b'{"error"')
     assert evs[-1] == b"[DONE]"
     partial = json.loads(await env.redis.get(keys.partial_key("r1")) or "null")
-    assert partial["completion_tokens"] == 1
+    # The prompt as reserved (the prefill ran; no exact count reached the orchestrator), one token
+    # per relayed event as the floor of the completion (settle.partial_usage).
+    assert (partial["prompt_tokens"], partial["completion_tokens"]) == (12, 2)
 
 
 async def test_engine_refusal_before_output_passes_the_status_through(env: Env) -> None:

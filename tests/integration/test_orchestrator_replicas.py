@@ -8,6 +8,8 @@ import asyncio
 import aiohttp
 
 from apps.core.ledger.api import ReservationStatus
+from apps.core.nodes import keys
+from apps.core.protocol import bus as msgs
 from apps.core.protocol import node as proto
 from apps.core.protocol.dispatch import DISPATCH_PATH
 from tests.fakes.fake_node import Auto, FakeNode, vllm_chunk
@@ -169,3 +171,20 @@ async def test_drain_reaches_a_node_through_any_replica_and_load_model_is_retire
     await eventually(lambda: _done(not_routable()))
     async with env.session.post(b.url + "/internal/v1/nodes/ghost/drain", headers=headers) as r:
         assert r.status == 404
+
+
+async def test_relaying_replica_gone_mid_stream_cancels_on_the_node_and_settles_what_ran(env: Env) -> None:
+    """kill -9 of the replica relaying a stream whose node another replica owns: nobody hears the
+    owner's frames any more (PUBLISH reaches no one), so the owner cancels on the node, whose
+    `done(abort)` settles the tokens produced, not the full answer (before: the engine ran to the
+    end for no client and the owner billed it all). The dead relay is a replica id nobody
+    subscribes for, as after its process died."""
+    a = await env.orchestrator()
+    never = asyncio.Event()  # the node waits after its first chunk until cancelled
+    node = await env.node(a, "n1", auto=Auto(tokens=50, prompt_tokens=2, gate=never))
+    env.ledger.add("r1")
+    assign = msgs.AssignMsg(origin="orch-killed", request_id="r1", model="m", body={"messages": []})
+    assert await env.redis.publish(keys.node_channel("n1"), msgs.encode(assign)) == 1
+    await node.wait_for(lambda: "r1" in node.cancels)
+    await node.wait_for(lambda: "r1" in node.acks)
+    assert env.ledger.settle_calls == [("r1", 2, 1)]

@@ -93,6 +93,25 @@ def _resumes(orch: Any, reason: str, outcome: str) -> float:
     return float(value or 0.0)
 
 
+async def _engine_error_then_resumed_on(
+    env: Env,
+    relay: Any,
+    task: asyncio.Task[tuple[int, dict[str, str], bytes]],
+    first: FakeNode,
+    second: FakeNode,
+) -> None:
+    """`first` fails after its two tokens (its prompt: 7) and `second` continues: one stream for the
+    client, settled once for the prompt and all five tokens, counted by `relay`'s resume metric."""
+    await first.error("r1", 500, "engine died", chunks_sent=2, prompt_tokens=7, completion_tokens=2)
+    await _continue_on(second, prompt=9)
+    status, _, body = await task
+    assert status == 200
+    _check_client_stream(body, prompt=7)
+    await second.wait_for(lambda: "r1" in second.acks)
+    assert env.ledger.settle_calls == [("r1", 7, 5)]
+    assert _resumes(relay, "engine_error", "completed") == 1
+
+
 async def test_engine_error_mid_stream_continues_on_another_node_and_bills_once(env: Env) -> None:
     orch = await env.orchestrator()
     first = await env.node(orch, "n1")
@@ -248,11 +267,54 @@ async def test_a_relay_on_another_replica_resumes_through_the_owners(env: Env) -
         lambda: _done(b.plane.fleet.get("n1") is not None and a.plane.fleet.get("n2") is not None)
     )
     task = await _start_and_deliver(env, b, first)  # relayed by b, n1 owned by a
-    await first.error("r1", 500, "engine died", chunks_sent=2, prompt_tokens=7, completion_tokens=2)
+    await _engine_error_then_resumed_on(env, b, task, first, second)
+
+
+async def test_a_node_whose_owner_is_gone_is_skipped_and_the_next_one_continues(env: Env) -> None:
+    """kill -9 of a replica takes its nodes with it, but the other replicas' fleet views list them
+    until their heartbeats expire: a continuation picked onto one reaches no one (PUBLISH to its
+    channel: 0). The resume leaves it out and continues on the next node (it was `no_node`)."""
+    a = await env.orchestrator()
+    b = await env.orchestrator()
+    first = await env.node(a, "n1")
+    ghost = await env.node(b, "n-ghost")  # on premises: the picker's first choice
+    second = await env.node(a, "n2", location="cloud")
+    await eventually(lambda: _done(a.plane.fleet.get("n-ghost") is not None))
+    await b.plane.bus.unsubscribe_node("n-ghost")  # as if b died: nobody hears its node's channel
+    task = await _start_and_deliver(env, a, first)
+    await _engine_error_then_resumed_on(env, a, task, first, second)
+    assert ghost.assigns.empty()
+
+
+async def test_a_replayed_abort_of_the_lost_node_waits_for_the_resume_and_does_not_settle_first(
+    env: Env,
+) -> None:
+    """The lost node's agent aborts when its socket drops, registers again at once and replays that
+    `done(abort)` from its journal, while the relay still waits for a node to continue on. Settling
+    that report would bill 2 tokens of a 5-token answer (the second node's settle then finds the row
+    settled): it is recorded and acknowledged, and the resumed stream is billed whole."""
+    orch = await env.orchestrator()
+    one_seq = [proto.ModelInfo(name="m", max_num_seqs=1, max_model_len=4096)]
+    second = await env.node(orch, "n2", location="cloud", models=one_seq)
+    env.ledger.add("r0")
+    busy = asyncio.create_task(env.dispatch(orch, "r0", body=BODY))  # holds n2's only slot
+    assert (await asyncio.wait_for(second.assigns.get(), 5)).request_id == "r0"
+    first = await env.node(orch, "n1")
+    task = await _start_and_deliver(env, orch, first)
+    await eventually(lambda: _done(orch.plane.local["n1"].routes.get("r1") is not None))
+    await first.abort()
+    again = FakeNode(orch.ws_url, "n1", first.token, heartbeat_every_s=0.2)
+    env.nodes.append(again)
+    assert isinstance(await again.connect(), proto.RegisterAck)
+    await again.done("r1", 7, 2, finish_reason="abort")
+    await again.wait_for(lambda: "r1" in again.acks)
+    assert env.ledger.status("r1") is ReservationStatus.RESERVED
+    await second.chunk("r0", text("chatcmpl-r0", 1, "x", "stop"))
+    await second.done("r0", 1, 1)
     await _continue_on(second, prompt=9)
     status, _, body = await task
     assert status == 200
     _check_client_stream(body, prompt=7)
     await second.wait_for(lambda: "r1" in second.acks)
-    assert env.ledger.settle_calls == [("r1", 7, 5)]
-    assert _resumes(b, "engine_error", "completed") == 1
+    assert [c for c in env.ledger.settle_calls if c[0] == "r1"] == [("r1", 7, 5)]
+    await busy

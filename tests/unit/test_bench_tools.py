@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from tools.bench import hotpath
 from tools.bench.__main__ import BENCHMARKS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -54,3 +55,28 @@ def test_unknown_benchmark_is_exit_2_with_the_list() -> None:
     )
     assert out.returncode == 2
     assert all(name in out.stderr for name in BENCHMARKS)
+
+
+def _failed_load(base: str, key: str, streams: int, max_tokens: int, prompt: int) -> dict[str, object]:
+    return {"output_tokens": 0, "requests": {"ok": 0, "error": streams}}
+
+
+def test_hotpath_round_where_every_request_failed_is_reported_not_divided_by(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # Was ZeroDivisionError: CPU seconds / (0 tokens / 1000).
+    def measure(max_tokens: int) -> dict[str, object]:
+        return hotpath._round("http://x/v1", "k", {}, 4, max_tokens, load_fn=_failed_load)
+
+    assert hotpath.run_rounds(measure, [64], 2) == 1
+    err = capsys.readouterr().err
+    assert "relayed no tokens" in err
+    assert "4 request(s) failed" in err
+
+
+def test_hotpath_rounds_print_rows_and_medians(capsys: pytest.CaptureFixture[str]) -> None:
+    rows = iter(
+        [{"tokens": 10, "gateway": 0.3}, {"tokens": 10, "gateway": 0.1}, {"tokens": 10, "gateway": 0.2}]
+    )
+    assert hotpath.run_rounds(lambda m: {"max_tokens": m, **next(rows)}, [64], 3) == 0
+    assert 'median CPU s per 1,000 tokens: {"gateway": 0.2}' in capsys.readouterr().out

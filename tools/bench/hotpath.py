@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import psutil
@@ -23,13 +24,26 @@ from tools.bench.common import tree_cpu_seconds
 from tools.bench.platform import bench_platform, load
 
 
+class BenchFailed(Exception):
+    """A round produced nothing to measure (every request failed)."""
+
+
+Load = Callable[[str, str, int, int, int], dict[str, Any]]
+
+
 def _round(
-    base: str, key: str, procs: dict[str, psutil.Process], streams: int, max_tokens: int
+    base: str, key: str, procs: dict[str, psutil.Process], streams: int, max_tokens: int, load_fn: Load = load
 ) -> dict[str, Any]:
     before = {name: tree_cpu_seconds([p]) for name, p in procs.items()}
     start = time.monotonic()
-    report = load(base, key, streams, max_tokens, 128)
+    report = load_fn(base, key, streams, max_tokens, 128)
     tokens = report["output_tokens"]
+    if not tokens:
+        # Nothing relayed: no CPU per token to report (it was a ZeroDivisionError).
+        raise BenchFailed(
+            f"a round of {streams} streams (max_tokens {max_tokens}) relayed no tokens: "
+            f"{report['requests']['error']} request(s) failed"
+        )
     return {
         "max_tokens": max_tokens,
         "tokens": tokens,
@@ -39,7 +53,26 @@ def _round(
     }
 
 
-def main(argv: Sequence[str] | None = None) -> None:
+def run_rounds(measure: Callable[[int], dict[str, Any]], lengths: list[int], rounds: int) -> int:
+    """Every round of every answer length, one JSON row each, then the medians; 1 (with the reason on
+    stderr) when a round had nothing to measure."""
+    results = []
+    try:
+        for max_tokens in lengths:
+            for round_ in range(rounds):
+                row = {"round": round_, **measure(max_tokens)}
+                print(json.dumps(row), flush=True)
+                results.append(row)
+    except BenchFailed as exc:
+        print(f"hotpath: no measurement: {exc}", file=sys.stderr)
+        return 1
+    names = [k for k in results[0] if k not in ("round", "max_tokens", "tokens", "wall_s", "errors")]
+    median = {k: sorted(r[k] for r in results)[len(results) // 2] for k in names}
+    print("median CPU s per 1,000 tokens:", json.dumps(median))
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--streams", type=int, default=200)
     parser.add_argument("--rounds", type=int, default=3)
@@ -50,15 +83,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     with bench_platform(args.speed) as (platform, procs):
         assert platform.credentials is not None
         base, key = platform.gateway_url + "/v1", platform.credentials.api_key
-        results = []
-        for max_tokens in (int(m) for m in args.max_tokens.split(",")):
-            for round_ in range(args.rounds):
-                row = {"round": round_, **_round(base, key, procs, args.streams, max_tokens)}
-                print(json.dumps(row), flush=True)
-                results.append(row)
-    median = {k: sorted(r[k] for r in results)[len(results) // 2] for k in procs}
-    print("median CPU s per 1,000 tokens:", json.dumps(median))
+        lengths = [int(m) for m in args.max_tokens.split(",")]
+        return run_rounds(lambda m: _round(base, key, procs, args.streams, m), lengths, args.rounds)
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())
