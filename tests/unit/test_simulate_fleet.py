@@ -84,15 +84,25 @@ def _brief_peak(world: World) -> dict[str, object]:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(1200)
-def test_brief_peak_on_prod_has_no_503_and_main_triggers_do(tmp_path: Path) -> None:
-    new = _brief_peak(_world())
-    models = new["models"]
+@pytest.mark.timeout(900)
+def test_brief_peak_on_prod_keeps_every_models_queue_wait_p95_under_5s_and_no_503() -> None:
+    """The regression test of README "Will it scale?" (one brief-peak run, about 5 s of CPU quiet).
+
+    Seeds 0-6 were checked by hand when the office-hours pre-scale went in (docs/simulator.md);
+    without it the 32B's p95 is 9.3 s (seed 0) and the 8B passes only when its burst pods find the
+    32B node's free GPUs.
+    """
+    models = _brief_peak(_world())["models"]
     assert isinstance(models, dict)
-    assert all(m["rejected_503"] == 0 for m in models.values()), models
-    for name in (EIGHT_B, "llama-3.3-70b-instruct-fp8"):
-        assert models[name]["queue_wait_p95_s"] < 5.0, models[name]
-    # The same profile with main's ScaledObjects (the golden render before issue 18): 503s.
+    for name, m in models.items():
+        assert m["rejected_503"] == 0, (name, m)
+        assert m["queue_wait_p95_s"] < 5.0, (name, m)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_brief_peak_with_mains_old_triggers_gives_503s(tmp_path: Path) -> None:
+    """The same profile with main's ScaledObjects (the golden render before issue 18): 503s."""
     old_render = subprocess.run(
         ["git", "-C", str(ROOT), "show", "e8bfe1a:tests/fixtures/infra/prod.golden.json"],
         capture_output=True,
