@@ -10,7 +10,8 @@ from apps.simulate.fleet import DRAINING, READY, Node, Pod
 from apps.simulate.promql import Labels
 
 if TYPE_CHECKING:
-    from apps.simulate.sim import Flight, Simulation
+    from apps.simulate.orchestrator import Flight
+    from apps.simulate.sim import Simulation
     from apps.simulate.world import World
 
 QUEUE_METRIC = "llmfleet_orchestrator_queue_depth"

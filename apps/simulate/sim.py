@@ -17,18 +17,16 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from apps.core.batching.scheduler import Scheduler, Sequence, StepResult
-from apps.core.nodes.state import NodeState
-from apps.core.scheduling.picker import rank
-from apps.core.scheduling.view import NodeView, PickRequest
+from apps.core.batching.scheduler import Scheduler
 from apps.simulate import engines
 from apps.simulate.autoscale import Keda
 from apps.simulate.cron import CronWindow
 from apps.simulate.fleet import DRAINING, GONE, LOADING, PENDING, READY, Karpenter, Node, Pod
 from apps.simulate.metrics import Recorder, scrape
+from apps.simulate.orchestrator import Flight, Orchestrator
 from apps.simulate.promql import Samples, compile_query
 from apps.simulate.trace import TraceRequest
-from apps.simulate.world import World
+from apps.simulate.world import World, onprem_model
 
 TICK_S = 15.0
 WAKE, NODE_READY, POD_READY, SPOT_NOTICE, SPOT_KILL, TICK = range(6)
@@ -49,24 +47,8 @@ class Settings:
     until_s: float | None = None
 
 
-@dataclass(eq=False, slots=True)
-class Flight:
-    req: TraceRequest
-    rid: str
-    orch: int
-    queued_at: float | None = None
-    submitted: float | None = None
-    first_token: float | None = None
-    done: float | None = None
-    tokens: int = 0
-    status: str = ""
-    retries: int = 0
-    exclude: frozenset[str] = frozenset()
-    pod: Pod | None = None
-
-
 @dataclass
-class Simulation:
+class Simulation(Orchestrator):
     world: World
     trace: list[TraceRequest]
     settings: Settings = field(default_factory=Settings)
@@ -100,6 +82,7 @@ class Simulation:
         self.recorder = Recorder(self.world)
         self.orchestrators = self.world.infra.orchestrator_replicas
         self.limit_s = self.world.spec.slo.queue_limit_s
+        self.retries = s.retries
 
     # -- events -----------------------------------------------------------------------------
 
@@ -157,86 +140,6 @@ class Simulation:
             assert isinstance(obj, Node)
             self._spot_kill(obj, now)
 
-    # -- the orchestrator -------------------------------------------------------------------
-
-    def _arrive(self, req: TraceRequest, now: float) -> None:
-        f = Flight(req, f"r{len(self.flights)}", len(self.flights) % self.orchestrators)
-        self.flights.append(f)
-        self._submit(f, now)
-
-    def _submit(self, f: Flight, now: float) -> None:
-        q = self.queues[f.req.model]
-        if not q:
-            pod = self._pick(f)
-            if pod is not None:
-                self._assign(f, pod, now)
-                return
-        f.queued_at = now if f.queued_at is None else f.queued_at
-        q.append(f)
-
-    def _pick(self, f: Flight) -> Pod | None:
-        pods = {p.id: p for p in self.by_model[f.req.model] if p.state in (READY, DRAINING)}
-        if not pods:
-            return None
-        views = [self._view(p) for p in pods.values()]
-        best = rank(PickRequest(model=f.req.model, request_id=f.rid, exclude=f.exclude), views)
-        return pods[best[0].node_id] if best else None
-
-    def _view(self, p: Pod) -> NodeView:
-        eng = p.engine
-        assert p.node is not None
-        return NodeView(
-            node_id=p.id,
-            location=p.node.location,
-            models={p.model: eng.profile.max_num_seqs},
-            state=NodeState.READY if p.state == READY else NodeState.DRAINING,
-            in_flight=len(p.flights),
-            kv_cache_usage=eng.kv_cache_usage,
-            queue_depth=len(eng.waiting),
-        )
-
-    def _assign(self, f: Flight, pod: Pod, now: float) -> None:
-        f.submitted = now
-        f.pod = pod
-        pod.flights[f.rid] = f
-        r = f.req
-        target = min(r.answer_tokens, r.max_tokens)
-        reason = "stop" if r.answer_tokens <= r.max_tokens else "length"
-        seq = Sequence(f"{f.rid}.{f.retries}", r.prompt_tokens, target, reason, now)
-        engines.add(pod, seq, now, self._wake_at)
-
-    def _expire(self, model: str, now: float) -> None:
-        q = self.queues[model]
-        while q and q[0].queued_at is not None and now - q[0].queued_at >= self.limit_s:
-            f = q.popleft()
-            f.status, f.done = "503", now
-            self.recorder.rejected(f)
-
-    def _drain(self, model: str, now: float) -> None:
-        self._expire(model, now)
-        q = self.queues[model]
-        while q:
-            pod = self._pick(q[0])
-            if pod is None:
-                return
-            self._assign(q.popleft(), pod, now)
-
-    def _deliver(self, pod: Pod, result: StepResult, now: float) -> None:
-        for seq in result.first_tokens:
-            f = pod.flights.get(seq.request_id.split(".")[0])
-            if f is not None:
-                f.first_token = seq.first_token_s
-        for seq in result.finished:
-            f = pod.flights.pop(seq.request_id.split(".")[0], None)
-            if f is None:
-                continue
-            f.done, f.tokens, f.status = now, seq.generated, "ok"
-            self.recorder.served(f)
-        if result.finished:
-            if pod.state == DRAINING and not pod.flights:
-                self._pod_gone(pod, now)
-            self._drain(pod.model, now)
-
     # -- the cluster ------------------------------------------------------------------------
 
     def _new_pod(self, deployment: str, model: str, gpus: int, now: float) -> Pod:
@@ -249,7 +152,7 @@ class Simulation:
 
     def _initial_fleet(self) -> None:
         """On-premises engines, then every Deployment at its replica count at t = 0, ready."""
-        onprem = self._onprem_model()
+        onprem = onprem_model(self.world, self.settings.onprem_model)
         for server in self.world.spec.onprem if onprem is not None else ():
             assert onprem is not None
             node = self.karpenter.add_onprem(server.name, server.gpus)
@@ -279,22 +182,6 @@ class Simulation:
         in_window = any(w.active(0.0) for (d, _), w in self.crons.items() if d == name)
         warm = max([int(t.cron["desiredReplicas"]) for t in keda.spec.triggers if t.kind == "cron"] or [0])
         return max(keda.spec.min_replicas, warm if in_window else 0)
-
-    def _onprem_model(self) -> str | None:
-        """The model the always-present on-premises servers run ("auto" unless set).
-
-        Auto: among the models whose replica fits each server exactly, the one whose planned GPUs
-        are closest to the on-premises GPUs; ties go to the model with the higher replica floor
-        (always-on hardware suits always-on load).
-        """
-        choice = self.settings.onprem_model
-        if choice != "auto":
-            return choice
-        plan, spec = self.world.plan.models, self.world.spec
-        fits = [m for m, p in plan.items() if all(srv.gpus % p.gpus_per_replica == 0 for srv in spec.onprem)]
-        if not fits or not spec.onprem:
-            return None
-        return min(fits, key=lambda m: (abs(plan[m].gpus - spec.onprem_gpus), -plan[m].min_replicas, m))
 
     def _tick(self, now: float) -> None:
         for model in self.queues:
@@ -416,13 +303,3 @@ class Simulation:
                 assert isinstance(f, Flight)
                 self._lost(f, pod, now)
         self.karpenter.remove(node, now)
-
-    def _lost(self, f: Flight, pod: Pod, now: float) -> None:
-        if (f.first_token is None or f.first_token > now) and f.retries < self.settings.retries:
-            f.retries += 1
-            f.exclude = f.exclude | {pod.id}
-            f.first_token = None
-            self._submit(f, now)
-            return
-        f.status, f.done = "error", now
-        self.recorder.failed(f)

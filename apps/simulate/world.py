@@ -16,6 +16,7 @@ import yaml
 
 from apps.core.batching.profile import EngineProfile, profiles_for
 from apps.core.errors import SpecError
+from apps.core.sizing.fleet import replicas_for_load
 from apps.core.sizing.plan import FleetPlan, plan_fleet
 from apps.core.sizing.pools import ON_DEMAND_POOL, SPOT_POOL
 from apps.core.spec import StackSpec, load_spec
@@ -146,3 +147,25 @@ def check_models(world: World, models: set[str]) -> None:
             f"(it serves {', '.join(world.spec.models)})",
             param="trace",
         )
+
+
+def onprem_model(world: World, choice: str | None = "auto") -> str | None:
+    """The model the always-present on-premises servers run (`choice` unless "auto").
+
+    Auto: among the models whose replica fits each server exactly, the one whose peak needs the
+    on-premises GPUs most closely, counted without `serving.headroom` (the headroom is cloud slack:
+    raising a model's headroom must not move the on-premises servers to another model); ties go to
+    the model with the higher replica floor (always-on hardware suits always-on load).
+    """
+    if choice != "auto":
+        return choice
+    plan, spec = world.plan.models, world.spec
+    fits = [m for m, p in plan.items() if all(srv.gpus % p.gpus_per_replica == 0 for srv in spec.onprem)]
+    if not fits or not spec.onprem:
+        return None
+
+    def bare_gpus(m: str) -> int:
+        p = plan[m]
+        return replicas_for_load(p.peak_streams, p.streams_target) * p.gpus_per_replica
+
+    return min(fits, key=lambda m: (abs(bare_gpus(m) - spec.onprem_gpus), -plan[m].min_replicas, m))

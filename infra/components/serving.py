@@ -76,6 +76,8 @@ def serving_objects(
                     0,
                     max(mp.max_replicas - base, 1),
                     spec.slo.queue_wait_p95_s,
+                    office_hours=office_hours,
+                    office_hours_replicas=serving.office_hours_warm_replicas,
                     base_replicas=base,
                     headroom=serving.headroom,
                 )

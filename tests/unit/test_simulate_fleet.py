@@ -17,7 +17,7 @@ from apps.simulate.fleet import Pod
 from apps.simulate.report import summary
 from apps.simulate.sim import Settings, Simulation
 from apps.simulate.trace import constant, generate, profile
-from apps.simulate.world import World, build_world, what_if
+from apps.simulate.world import World, build_world, onprem_model, what_if
 
 EIGHT_B = "llama-3.1-8b-instruct"
 ROOT = Path(__file__).resolve().parents[2]
@@ -84,15 +84,25 @@ def _brief_peak(world: World) -> dict[str, object]:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(1200)
-def test_brief_peak_on_prod_has_no_503_and_main_triggers_do(tmp_path: Path) -> None:
-    new = _brief_peak(_world())
-    models = new["models"]
+@pytest.mark.timeout(900)
+def test_brief_peak_on_prod_keeps_every_models_queue_wait_p95_under_5s_and_no_503() -> None:
+    """The regression test of README "Will it scale?" (one brief-peak run, about 5 s of CPU quiet).
+
+    Seeds 0-6 were checked by hand when the office-hours pre-scale went in (docs/simulator.md);
+    without it the 32B's p95 is 9.3 s (seed 0) and the 8B passes only when its burst pods find the
+    32B node's free GPUs.
+    """
+    models = _brief_peak(_world())["models"]
     assert isinstance(models, dict)
-    assert all(m["rejected_503"] == 0 for m in models.values()), models
-    for name in (EIGHT_B, "llama-3.3-70b-instruct-fp8"):
-        assert models[name]["queue_wait_p95_s"] < 5.0, models[name]
-    # The same profile with main's ScaledObjects (the golden render before issue 18): 503s.
+    for name, m in models.items():
+        assert m["rejected_503"] == 0, (name, m)
+        assert m["queue_wait_p95_s"] < 5.0, (name, m)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_brief_peak_with_mains_old_triggers_gives_503s(tmp_path: Path) -> None:
+    """The same profile with main's ScaledObjects (the golden render before issue 18): 503s."""
     old_render = subprocess.run(
         ["git", "-C", str(ROOT), "show", "e8bfe1a:tests/fixtures/infra/prod.golden.json"],
         capture_output=True,
@@ -106,3 +116,21 @@ def test_brief_peak_on_prod_has_no_503_and_main_triggers_do(tmp_path: Path) -> N
     old_models = old["models"]
     assert isinstance(old_models, dict)
     assert sum(m["rejected_503"] for m in old_models.values()) > 0, json.dumps(old_models)
+
+
+def test_onprem_choice_ignores_headroom(tmp_path: Path) -> None:
+    """Headroom on the 32B (cloud slack) must not move the on-premises servers to the 70B.
+
+    Counting it did (5 x 2 GPUs vs the 70B's 2 x 4 for 8 on-prem GPUs), which made a what-if with
+    more 32B headroom look worse: the 32B lost its 4 on-prem replicas and got hundreds of 503s.
+    """
+    text = (ROOT / "stacks" / "prod.yaml").read_text(encoding="utf-8")
+    floor = "      replicas: {min: 1, max: 5}\n"
+    assert floor in text
+    stack = tmp_path / "prod.yaml"
+    stack.write_text(text.replace(floor, floor + "      headroom: 0.3\n"), encoding="utf-8")
+    world = build_world(str(stack))
+    assert world.plan.models["qwen2.5-32b-instruct"].gpus == 10  # the headroom is in the plan
+    assert onprem_model(world) == "qwen2.5-32b-instruct"
+    assert onprem_model(_world()) == "qwen2.5-32b-instruct"
+    assert onprem_model(world, None) is None
