@@ -95,10 +95,10 @@ def _vllm_python() -> str:
 
 
 @pytest.fixture(scope="session")
-def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineUnderTest]:
+def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path]:
+    """(the real vLLM's python, the tiny model built once per session)."""
     python = _vllm_python()
-    work = tmp_path_factory.mktemp("vllm")
-    model_dir = work / "tiny-llama"
+    model_dir = tmp_path_factory.mktemp("tiny-llama") / "tiny-llama"
     build = subprocess.run(
         [python, str(REPO / "tools" / "build_tiny_llama.py"), str(model_dir)],
         capture_output=True,
@@ -108,6 +108,10 @@ def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineUnde
     )
     if build.returncode != 0:
         pytest.fail(f"building the tiny model failed:\n{build.stdout[-2000:]}\n{build.stderr[-4000:]}")
+    return python, model_dir
+
+
+def _serve_vllm(python: str, model_dir: Path, work: Path, kv_cache_bytes: str) -> Iterator[EngineUnderTest]:
     for sub in ("tmpdir", "cache"):
         (work / sub).mkdir()
     env = {k: v for k, v in os.environ.items() if k != "VLLM_CPU_KVCACHE_SPACE"}
@@ -129,7 +133,7 @@ def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineUnde
             python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
             "--served-model-name", MODEL, "--host", "127.0.0.1", "--port", str(port),
             "--max-model-len", str(MAX_MODEL_LEN), "--max-num-seqs", str(MAX_NUM_SEQS),
-            "--enforce-eager", "--dtype", "float32", "--kv-cache-memory-bytes", "64M",
+            "--enforce-eager", "--dtype", "float32", "--kv-cache-memory-bytes", kv_cache_bytes,
             "--scheduling-policy", "priority",
         ]  # fmt: skip
         log_path = work / f"vllm-{attempt}.log"
@@ -147,6 +151,14 @@ def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineUnde
     finally:
         proc.stop()
         shutil.rmtree(work / "tmpdir", ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def vllm_server(
+    tiny_llama: tuple[str, Path], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[EngineUnderTest]:
+    python, model_dir = tiny_llama
+    yield from _serve_vllm(python, model_dir, tmp_path_factory.mktemp("vllm"), "64M")
 
 
 @pytest.fixture(

@@ -38,6 +38,7 @@ class EngineState:
     running: int
     waiting: int
     finished: int  # requests that ended by themselves so far (not aborted)
+    preemptions: int = 0  # vllm:num_preemptions_total
 
 
 @dataclass
@@ -95,11 +96,16 @@ class Holder:
         now on a request ending by itself makes the check `Inconclusive`."""
         self.baseline = (await self.until_state(0, 0)).finished
 
-    def start(self, name: str, request: Callable[[httpx.AsyncClient], Awaitable[httpx.Response]]) -> Held:
+    def run(self, name: str, work: Callable[[Held], Awaitable[None]]) -> Held:
+        """A held request whose task is `work(held)` (cancelled on exit)."""
         held = Held(name)
-        held.task = asyncio.create_task(_hold(held, request(self.client)), name=name)
+        held.task = asyncio.create_task(work(held), name=name)  # type: ignore[arg-type]
         self.held.append(held)
         return held
+
+    def start(self, name: str, request: Callable[[httpx.AsyncClient], Awaitable[httpx.Response]]) -> Held:
+        """Send `request` on the shared client and hold it (`_hold`)."""
+        return self.run(name, lambda held: _hold(held, request(self.client)))
 
     def chat(self, body: dict[str, Any], name: str) -> Held:
         """A streamed `POST /v1/chat/completions` straight to the engine."""
@@ -116,7 +122,15 @@ class Holder:
 
     async def engine_state(self) -> EngineState:
         text = (await self.reader.get(f"{self.url}/metrics")).text
-        found = {"vllm:num_requests_running": 0.0, "vllm:num_requests_waiting": 0.0, "finished": 0.0}
+        found = dict.fromkeys(
+            (
+                "vllm:num_requests_running",
+                "vllm:num_requests_waiting",
+                "vllm:num_preemptions_total",
+                "finished",
+            ),
+            0.0,
+        )
         for family in text_string_to_metric_families(text):
             for s in family.samples:
                 if s.name in found:
@@ -127,6 +141,7 @@ class Holder:
             int(found["vllm:num_requests_running"]),
             int(found["vllm:num_requests_waiting"]),
             int(found["finished"]),
+            int(found["vllm:num_preemptions_total"]),
         )
         if self.baseline is not None and state.finished != self.baseline:
             raise Inconclusive(f"{state.finished - self.baseline} request(s) ended by themselves: {state}")
