@@ -55,20 +55,24 @@ def _start(
     return proc
 
 
-@pytest.fixture(scope="session")
-def enginesim_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineUnderTest]:
-    log_path = tmp_path_factory.mktemp("enginesim") / "enginesim.log"
+def serve_enginesim(work: Path, *extra: str) -> Iterator[EngineUnderTest]:
+    """enginesim as the suite runs it (`extra`: more CLI flags), stopped when the generator closes."""
     port = free_port()
     argv = [
         sys.executable, "-m", "apps.cli.main", "enginesim", "--model", MODEL, "--profile", "tiny",
         "--port", str(port), "--max-model-len", str(MAX_MODEL_LEN), "--max-num-seqs", str(MAX_NUM_SEQS),
-        "--scheduling-policy", "priority",
+        "--scheduling-policy", "priority", *extra,
     ]  # fmt: skip
-    proc = _start("enginesim", argv, log_path, port, 30.0, cwd=REPO)
+    proc = _start("enginesim", argv, work / "enginesim.log", port, 30.0, cwd=REPO)
     try:
         yield EngineUnderTest("enginesim", f"http://127.0.0.1:{port}", proc)
     finally:
         proc.stop()
+
+
+@pytest.fixture(scope="session")
+def enginesim_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineUnderTest]:
+    yield from serve_enginesim(tmp_path_factory.mktemp("enginesim"))
 
 
 def _vllm_python() -> str:
@@ -111,7 +115,7 @@ def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path]:
     return python, model_dir
 
 
-def _serve_vllm(python: str, model_dir: Path, work: Path, kv_cache_bytes: str) -> Iterator[EngineUnderTest]:
+def serve_vllm(python: str, model_dir: Path, work: Path, kv_cache_bytes: str) -> Iterator[EngineUnderTest]:
     for sub in ("tmpdir", "cache"):
         (work / sub).mkdir()
     env = {k: v for k, v in os.environ.items() if k != "VLLM_CPU_KVCACHE_SPACE"}
@@ -158,7 +162,7 @@ def vllm_server(
     tiny_llama: tuple[str, Path], tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[EngineUnderTest]:
     python, model_dir = tiny_llama
-    yield from _serve_vllm(python, model_dir, tmp_path_factory.mktemp("vllm"), "64M")
+    yield from serve_vllm(python, model_dir, tmp_path_factory.mktemp("vllm"), "64M")
 
 
 @pytest.fixture(

@@ -18,7 +18,6 @@ slow"`: it needs a second vLLM server, minutes of start-up on a loaded CI VM.
 from __future__ import annotations
 
 import asyncio
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,18 +25,8 @@ from typing import Any
 import httpx
 import pytest
 
-from apps.cli.procs import free_port
 from apps.core.sharing import VLLM_PRIORITY, PriorityClass
-from tests.conformance.conftest import (
-    MAX_MODEL_LEN,
-    MAX_NUM_SEQS,
-    MODEL,
-    REPO,
-    VLLM_READY_DEADLINE_S,
-    EngineUnderTest,
-    _serve_vllm,
-    _start,
-)
+from tests.conformance.conftest import VLLM_READY_DEADLINE_S, EngineUnderTest, serve_enginesim, serve_vllm
 from tests.conformance.slots import Held, Holder, conclusively, hold_body
 
 KV_TOKENS = 1536
@@ -47,18 +36,8 @@ INTERACTIVE, BATCH = VLLM_PRIORITY[PriorityClass.INTERACTIVE], VLLM_PRIORITY[Pri
 
 @pytest.fixture(scope="module")
 def small_kv_enginesim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineUnderTest]:
-    log_path = tmp_path_factory.mktemp("enginesim-small-kv") / "enginesim.log"
-    port = free_port()
-    argv = [
-        sys.executable, "-m", "apps.cli.main", "enginesim", "--model", MODEL, "--profile", "tiny",
-        "--port", str(port), "--max-model-len", str(MAX_MODEL_LEN), "--max-num-seqs", str(MAX_NUM_SEQS),
-        "--scheduling-policy", "priority", "--num-blocks", str(KV_TOKENS // BLOCK + 1),  # + vLLM's null block
-    ]  # fmt: skip
-    proc = _start("enginesim", argv, log_path, port, 30.0, cwd=REPO)
-    try:
-        yield EngineUnderTest("enginesim", f"http://127.0.0.1:{port}", proc)
-    finally:
-        proc.stop()
+    blocks = KV_TOKENS // BLOCK + 1  # + the null block, as vLLM
+    yield from serve_enginesim(tmp_path_factory.mktemp("enginesim-small-kv"), "--num-blocks", str(blocks))
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +45,7 @@ def small_kv_vllm(
     tiny_llama: tuple[str, Path], tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[EngineUnderTest]:
     python, model_dir = tiny_llama
-    yield from _serve_vllm(python, model_dir, tmp_path_factory.mktemp("vllm-small-kv"), str(KV_TOKENS * 1024))
+    yield from serve_vllm(python, model_dir, tmp_path_factory.mktemp("vllm-small-kv"), str(KV_TOKENS * 1024))
 
 
 @pytest.fixture(
