@@ -205,6 +205,7 @@ async def conclusively(url: str, check: Callable[[Holder], Awaitable[None]], att
                 return
             except Inconclusive as exc:
                 reasons.append(str(exc))
+                print(f"inconclusive run, repeated: {exc}")  # shown with the test's output
     raise AssertionError(f"no conclusive run in {attempts}: {reasons}")
 
 
