@@ -47,6 +47,9 @@ class NodeConnection:
         self._clock = monotonic
         self.send_q: asyncio.Queue[str] = asyncio.Queue(maxsize=send_limit)
         self.routes: dict[str, Route] = {}
+        # Requests this socket carried whose relay ended before the node's last frame (a cancel on
+        # its way): that frame is not a journal replay from another socket (`node_ws`).
+        self.ended_relays: set[str] = set()
         self.closing = asyncio.Event()
         self.close_code = CLOSE_NORMAL
         self.close_reason = ""

@@ -221,6 +221,7 @@ class NodeSockets:
             await self._heartbeat(conn, frame)
         elif isinstance(frame, Done | Error):
             route = await plane.route_frame(conn, frame, text)
+            replayed = _replayed_abort(conn, frame, route)
             if isinstance(frame, Done) or frame.chunks_sent > 0:
                 # The settle job frees the node slot in the same Redis call as its done record,
                 # off this reader's path (it is not awaited here for every finished request).
@@ -233,9 +234,7 @@ class NodeSockets:
                         frame.completion_tokens,
                         ack_to,
                         from_error=isinstance(frame, Error),
-                        replayed_abort=route is None
-                        and isinstance(frame, Done)
-                        and frame.finish_reason == "abort",
+                        replayed_abort=replayed,
                     )
                 )
             else:
@@ -375,3 +374,11 @@ def _peek_version(text: str) -> int | None:
 
 
 __all__ = ["CLOSE_HEARTBEAT_TIMEOUT", "PROTOCOL_VERSION", "NodeSockets"]
+
+
+def _replayed_abort(conn: NodeConnection, frame: Done | Error, route: object) -> bool:
+    """A `done(abort)` this socket never carried: the agent aborted when its socket to another
+    replica dropped and replays it from its journal (`settle.Settler._defer`)."""
+    ended_here = frame.request_id in conn.ended_relays
+    conn.ended_relays.discard(frame.request_id)
+    return route is None and not ended_here and isinstance(frame, Done) and frame.finish_reason == "abort"

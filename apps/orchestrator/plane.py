@@ -181,6 +181,7 @@ class ControlPlane:
         conn = self.local.get(node_id)
         if conn is not None and conn.routes.get(request_id) is stream:
             del conn.routes[request_id]
+            conn.ended_relays.add(request_id)
         if not stream.slot_released:  # else the node socket's reader did it (one Redis call saved)
             await self.fleet.release_slot(node_id, request_id)
         for model in self.deps.models:

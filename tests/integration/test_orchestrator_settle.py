@@ -8,6 +8,7 @@ import json
 from datetime import UTC, datetime, timedelta
 
 import aiohttp
+import pytest
 
 from apps.core.ledger.api import ReservationStatus
 from apps.core.nodes import keys
@@ -35,12 +36,24 @@ async def test_engine_error_mid_stream_settles_the_tokens_produced(env: Env) -> 
     assert env.ledger.settle_calls == [("r1", 9, 1)]
 
 
-async def test_gateway_disconnect_cancels_on_the_node_and_settles_what_was_produced(env: Env) -> None:
+@pytest.mark.parametrize(
+    "request_body",
+    [
+        {"messages": []},
+        # A stream that could resume: its `done(abort)` comes after the relay ended (it freed its
+        # route), which is not a journal replay to defer to a resume (settle.Settler._defer).
+        {"messages": [{"role": "user", "content": "hi"}], "stream": True},
+    ],
+    ids=["plain", "resumable"],
+)
+async def test_gateway_disconnect_cancels_on_the_node_and_settles_what_was_produced(
+    env: Env, request_body: dict[str, object]
+) -> None:
     orch = await env.orchestrator()
     gate = asyncio.Event()
     node = await env.node(orch, "n1", auto=Auto(tokens=5, prompt_tokens=4, gate=gate))
     env.ledger.add("r1")
-    body = {"request_id": "r1", "team_id": 1, "model": "m", "body": {"messages": []}}
+    body = {"request_id": "r1", "team_id": 1, "model": "m", "body": request_body}
     headers = {"Authorization": f"Bearer {TOKEN}"}
     async with aiohttp.ClientSession() as session:
         resp = await session.post(orch.url + DISPATCH_PATH, json=body, headers=headers)
@@ -49,6 +62,7 @@ async def test_gateway_disconnect_cancels_on_the_node_and_settles_what_was_produ
         resp.close()
     await node.wait_for(lambda: "r1" in node.cancels)
     await node.wait_for(lambda: "r1" in node.acks)
+    await eventually(lambda: _done(env.ledger.status("r1") is ReservationStatus.SETTLED))
     assert env.ledger.settle_calls == [("r1", 4, 1)]
 
 
