@@ -4,8 +4,8 @@
 
 One connection is served at a time by `serve`: a reader, the writer (`Connection.writer`) and the
 host's `serving` work (heartbeats, journal replay) in one TaskGroup; when any of them ends, all
-end. A registration refused with 4001 (an orchestrator older than this agent) is retried once
-with protocol version 1; the newest version is tried again after that. Refusals carry a retry
+end. A registration refused with 4001 (an orchestrator older than this agent) is retried with
+the next lower protocol version (3 -> 2 -> 1); the newest is tried again on the connection after. Refusals carry a retry
 hint the backoff honours. What a frame means is the host's business (`LinkHost.handle`).
 """
 
@@ -64,7 +64,7 @@ class Link:
         self.backoff = backoff
         self.metrics = metrics
         self._ssl_context = ssl_context
-        self._version = proto.PROTOCOL_VERSION  # the next attempt's (1 after a 4001)
+        self._version = proto.PROTOCOL_VERSION  # the next attempt's (one lower after a 4001)
 
     def _ssl(self) -> ssl.SSLContext | bool:
         if not self.settings.orchestrator_url.startswith("wss://"):
@@ -124,9 +124,9 @@ class Link:
     def _refused(self, exc: RegistrationFailed, version: int) -> float | None:
         self.metrics.connects.labels("refused").inc()
         if exc.close_code == proto.CLOSE_UNSUPPORTED_VERSION and version > 1:
-            # An orchestrator older than this agent: speak version 1 to it (no batched messages)
-            # on the next attempt; the newest version is tried again after.
-            self._version = 1
+            # An orchestrator older than this agent: one version lower on the next attempt (3 -> 2:
+            # no handover; 2 -> 1: no batched messages either); the newest is tried again after.
+            self._version = version - 1
         log.warning(
             "registration failed",
             extra={"reason": exc.reason, "close_code": exc.close_code, "retry_after_s": exc.retry_after_s},
