@@ -72,6 +72,7 @@ class Agent:
         self._max_model_len = settings.max_model_len
         self._gpus = settings.gpus
         self._heartbeat_interval_s = settings.heartbeat_interval_s
+        self.link = Link(settings, self, self.backoff, self.metrics, self.deps.ssl_context)
         self._timeouts = RelayTimeouts(
             connect_s=settings.engine_connect_timeout_s,
             first_byte_s=settings.engine_first_byte_timeout_s,
@@ -132,12 +133,11 @@ class Agent:
                 if self._gpu is None:
                     self._gpu = choose_gpu_probe(session, self.settings.dcgm_url, self.settings.nvidia_smi)
                 self._beats = HeartbeatSource(self._engine, self._gpu, self.metrics)
-                self._work = Work(self._engine, self._timeouts, self.journal, self.metrics, self.outlet)
+                self._work = Work(self._engine, self._timeouts, self.journal, self.metrics)
                 async with asyncio.TaskGroup() as group:
                     self._group = group
                     async with asyncio.TaskGroup() as tg:
-                        link = Link(self.settings, self, self.backoff, self.metrics, self.deps.ssl_context)
-                        tg.create_task(link.run(), name="agent-connection-loop")
+                        tg.create_task(self.link.run(), name="agent-connection-loop")
                         tg.create_task(self._drain_watcher(), name="agent-drain")
                         if self.settings.spot_notice_url:
                             tg.create_task(self._spot_watcher(session), name="agent-spot")
@@ -211,11 +211,17 @@ class Agent:
             ],
             location=self.settings.location,
             agent_version=agent_version(),
-            in_flight=self.in_flight,
+            # Requests whose connection ended (a handed-over socket still carries its own).
+            in_flight=self._work.unbound() if self._work is not None else [],
         )
 
     def on_registered(self, conn: Connection, ack: proto.RegisterAck) -> None:
         self.outlet.conn = conn
+        for old in self.link.retiring:  # tell the replica that handed this node over
+            assert self._work is not None
+            assert self._group is not None
+            handed = proto.HandedOver(orchestrator_id=ack.orchestrator_id, in_flight=self._work.on(old))
+            self._group.create_task(old.send(handed), name="agent-handed-over")
         self.orchestrator_id = ack.orchestrator_id
         self._heartbeat_interval_s = ack.heartbeat_interval_s or self.settings.heartbeat_interval_s
         self._set_state(AgentState.READY)
@@ -228,14 +234,36 @@ class Agent:
             if self._work is not None:
                 self._work.abort(request_id, "orchestrator no longer relays it")
 
-    def on_connection_ended(self) -> None:
-        if self.outlet.conn is not None:
-            self.outlet.conn.close()
+    def on_connection_ended(self, conn: Connection | None) -> None:
+        """`conn` ended (None: an attempt that never registered): the requests that came on it end."""
+        if conn is not None:
+            conn.close()
+            if self._work is not None:
+                self._work.abort_on(conn, "connection to the orchestrator lost")
+        if conn is None or conn is self.outlet.conn:
             self.outlet.conn = None
+            self.registered.clear()
+            self.metrics.connected.set(0)
+            self._set_state(AgentState.CONNECTING)
+
+    def _on_handover(self, conn: Connection, frame: proto.Handover) -> None:
+        """The orchestrator of `conn` stops: register elsewhere, finish `conn`'s requests on it."""
+        assert self._group is not None
+        assert self._work is not None
+        if not self.link.hand_over(conn):
+            return
+        log.info("handover", extra={"deadline_s": frame.deadline_s, "in_flight": len(self._work.on(conn))})
+        self.outlet.conn = None
         self.registered.clear()
-        self.metrics.connected.set(0)
         self._set_state(AgentState.CONNECTING)
-        self._abort_all("connection to the orchestrator lost")
+        self._group.create_task(self._handover_deadline(conn, frame.deadline_s), name="agent-handover")
+
+    async def _handover_deadline(self, conn: Connection, deadline_s: float) -> None:
+        await first_of(conn.wait_closed(), self.deps.clock.sleep(deadline_s))
+        if not conn.closed and self._work is not None and self._work.on(conn):
+            # Streams with output end with a `node_draining` error carrying the exact tokens so far.
+            log.warning("handover deadline passed", extra={"in_flight": len(self._work.on(conn))})
+            self._work.abort_on(conn, "handover deadline passed", handoff=True)
 
     async def handle(self, conn: Connection, frame: proto.ServerFrame) -> None:
         if isinstance(frame, proto.Assign):
@@ -248,6 +276,8 @@ class Agent:
                 self.outlet.acked(frame.request_id)
                 self.metrics.journal_pending.set(len(self.journal.pending()))
                 self._acked.set()
+        elif isinstance(frame, proto.Handover):
+            self._on_handover(conn, frame)
         elif isinstance(frame, proto.Drain):
             log.info("drain requested by the orchestrator", extra={"deadline_s": frame.deadline_s})
             self.drain(frame.deadline_s, reason="drain")
@@ -284,14 +314,14 @@ class Agent:
                 proto.Error(request_id=rid, status=refusal[0], message=refusal[1], error_type=refusal[2])
             )
             return
-        self._work.start(self._group, assign)
+        self._work.start(self._group, assign, self.outlet.bound(conn))
 
     # -- heartbeat ----------------------------------------------------------------------
 
     async def serving(self, conn: Connection) -> None:
         """While `conn` is served: the journal's unacknowledged dones, then heartbeats."""
         await self.outlet.replay_journal(conn)
-        while True:
+        while not conn.retiring:  # a handed-over connection carries no heartbeats
             await self.send_heartbeat_now()
             await self.outlet.resend_unacked(conn)
             await asyncio.sleep(self._heartbeat_interval_s)

@@ -106,6 +106,7 @@ class Connection:
         self._queue: asyncio.Queue[tuple[bool, str]] = asyncio.Queue(maxsize=queue_size)
         self._closed = asyncio.Event()
         self._write_now = frame_writer(ws)
+        self.retiring = False  # handed over: serves only the requests that came on it
 
     @property
     def closed(self) -> bool:

@@ -7,6 +7,14 @@ host's `serving` work (heartbeats, journal replay) in one TaskGroup; when any of
 end. A registration refused with 4001 (an orchestrator older than this agent) is retried with
 the next lower protocol version (3 -> 2 -> 1); the newest is tried again on the connection after. Refusals carry a retry
 hint the backoff honours. What a frame means is the host's business (`LinkHost.handle`).
+
+Handover (protocol version 3, docs/control-plane.md "Handover"): on `hand_over(conn)` the
+connection being served *retires*: it goes on serving (its requests' chunks and `done`s, the
+`done_ack`s and `cancel`s for them) in the background, and the loop dials at once, without
+backoff, the next orchestrator URL (`--orchestrator-url` may list several, comma-separated; in
+Kubernetes one Service URL, which no longer routes to the stopping replica, which also refuses
+registrations). Each connection ends on its own: `LinkHost.on_connection_ended(conn)` aborts
+only the requests that came on it.
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ from apps.agent.backoff import Backoff
 from apps.agent.connection import Connection, ConnectionLost, RegistrationFailed, register
 from apps.agent.health import AgentMetrics
 from apps.agent.settings import AgentSettings
+from apps.core.aio import first_of
 from apps.core.protocol import node as proto
 
 log = logging.getLogger("llmfleet.agent")
@@ -45,7 +54,7 @@ class LinkHost(Protocol):
 
     async def handle(self, conn: Connection, frame: proto.ServerFrame) -> None: ...
 
-    def on_connection_ended(self) -> None: ...
+    def on_connection_ended(self, conn: Connection | None) -> None: ...
 
     async def pause(self, seconds: float) -> None: ...
 
@@ -65,9 +74,30 @@ class Link:
         self.metrics = metrics
         self._ssl_context = ssl_context
         self._version = proto.PROTOCOL_VERSION  # the next attempt's (one lower after a 4001)
+        self.urls = [u.strip() for u in settings.orchestrator_url.split(",") if u.strip()]
+        self._url = 0  # index of the next attempt's URL (moves on after a failure or a handover)
+        self.current: Connection | None = None  # the connection being served by the loop
+        self.handing_over = False  # the next registration follows a handover
+        self._handover = asyncio.Event()
+        self._retiring: set[asyncio.Task[None]] = set()
+        self._retiring_conns: set[Connection] = set()
+        self._attempt_task: asyncio.Task[None] | None = None
 
-    def _ssl(self) -> ssl.SSLContext | bool:
-        if not self.settings.orchestrator_url.startswith("wss://"):
+    def hand_over(self, conn: Connection) -> bool:
+        """The orchestrator of `conn` stops: serve it on in the background, register elsewhere."""
+        if conn is not self.current or self.host.stopping.is_set():
+            return False
+        conn.retiring = True
+        self._url += 1
+        self._handover.set()
+        return True
+
+    @property
+    def retiring(self) -> list[Connection]:
+        return [c for c in self._retiring_conns if not c.closed]
+
+    def _ssl(self, url: str) -> ssl.SSLContext | bool:
+        if not url.startswith("wss://"):
             return False
         if self._ssl_context is not None:
             return self._ssl_context
@@ -77,39 +107,76 @@ class Link:
     async def run(self) -> None:
         """Connect, serve, reconnect with backoff, until the host stops."""
         stopping = self.host.stopping
-        ssl_ctx = self._ssl()
         async with aiohttp.ClientSession() as ws_session:
-            while not stopping.is_set():
-                if not await self.host.wait_for_engine():
-                    return
-                retry_after: float | None = None
-                version, self._version = self._version, proto.PROTOCOL_VERSION
-                try:
-                    await self._attempt(ws_session, ssl_ctx, version)
-                except RegistrationFailed as exc:
-                    retry_after = self._refused(exc, version)
-                except ConnectionLost as exc:
-                    if stopping.is_set():
-                        log.info("connection closed after drain")
-                    else:
-                        log.warning("connection lost", extra={"reason": str(exc)})
-                except (aiohttp.ClientError, OSError, TimeoutError) as exc:
-                    self.metrics.connects.labels("failed").inc()
-                    log.warning(
-                        "cannot reach the orchestrator", extra={"error": f"{type(exc).__name__}: {exc}"}
-                    )
-                finally:
-                    self.host.on_connection_ended()
-                if stopping.is_set():
-                    return
-                await self._back_off(retry_after)
+            try:
+                await self._loop(ws_session, stopping)
+            finally:
+                if self._attempt_task is not None:
+                    self._attempt_task.cancel()
+                for task in list(self._retiring):
+                    task.cancel()
+                await asyncio.gather(*self._retiring, return_exceptions=True)
+                if self._attempt_task is not None:
+                    await asyncio.gather(self._attempt_task, return_exceptions=True)
 
-    async def _attempt(
-        self, ws_session: aiohttp.ClientSession, ssl_ctx: ssl.SSLContext | bool, version: int
-    ) -> None:
+    async def _loop(self, ws_session: aiohttp.ClientSession, stopping: asyncio.Event) -> None:
+        while not stopping.is_set():
+            if not await self.host.wait_for_engine():
+                return
+            retry_after: float | None = None
+            version, self._version = self._version, proto.PROTOCOL_VERSION
+            url = self.urls[self._url % len(self.urls)]
+            self._handover.clear()
+            attempt = asyncio.create_task(self._attempt(ws_session, url, version), name="agent-connection")
+            self._attempt_task = attempt
+            await first_of(asyncio.shield(attempt), self._handover.wait())
+            if not attempt.done():
+                self._retire(attempt)  # handed over: that connection ends on its own
+                continue
+            conn, self.current = self.current, None
+            try:
+                attempt.result()
+            except RegistrationFailed as exc:
+                retry_after = self._refused(exc, version)
+            except ConnectionLost as exc:
+                if stopping.is_set():
+                    log.info("connection closed after drain")
+                else:
+                    log.warning("connection lost", extra={"reason": str(exc)})
+            except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+                self.metrics.connects.labels("failed").inc()
+                log.warning("cannot reach the orchestrator", extra={"error": f"{type(exc).__name__}: {exc}"})
+            finally:
+                self.host.on_connection_ended(conn)
+            if stopping.is_set():
+                return
+            if conn is None:
+                self._url += 1  # not registered there: the next URL on the next attempt
+            await self._back_off(retry_after)
+
+    def _retire(self, attempt: asyncio.Task[None]) -> None:
+        conn, self.current = self.current, None
+        assert conn is not None
+        self._retiring.add(attempt)
+        self._retiring_conns.add(conn)
+        self.handing_over = True
+
+        def ended(task: asyncio.Task[None]) -> None:
+            self._retiring.discard(task)
+            self._retiring_conns.discard(conn)
+            error = None if task.cancelled() else task.exception()
+            log.info(
+                "handed-over connection closed",
+                extra={"close_code": conn.ws.close_code, "error": repr(error)},
+            )
+            self.host.on_connection_ended(conn)
+
+        attempt.add_done_callback(ended)
+
+    async def _attempt(self, ws_session: aiohttp.ClientSession, url: str, version: int) -> None:
         async with ws_session.ws_connect(
-            self.settings.orchestrator_url,
-            ssl=ssl_ctx,
+            url,
+            ssl=self._ssl(url),
             heartbeat=self.settings.ws_ping_interval_s,
             timeout=aiohttp.ClientWSTimeout(ws_close=CLOSE_WAIT_S),
             max_msg_size=16 * 1024 * 1024,
@@ -119,6 +186,7 @@ class Link:
                 return  # drained (SIGTERM) while this registration was in flight
             self.metrics.connects.labels("registered").inc()
             self.backoff.reset()
+            self.handing_over = False
             await self.serve(ws, ack, batching=version >= proto.BATCHING_VERSION)
 
     def _refused(self, exc: RegistrationFailed, version: int) -> float | None:
@@ -151,6 +219,7 @@ class Link:
         self, ws: aiohttp.ClientWebSocketResponse, ack: proto.RegisterAck, *, batching: bool
     ) -> None:
         conn = Connection(ws, self.settings.send_queue_size, batching=batching)
+        self.current = conn
         self.host.on_registered(conn, ack)
         try:
             async with asyncio.TaskGroup() as tg:

@@ -17,6 +17,38 @@ from apps.core.protocol import node as proto
 from apps.netio import fastpath
 
 
+class BoundOutlet:
+    """One request's outlet: the connection its `assign` came on. After a handover its chunks
+    keep going there (not to the new live connection) until it ends; its `done` goes there too
+    while that socket is open, else to the live one (and it is in the journal in any case)."""
+
+    __slots__ = ("_conn", "_live")
+
+    def __init__(self, conn: Connection, live: Outlet) -> None:
+        self._conn = conn
+        self._live = live
+
+    @property
+    def conn(self) -> Connection:
+        return self._conn
+
+    async def send_chunk(self, frame: proto.Chunk, *, first: bool = False) -> None:
+        await self._live.send_chunk(frame, first=first, conn=self._conn)
+
+    def send_first_now(self, frame: proto.Chunk) -> bool:
+        return self._live.send_first_now(frame, conn=self._conn)
+
+    async def send_done(self, frame: proto.Done) -> None:
+        if self._conn.closed:
+            await self._live.send_done(frame)
+        else:
+            await self._live.send_done_on(self._conn, frame)
+
+    async def send_error(self, frame: proto.Error) -> None:
+        if not self._conn.closed:
+            await self._conn.send(frame)
+
+
 class Outlet:
     def __init__(self, journal: Journal, metrics: AgentMetrics, done_resend_s: float) -> None:
         self.conn: Connection | None = None  # the live connection (None between connections)
@@ -25,19 +57,24 @@ class Outlet:
         self._done_resend_s = done_resend_s
         self._done_sent_at: dict[str, float] = {}
 
-    async def send_chunk(self, frame: proto.Chunk, *, first: bool = False) -> None:
-        """To the live connection, dropped when there is none. A request's first chunk is urgent
-        (it leads its batch)."""
-        conn = self.conn
+    def bound(self, conn: Connection) -> BoundOutlet:
+        return BoundOutlet(conn, self)
+
+    async def send_chunk(
+        self, frame: proto.Chunk, *, first: bool = False, conn: Connection | None = None
+    ) -> None:
+        """To `conn` (default: the live connection), dropped when there is none. A request's
+        first chunk is urgent (it leads its batch)."""
+        conn = conn or self.conn
         if conn is not None:
             if first:
                 self._metrics.netio.served(fastpath.AIOHTTP_WS_FRAME, fallback=1)
             await conn.send(frame, urgent=first)
 
-    def send_first_now(self, frame: proto.Chunk) -> bool:
+    def send_first_now(self, frame: proto.Chunk, conn: Connection | None = None) -> bool:
         """A request's first chunk straight onto the socket (from the engine socket's callback), or
-        False when the live connection cannot take it synchronously now."""
-        conn = self.conn
+        False when the connection cannot take it synchronously now."""
+        conn = conn or self.conn
         if conn is None or not conn.send_now(frame):
             return False
         self._metrics.netio.served(fastpath.AIOHTTP_WS_FRAME, fast=1)

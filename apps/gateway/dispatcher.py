@@ -2,7 +2,8 @@
 keep-alive connections (`apps.netio.http_client`; contract: `apps.core.protocol.dispatch`).
 
 Several replicas: requests rotate over them; a replica that refuses the connection is
-skipped and the next one tried, so a rolling restart costs no request. Once a replica
+skipped and the next one tried, and so is a stopping replica that refuses the dispatch (503 with
+`x-llmfleet-retry-elsewhere`: nothing ran there), so a rolling restart costs no request. Once a replica
 answered, the request is never sent elsewhere (it may already run on a node).
 """
 
@@ -12,7 +13,7 @@ import asyncio
 import itertools
 from collections.abc import Sequence
 
-from apps.core.protocol.dispatch import DISPATCH_PATH, DispatchRequest, bearer
+from apps.core.protocol.dispatch import DISPATCH_PATH, RETRY_ELSEWHERE, DispatchRequest, bearer
 from apps.gateway.ports import DispatchUnavailable
 from apps.netio.http_client import HostPool, HttpResponse, Unreachable
 
@@ -40,9 +41,16 @@ class HttpDispatcher:
         for i in range(count):
             index = (start + i) % count
             try:
-                return await self._pools[index].send(self._heads[index], payload)
+                response = await self._pools[index].send(self._heads[index], payload)
             except Unreachable as exc:
                 last = exc
+                continue
+            if response.status == 503 and response.headers.get(RETRY_ELSEWHERE):
+                # A stopping replica (apps/orchestrator/handover.py): nothing ran there, try the next.
+                await response.aclose()
+                last = DispatchUnavailable("the orchestrator replica is stopping")
+                continue
+            return response
         raise DispatchUnavailable(f"no orchestrator reachable: {last}")
 
     async def aclose(self) -> None:

@@ -153,7 +153,9 @@ async def run_orchestrator(settings: OrchestratorSettings, ready: asyncio.Event 
     """Serve until SIGTERM/SIGINT; then close node sockets and stop, bounded."""
     deps, pool = await build_deps(settings)
     app = create_app(settings, deps)
-    runner = web.AppRunner(app, shutdown_timeout=settings.shutdown_grace_s, handler_cancellation=True)
+    # The dispatches this replica relays finish while its node sockets are handed over (bounded).
+    shutdown_s = settings.shutdown_grace_s + settings.handover_deadline_s
+    runner = web.AppRunner(app, shutdown_timeout=shutdown_s, handler_cancellation=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -154,7 +154,7 @@ class ControlPlane:
         """Send the assignment to the node (directly or via its owner); False if nothing was sent."""
         conn = self.local.get(node.node_id)
         if conn is not None and not conn.closing.is_set():
-            if conn.draining:
+            if conn.draining or conn.handing_over:
                 return False
             conn.routes[dreq.request_id] = stream
             return conn.send(Assign(request_id=dreq.request_id, model=dreq.model, body=engine_body(dreq)))
@@ -245,10 +245,15 @@ class ControlPlane:
         elif isinstance(msg, msgs.RevokeMsg):
             conn.close(CLOSE_REVOKED, "node token revoked")
         elif isinstance(msg, msgs.SupersedeMsg) and msg.conn != conn.conn_id:
-            conn.close(CLOSE_SUPERSEDED, "node registered again on another connection")
+            if conn.handing_over:
+                conn.handed_over = True  # registered on another replica: this socket finishes its requests
+            else:
+                conn.close(CLOSE_SUPERSEDED, "node registered again on another connection")
 
     def _assign_forwarded(self, conn: NodeConnection | None, msg: msgs.AssignMsg) -> None:
         request_id = msg.request_id
+        if conn is not None and conn.handed_over:
+            return  # the node's new owner got this message too and sends it on
         if conn is not None and not conn.closing.is_set() and not conn.draining:
             conn.routes[request_id] = RemoteRoute(msg.origin)
             if conn.send(Assign(request_id=request_id, model=msg.model, body=dict(msg.body))):
