@@ -301,7 +301,13 @@ class LocalPlatform:
         index = spec.orchestrator
         if index is None:
             index = list(self.node_engines).index(node_id) % len(self.orchestrator_ports)
-        url = self.agent_urls.get(node_id) or self.orchestrator_ws_url(index)
+        # Every replica, its own first: the local stand-in for the Service URL an agent has in
+        # Kubernetes (after a handover or a failed attempt the agent moves on to the next one).
+        ring = [
+            self.orchestrator_ws_url((index + i) % len(self.orchestrator_ports))
+            for i in range(len(self.orchestrator_ports))
+        ]
+        url = self.agent_urls.get(node_id) or ",".join(ring)
         health = free_port()
         self.agent_health_ports[node_id] = health
         argv = llmfleet_argv(

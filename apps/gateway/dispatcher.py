@@ -22,6 +22,9 @@ from apps.netio.http_client import HostPool, HttpResponse, Unreachable
 HttpUpstream = HttpResponse
 
 
+MAX_REFUSALS = 3  # one URL: fresh connections tried after a stopping replica's refusal
+
+
 class HttpDispatcher:
     def __init__(self, urls: Sequence[str], internal_token: str, *, limit: int = 2000) -> None:
         if not urls:
@@ -38,17 +41,26 @@ class HttpDispatcher:
         count = len(self._pools)
         start = next(self._next)
         last: Exception | None = None
-        for i in range(count):
+        i = refusals = 0
+        while i < count:
             index = (start + i) % count
+            pool = self._pools[index]
             try:
-                response = await self._pools[index].send(self._heads[index], payload)
+                response = await pool.send(self._heads[index], payload)
             except Unreachable as exc:
                 last = exc
+                i += 1
                 continue
             if response.status == 503 and response.headers.get(RETRY_ELSEWHERE):
-                # A stopping replica (apps/orchestrator/handover.py): nothing ran there, try the next.
+                # A stopping replica (apps/orchestrator/handover.py): nothing ran there. Its other
+                # kept-alive connections lead there too: dropped. One URL (a Kubernetes Service):
+                # again on a fresh connection, which lands on a ready replica; else the next URL.
                 await response.aclose()
+                pool.drop_idle()
                 last = DispatchUnavailable("the orchestrator replica is stopping")
+                refusals += 1
+                if count > 1 or refusals > MAX_REFUSALS:
+                    i += 1
                 continue
             return response
         raise DispatchUnavailable(f"no orchestrator reachable: {last}")

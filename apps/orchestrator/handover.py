@@ -27,9 +27,10 @@ import logging
 from aiohttp import web
 
 from apps.core.errors import Unavailable, http_error
+from apps.core.protocol.bus import HandoverMsg
 from apps.core.protocol.dispatch import RETRY_ELSEWHERE
 from apps.core.protocol.node import CLOSE_GOING_AWAY, CLOSE_HANDED_OVER, HANDOVER_VERSION, Handover
-from apps.orchestrator.connection import NodeConnection
+from apps.orchestrator.connection import NodeConnection, RemoteRoute
 from apps.orchestrator.logs import event
 from apps.orchestrator.plane import ControlPlane
 
@@ -57,8 +58,10 @@ class SocketHandover:
     async def run(self) -> None:
         """Hand over (or, below version 3, close) every node socket of this replica; returns when
         every socket is closed or the bound passed."""
+        conns = list(self.plane.local.values())
+        event("handover_started", nodes=len(conns), in_flight=sum(len(c.routes) for c in conns))
         async with asyncio.TaskGroup() as tg:
-            for conn in list(self.plane.local.values()):
+            for conn in conns:
                 tg.create_task(self._one(conn), name=f"handover-{conn.node_id}")
 
     async def _one(self, conn: NodeConnection) -> None:
@@ -70,6 +73,9 @@ class SocketHandover:
         plane = self.plane
         conn.handing_over = True
         await plane.fleet.mark_draining(conn.node_id, conn.conn_id)
+        for request_id, route in list(conn.routes.items()):
+            if isinstance(route, RemoteRoute):  # its relay must not take the new owner for a loss
+                await plane.bus.to_replica(route.origin, HandoverMsg(request_id=request_id))
         conn.send(Handover(deadline_s=self.deadline_s))
         event("node_handover", node_id=conn.node_id, in_flight=len(conn.routes), deadline_s=self.deadline_s)
         loop = asyncio.get_running_loop()

@@ -190,7 +190,8 @@ class ControlPlane:
         """After a fleet refresh: relays whose node (or its owner) vanished get `Lost`."""
         for stream in list(self.remote_streams.values()):
             node = self.fleet.get(stream.node_id)
-            if node is None or node.state in (NodeState.STALE, NodeState.DEAD) or node.owner != stream.owner:
+            moved = node is not None and node.owner != stream.owner and not stream.owner_pinned
+            if node is None or node.state in (NodeState.STALE, NodeState.DEAD) or moved:
                 stream.deliver(LostEv(LostReason.OWNER_GONE))
 
     # -- owner side: frames from a node socket -----------------------------------------
@@ -257,6 +258,8 @@ class ControlPlane:
         if conn is not None and not conn.closing.is_set() and not conn.draining:
             conn.routes[request_id] = RemoteRoute(msg.origin)
             if conn.send(Assign(request_id=request_id, model=msg.model, body=dict(msg.body))):
+                if conn.handing_over:  # assigned just before the handover began: relayed from here
+                    self._spawn(self.bus.to_replica(msg.origin, msgs.HandoverMsg(request_id=request_id)))
                 return
             conn.routes.pop(request_id, None)
         self._spawn(
@@ -266,6 +269,9 @@ class ControlPlane:
     def on_replica_message(self, _channel: str, msg: msgs.ReplicaMessage) -> None:
         stream = self.remote_streams.get(msg.request_id)
         if stream is None:
+            return
+        if isinstance(msg, msgs.HandoverMsg):
+            stream.owner_pinned = True
             return
         if isinstance(msg, msgs.LostMsg):
             stream.deliver(
