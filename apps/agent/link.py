@@ -77,7 +77,6 @@ class Link:
         self.urls = [u.strip() for u in settings.orchestrator_url.split(",") if u.strip()]
         self._url = 0  # index of the next attempt's URL (moves on after a failure or a handover)
         self.current: Connection | None = None  # the connection being served by the loop
-        self.handing_over = False  # the next registration follows a handover
         self._handover = asyncio.Event()
         self._retiring: set[asyncio.Task[None]] = set()
         self._retiring_conns: set[Connection] = set()
@@ -159,7 +158,6 @@ class Link:
         assert conn is not None
         self._retiring.add(attempt)
         self._retiring_conns.add(conn)
-        self.handing_over = True
 
         def ended(task: asyncio.Task[None]) -> None:
             self._retiring.discard(task)
@@ -186,7 +184,6 @@ class Link:
                 return  # drained (SIGTERM) while this registration was in flight
             self.metrics.connects.labels("registered").inc()
             self.backoff.reset()
-            self.handing_over = False
             await self.serve(ws, ack, batching=version >= proto.BATCHING_VERSION)
 
     def _refused(self, exc: RegistrationFailed, version: int) -> float | None:

@@ -145,4 +145,5 @@ async def test_a_version_2_orchestrator_gets_version_2(tmp_path: Path) -> None:
         assert [r.version for r in orch.registrations] == [proto.PROTOCOL_VERSION, 2]
         await orch.send(run.assign("v2", {"tokens": 4}))
         done = await run.result("v2")
-        assert isinstance(done, proto.Done) and done.completion_tokens == 4
+        assert isinstance(done, proto.Done)
+        assert done.completion_tokens == 4

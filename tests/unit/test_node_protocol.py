@@ -155,10 +155,12 @@ def test_handover_frames_golden_both_directions() -> None:
     down = (FIXTURES / "handover.json").read_text()
     up = (FIXTURES / "handed_over.json").read_text()
     frame = proto.decode_server_frame(down)
-    assert isinstance(frame, proto.Handover) and frame.deadline_s == 30.0
+    assert isinstance(frame, proto.Handover)
+    assert frame.deadline_s == 30.0
     assert proto.encode(proto.Handover(deadline_s=30.0)) == down
     back = proto.decode_node_frame(up)
-    assert isinstance(back, proto.HandedOver) and back.in_flight == ["req-1", "req-2"]
+    assert isinstance(back, proto.HandedOver)
+    assert back.in_flight == ["req-1", "req-2"]
     assert proto.encode(proto.HandedOver(orchestrator_id="orch-1", in_flight=["req-1", "req-2"])) == up
     with pytest.raises(ValidationError):
         proto.decode_node_frame(down)
@@ -179,4 +181,5 @@ def test_handover_close_code_is_its_own() -> None:
         proto.CLOSE_HEARTBEAT_TIMEOUT,
         proto.CLOSE_GOING_AWAY,
     ]
-    assert proto.CLOSE_HANDED_OVER == 4011 and proto.CLOSE_HANDED_OVER not in codes
+    assert proto.CLOSE_HANDED_OVER == 4011
+    assert proto.CLOSE_HANDED_OVER not in codes
