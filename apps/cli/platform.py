@@ -204,6 +204,12 @@ class LocalPlatform:
 
     def stop(self) -> None:
         """Reverse order: gateway, agents (drain), engines, orchestrators, issuer, Redis, PostgreSQL."""
+        # The gateway and the agents first even when a roll restarted an orchestrator after them (the
+        # supervisor stops in reverse start order): an orchestrator stopping while agents still run
+        # hands their sockets over, to a replica stopping next, and waits out the handover bound.
+        for child in [self.gateway, *self.agents.values()]:
+            if child is not None and child in self.supervisor.children:
+                self.stop_child(child)
         self.supervisor.stop_all(self.config.stop_timeout_s)
         self.issuer.stop()
         if self._redis is not None:

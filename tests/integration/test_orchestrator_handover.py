@@ -17,6 +17,16 @@ from tests.integration.orchestrator_env import Env, eventually
 from tests.integration.test_orchestrator_app import _done, events
 
 
+async def _completes_whole(stream: asyncio.Task[tuple[int, dict[str, str], bytes]], tokens: int) -> None:
+    """The dispatch ended well: every token, `[DONE]`, no error event."""
+    status, _, body = await stream
+    assert status == 200
+    evs = events(body)
+    assert evs[-1] == b"[DONE]"
+    assert not any(e.startswith(b'{"error"') for e in evs)
+    assert sum(b'"content":"t' in e for e in evs) == tokens
+
+
 async def test_a_stopping_replica_hands_the_socket_over_and_the_running_stream_finishes(env: Env) -> None:
     a = await env.orchestrator(handover_deadline_s=20)
     b = await env.orchestrator()
@@ -41,12 +51,7 @@ async def test_a_stopping_replica_hands_the_socket_over_and_the_running_stream_f
     assert owner == b.plane.id.encode()
     assert not node.closed.is_set()  # not superseded: r1 still runs on it
     gate.set()
-    status, _, body = await stream
-    assert status == 200
-    evs = events(body)
-    assert evs[-1] == b"[DONE]"
-    assert not any(e.startswith(b'{"error"') for e in evs)
-    assert sum(b'"content":"t' in e for e in evs) == 3
+    await _completes_whole(stream, tokens=3)
     await asyncio.wait_for(node.closed.wait(), 10)
     assert node.close_code == proto.CLOSE_HANDED_OVER
     await asyncio.wait_for(stopping, 10)
@@ -110,12 +115,7 @@ async def test_a_stream_relayed_by_another_replica_survives_the_handover_of_its_
     await eventually(lambda: _done(b.plane.metrics.forwarded.labels(op="assign")._value.get() == 1))
     assert not stream.done()
     gate.set()
-    status, _, body = await stream
-    assert status == 200
-    evs = events(body)
-    assert evs[-1] == b"[DONE]"
-    assert not any(e.startswith(b'{"error"') for e in evs)
-    assert sum(b'"content":"t' in e for e in evs) == 3
+    await _completes_whole(stream, tokens=3)
     await asyncio.wait_for(stopping, 10)
     assert node.close_code == proto.CLOSE_HANDED_OVER
     assert env.ledger.settle_calls == [("r4", 4, 3)]
