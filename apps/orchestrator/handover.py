@@ -10,7 +10,8 @@ and hands each node socket over instead of closing it:
    new socket's) and answers `handed_over` on the old socket; the old socket keeps carrying the
    chunks and `done`s of the requests that were running on it (its heartbeat watchdog and the
    superseded-socket checks are off while it hands over: `NodeConnection.handing_over`);
-3. once none of its requests runs any more, this side closes it with 4011 (`CLOSE_HANDED_OVER`).
+3. once none of its requests runs any more, this side closes it with 4011 (`CLOSE_HANDED_OVER`;
+   1001 if the node had not registered elsewhere yet: a socket with nothing in flight is not kept).
 
 Bounded: at `deadline_s` the node ends what still runs there with a `node_draining` error carrying
 the exact tokens produced (the relay resumes it elsewhere or ends it with a clean error event, and
@@ -81,8 +82,10 @@ class SocketHandover:
         loop = asyncio.get_running_loop()
         give_up = loop.time() + self.bound_s
         while not conn.closing.is_set():
-            if conn.handed_over and not conn.routes:
-                conn.close(CLOSE_HANDED_OVER, "handed over")
+            if not conn.routes:
+                # Nothing (left) to carry: an idle socket is not kept open for the node to find
+                # another replica (if none is up, it would wait out the bound for nothing).
+                conn.close(CLOSE_HANDED_OVER if conn.handed_over else CLOSE_GOING_AWAY, "handed over")
                 break
             if loop.time() >= give_up:
                 left = len(conn.routes)
