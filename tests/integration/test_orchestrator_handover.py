@@ -12,9 +12,30 @@ import asyncio
 from apps.core.nodes import keys
 from apps.core.protocol import node as proto
 from apps.core.protocol.dispatch import RETRY_ELSEWHERE
+from apps.orchestrator.app import RunningOrchestrator
 from tests.fakes.fake_node import Auto, FakeNode
 from tests.integration.orchestrator_env import Env, eventually
 from tests.integration.test_orchestrator_app import _done, events
+
+
+async def _stop_once_assigned(env: Env, orch: RunningOrchestrator, node: FakeNode) -> asyncio.Task[None]:
+    """Stop `orch` once `node` runs a request; returns the stop, in progress, once `handover` came."""
+    await node.wait_for(lambda: any(isinstance(f, proto.Assign) for f in node.frames))
+    env.orchestrators.remove(orch)
+    stopping = asyncio.create_task(orch.close())
+    await node.wait_for(lambda: any(isinstance(f, proto.Handover) for f in node.frames))
+    return stopping
+
+
+async def _register_elsewhere(
+    env: Env, node: FakeNode, orch: RunningOrchestrator, in_flight: list[str]
+) -> FakeNode:
+    """What the agent does on `handover`: a second socket on `orch`, then `handed_over` on the old."""
+    new = FakeNode(orch.ws_url, node.node_id, node.token, heartbeat_every_s=0.2)
+    env.nodes.append(new)
+    assert isinstance(await new.connect(), proto.RegisterAck)
+    await node.send(proto.HandedOver(orchestrator_id=orch.plane.id, in_flight=in_flight))
+    return new
 
 
 async def _completes_whole(stream: asyncio.Task[tuple[int, dict[str, str], bytes]], tokens: int) -> None:
@@ -34,18 +55,12 @@ async def test_a_stopping_replica_hands_the_socket_over_and_the_running_stream_f
     node = await env.node(a, "n1", auto=Auto(tokens=3, prompt_tokens=4, gate=gate))
     env.ledger.add("r1")
     stream = asyncio.create_task(env.dispatch(a, "r1"))
-    await node.wait_for(lambda: any(isinstance(f, proto.Assign) for f in node.frames))
-    env.orchestrators.remove(a)
-    stopping = asyncio.create_task(a.close())
-    await node.wait_for(lambda: any(isinstance(f, proto.Handover) for f in node.frames))
+    stopping = await _stop_once_assigned(env, a, node)
     handover = next(f for f in node.frames if isinstance(f, proto.Handover))
     assert handover.deadline_s == 20
     assert await env.redis.hget(keys.node_hash("n1"), "draining") == b"1"  # nobody picks it meanwhile
     # The node registers on the other replica: ownership moves to the new socket.
-    new = FakeNode(b.ws_url, "n1", node.token, heartbeat_every_s=0.2)
-    env.nodes.append(new)
-    assert isinstance(await new.connect(), proto.RegisterAck)
-    await node.send(proto.HandedOver(orchestrator_id=b.plane.id, in_flight=["r1"]))
+    new = await _register_elsewhere(env, node, b, ["r1"])
     await eventually(lambda: _done(b.plane.fleet.get("n1") is not None))
     owner = await env.redis.hget(keys.node_hash("n1"), "orchestrator_id")
     assert owner == b.plane.id.encode()
@@ -102,14 +117,8 @@ async def test_a_stream_relayed_by_another_replica_survives_the_handover_of_its_
     await eventually(lambda: _done(b.plane.fleet.get("n4") is not None))
     env.ledger.add("r4")
     stream = asyncio.create_task(env.dispatch(b, "r4"))
-    await node.wait_for(lambda: any(isinstance(f, proto.Assign) for f in node.frames))
-    env.orchestrators.remove(a)
-    stopping = asyncio.create_task(a.close())
-    await node.wait_for(lambda: any(isinstance(f, proto.Handover) for f in node.frames))
-    new = FakeNode(c.ws_url, "n4", node.token, heartbeat_every_s=0.2)
-    env.nodes.append(new)
-    assert isinstance(await new.connect(), proto.RegisterAck)
-    await node.send(proto.HandedOver(orchestrator_id=c.plane.id, in_flight=["r4"]))
+    stopping = await _stop_once_assigned(env, a, node)
+    await _register_elsewhere(env, node, c, ["r4"])
     # b's fleet view sees the new owner (several refreshes, each checking its remote streams).
     await eventually(lambda: _done((v := b.plane.fleet.get("n4")) is not None and v.owner == c.plane.id))
     await eventually(lambda: _done(b.plane.metrics.forwarded.labels(op="assign")._value.get() == 1))
