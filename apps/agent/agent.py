@@ -21,21 +21,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import ssl
 
 import aiohttp
 from aiohttp import web
-from pydantic import ValidationError
 
 from apps.agent import spot
 from apps.agent.backoff import Backoff
-from apps.agent.connection import Connection, ConnectionLost, RegistrationFailed, register
+from apps.agent.connection import Connection
 from apps.agent.deps import AgentConfigError, AgentDeps, AgentState, agent_version
 from apps.agent.drain import DrainControl, wait_for
 from apps.agent.engine import EngineClient
 from apps.agent.health import AgentMetrics, health_app
 from apps.agent.heartbeat import HeartbeatSource
 from apps.agent.journal import Journal
+from apps.agent.link import Link
+from apps.agent.outlet import Outlet
 from apps.agent.relay import RelayTimeouts
 from apps.agent.settings import AgentSettings
 from apps.agent.telemetry import GpuProbe, choose_gpu_probe
@@ -62,18 +62,17 @@ class Agent:
         self.orchestrator_id: str | None = None
         self._work: Work | None = None
         self._drain = DrainControl(settings.drain_timeout_s)
-        self._stopping = asyncio.Event()
-        self._conn: Connection | None = None
-        self._done_sent_at: dict[str, float] = {}
+        self.stopping = asyncio.Event()
+        self.outlet = Outlet(self.journal, self.metrics, settings.done_resend_s)
         self._acked = asyncio.Event()
         self._engine: EngineClient | None = None
         self._gpu: GpuProbe | None = self.deps.gpu_probe
         self._beats: HeartbeatSource | None = None
         self._group: asyncio.TaskGroup | None = None
         self._max_model_len = settings.max_model_len
-        self._protocol_version = proto.PROTOCOL_VERSION  # the next attempt's (1 after a 4001)
         self._gpus = settings.gpus
         self._heartbeat_interval_s = settings.heartbeat_interval_s
+        self.link = Link(settings, self, self.backoff, self.metrics, self.deps.ssl_context)
         self._timeouts = RelayTimeouts(
             connect_s=settings.engine_connect_timeout_s,
             first_byte_s=settings.engine_first_byte_timeout_s,
@@ -134,11 +133,11 @@ class Agent:
                 if self._gpu is None:
                     self._gpu = choose_gpu_probe(session, self.settings.dcgm_url, self.settings.nvidia_smi)
                 self._beats = HeartbeatSource(self._engine, self._gpu, self.metrics)
-                self._work = Work(self._engine, self._timeouts, self.journal, self.metrics, self)
+                self._work = Work(self._engine, self._timeouts, self.journal, self.metrics)
                 async with asyncio.TaskGroup() as group:
                     self._group = group
                     async with asyncio.TaskGroup() as tg:
-                        tg.create_task(self._connection_loop(), name="agent-connection-loop")
+                        tg.create_task(self.link.run(), name="agent-connection-loop")
                         tg.create_task(self._drain_watcher(), name="agent-drain")
                         if self.settings.spot_notice_url:
                             tg.create_task(self._spot_watcher(session), name="agent-spot")
@@ -169,16 +168,16 @@ class Agent:
 
     # -- connection loop ----------------------------------------------------------------
 
-    async def _pause(self, seconds: float) -> None:
+    async def pause(self, seconds: float) -> None:
         """Sleep on the injected clock, but wake up at once when the agent stops."""
-        await first_of(self.deps.clock.sleep(seconds), self._stopping.wait())
+        await first_of(self.deps.clock.sleep(seconds), self.stopping.wait())
 
-    async def _wait_for_engine(self) -> bool:
+    async def wait_for_engine(self) -> bool:
         """Register only once the engine answers /health: a node whose model is still
         loading must not get assignments. False if the agent stops first."""
         assert self._engine is not None
         logged = False
-        while not self._stopping.is_set():
+        while not self.stopping.is_set():
             if await self._engine.healthy():
                 if self._max_model_len is None:
                     self._max_model_len = await self._engine.max_model_len(self.settings.model)
@@ -193,18 +192,10 @@ class Agent:
             if not logged:
                 log.info("waiting for the engine", extra={"engine_url": self.settings.engine_url})
                 logged = True
-            await self._pause(self.settings.engine_wait_poll_s)
+            await self.pause(self.settings.engine_wait_poll_s)
         return False
 
-    def _ssl(self) -> ssl.SSLContext | bool:
-        if not self.settings.orchestrator_url.startswith("wss://"):
-            return False
-        if self.deps.ssl_context is not None:
-            return self.deps.ssl_context
-        cafile = str(self.settings.ca_bundle) if self.settings.ca_bundle else None
-        return ssl.create_default_context(cafile=cafile)
-
-    def _register_frame(self, version: int = proto.PROTOCOL_VERSION) -> proto.Register:
+    def register_frame(self, version: int = proto.PROTOCOL_VERSION) -> proto.Register:
         assert self._max_model_len is not None
         return proto.Register(
             node_id=self.settings.node_id,
@@ -220,90 +211,17 @@ class Agent:
             ],
             location=self.settings.location,
             agent_version=agent_version(),
-            in_flight=self.in_flight,
+            # Requests whose connection ended (a handed-over socket still carries its own).
+            in_flight=self._work.unbound() if self._work is not None else [],
         )
 
-    async def _connection_loop(self) -> None:
-        ssl_ctx = self._ssl()
-        async with aiohttp.ClientSession() as ws_session:
-            while not self._stopping.is_set():
-                if not await self._wait_for_engine():
-                    return
-                self._set_state(AgentState.CONNECTING)
-                retry_after: float | None = None
-                version, self._protocol_version = self._protocol_version, proto.PROTOCOL_VERSION
-                try:
-                    async with ws_session.ws_connect(
-                        self.settings.orchestrator_url,
-                        ssl=ssl_ctx,
-                        heartbeat=self.settings.ws_ping_interval_s,
-                        timeout=aiohttp.ClientWSTimeout(ws_close=_CLEANUP_S),
-                        max_msg_size=16 * 1024 * 1024,
-                    ) as ws:
-                        ack = await register(
-                            ws, self._register_frame(version), self.settings.register_timeout_s
-                        )
-                        if self._stopping.is_set():
-                            return  # drained (SIGTERM) while this registration was in flight
-                        self.metrics.connects.labels("registered").inc()
-                        self.backoff.reset()
-                        await self._serve(ws, ack, batching=version >= proto.BATCHING_VERSION)
-                except RegistrationFailed as exc:
-                    self.metrics.connects.labels("refused").inc()
-                    retry_after = exc.retry_after_s
-                    if exc.close_code == proto.CLOSE_UNSUPPORTED_VERSION and version > 1:
-                        # An orchestrator older than this agent: speak version 1 to it (no batched
-                        # messages) on the next attempt; the newest version is tried again after.
-                        self._protocol_version = 1
-                    log.warning(
-                        "registration failed",
-                        extra={
-                            "reason": exc.reason,
-                            "close_code": exc.close_code,
-                            "retry_after_s": retry_after,
-                        },
-                    )
-                except ConnectionLost as exc:
-                    if self._stopping.is_set():
-                        log.info("connection closed after drain")
-                    else:
-                        log.warning("connection lost", extra={"reason": str(exc)})
-                except (aiohttp.ClientError, OSError, TimeoutError) as exc:
-                    self.metrics.connects.labels("failed").inc()
-                    log.warning(
-                        "cannot reach the orchestrator", extra={"error": f"{type(exc).__name__}: {exc}"}
-                    )
-                finally:
-                    self._connection_ended()
-                if self._stopping.is_set():
-                    return
-                window = self.backoff.window()  # the bound before jitter (doubles per attempt)
-                delay = self.backoff.next_delay(retry_after)
-                log.info(
-                    "reconnecting",
-                    extra={
-                        "delay_s": round(delay, 3),
-                        "window_s": round(window, 3),
-                        "retry_after_s": retry_after,
-                        "attempt": self.backoff.attempt,
-                    },
-                )
-                await self._pause(delay)
-
-    def _connection_ended(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
-        self.registered.clear()
-        self.metrics.connected.set(0)
-        self._set_state(AgentState.CONNECTING)
-        self._abort_all("connection to the orchestrator lost")
-
-    async def _serve(
-        self, ws: aiohttp.ClientWebSocketResponse, ack: proto.RegisterAck, *, batching: bool
-    ) -> None:
-        conn = Connection(ws, self.settings.send_queue_size, batching=batching)
-        self._conn = conn
+    def on_registered(self, conn: Connection, ack: proto.RegisterAck) -> None:
+        self.outlet.conn = conn
+        for old in self.link.retiring:  # tell the replica that handed this node over
+            assert self._work is not None
+            assert self._group is not None
+            handed = proto.HandedOver(orchestrator_id=ack.orchestrator_id, in_flight=self._work.on(old))
+            self._group.create_task(old.send(handed), name="agent-handed-over")
         self.orchestrator_id = ack.orchestrator_id
         self._heartbeat_interval_s = ack.heartbeat_interval_s or self.settings.heartbeat_interval_s
         self._set_state(AgentState.READY)
@@ -315,33 +233,39 @@ class Agent:
         for request_id in ack.unknown_requests:
             if self._work is not None:
                 self._work.abort(request_id, "orchestrator no longer relays it")
-        try:
-            async with asyncio.TaskGroup() as tg:
-                tg.create_task(conn.writer(), name="agent-writer")
-                tg.create_task(self._reader(conn), name="agent-reader")
-                tg.create_task(self._heartbeat(conn), name="agent-heartbeat")
-                for done in self.journal.pending():
-                    await self._send_done(conn, done)
-        except* (ConnectionLost, aiohttp.ClientError, ConnectionError) as group:
-            first = group.exceptions[0]
-            raise (
-                first if isinstance(first, ConnectionLost) else ConnectionLost(ws.close_code, str(first))
-            ) from None
 
-    async def _reader(self, conn: Connection) -> None:
-        async for msg in conn.ws:
-            if msg.type != aiohttp.WSMsgType.TEXT:
-                continue
-            for text in proto.split_frames(msg.data):  # one frame, or (version 2) a batch
-                try:
-                    frame = proto.decode_server_frame(text)
-                except ValidationError:
-                    log.warning("ignoring an unreadable frame from the orchestrator")
-                    continue
-                await self._handle(conn, frame)
-        raise ConnectionLost(conn.ws.close_code, "closed by the orchestrator")
+    def on_connection_ended(self, conn: Connection | None) -> None:
+        """`conn` ended (None: an attempt that never registered): the requests that came on it end."""
+        if conn is not None:
+            conn.close()
+            if self._work is not None:
+                self._work.abort_on(conn, "connection to the orchestrator lost")
+        if conn is None or conn is self.outlet.conn:
+            self.outlet.conn = None
+            self.registered.clear()
+            self.metrics.connected.set(0)
+            self._set_state(AgentState.CONNECTING)
 
-    async def _handle(self, conn: Connection, frame: proto.ServerFrame) -> None:
+    def _on_handover(self, conn: Connection, frame: proto.Handover) -> None:
+        """The orchestrator of `conn` stops: register elsewhere, finish `conn`'s requests on it."""
+        assert self._group is not None
+        assert self._work is not None
+        if not self.link.hand_over(conn):
+            return
+        log.info("handover", extra={"deadline_s": frame.deadline_s, "in_flight": len(self._work.on(conn))})
+        self.outlet.conn = None
+        self.registered.clear()
+        self._set_state(AgentState.CONNECTING)
+        self._group.create_task(self._handover_deadline(conn, frame.deadline_s), name="agent-handover")
+
+    async def _handover_deadline(self, conn: Connection, deadline_s: float) -> None:
+        await first_of(conn.wait_closed(), self.deps.clock.sleep(deadline_s))
+        if not conn.closed and self._work is not None and self._work.on(conn):
+            # Streams with output end with a `node_draining` error carrying the exact tokens so far.
+            log.warning("handover deadline passed", extra={"in_flight": len(self._work.on(conn))})
+            self._work.abort_on(conn, "handover deadline passed", handoff=True)
+
+    async def handle(self, conn: Connection, frame: proto.ServerFrame) -> None:
         if isinstance(frame, proto.Assign):
             await self._on_assign(conn, frame)
         elif isinstance(frame, proto.Cancel):
@@ -349,9 +273,11 @@ class Agent:
                 self._work.abort(frame.request_id, "cancelled by the orchestrator")
         elif isinstance(frame, proto.DoneAck):
             if await self.journal.ack(frame.request_id):
-                self._done_sent_at.pop(frame.request_id, None)
+                self.outlet.acked(frame.request_id)
                 self.metrics.journal_pending.set(len(self.journal.pending()))
                 self._acked.set()
+        elif isinstance(frame, proto.Handover):
+            self._on_handover(conn, frame)
         elif isinstance(frame, proto.Drain):
             log.info("drain requested by the orchestrator", extra={"deadline_s": frame.deadline_s})
             self.drain(frame.deadline_s, reason="drain")
@@ -372,7 +298,7 @@ class Agent:
         if self.journal.is_pending(rid):
             for done in self.journal.pending():
                 if done.request_id == rid:
-                    await self._send_done(conn, done)  # finished already: the done was lost
+                    await self.outlet.send_done_on(conn, done)  # finished already: the done was lost
             return
         refusal: tuple[int, str, str] | None = None
         limit = self.settings.max_in_flight or 4 * self.settings.max_num_seqs
@@ -388,53 +314,27 @@ class Agent:
                 proto.Error(request_id=rid, status=refusal[0], message=refusal[1], error_type=refusal[2])
             )
             return
-        self._work.start(self._group, assign)
-
-    async def send_chunk(self, frame: proto.Chunk, *, first: bool = False) -> None:
-        """`ChunkSink` for the relays: to the live connection, dropped when there is none. A
-        request's first chunk is urgent (it leads its batch)."""
-        conn = self._conn
-        if conn is not None:
-            await conn.send(frame, urgent=first)
-
-    async def send_done(self, frame: proto.Done) -> None:
-        conn = self._conn
-        if conn is not None:
-            await self._send_done(conn, frame)
-
-    async def send_error(self, frame: proto.Error) -> None:
-        conn = self._conn
-        if conn is not None:
-            await conn.send(frame)
-
-    async def _send_done(self, conn: Connection, done: proto.Done) -> None:
-        self._done_sent_at[done.request_id] = asyncio.get_running_loop().time()
-        await conn.send(done)
+        self._work.start(self._group, assign, self.outlet.bound(conn))
 
     # -- heartbeat ----------------------------------------------------------------------
 
-    async def _heartbeat(self, conn: Connection) -> None:
-        while True:
+    async def serving(self, conn: Connection) -> None:
+        """While `conn` is served: the journal's unacknowledged dones, then heartbeats."""
+        await self.outlet.replay_journal(conn)
+        while not conn.retiring:  # a handed-over connection carries no heartbeats
             await self.send_heartbeat_now()
-            await self._resend_unacked(conn)
+            await self.outlet.resend_unacked(conn)
             await asyncio.sleep(self._heartbeat_interval_s)
 
     async def send_heartbeat_now(self) -> None:
         """One heartbeat now (also when draining starts, so routing stops at once)."""
-        conn = self._conn
+        conn = self.outlet.conn
         if conn is None or self._beats is None:
             return
         beat = await self._beats.next(self._running(), self.state is AgentState.DRAINING)
         if beat is not None:
             await conn.send(beat)
             self.metrics.heartbeats.inc()
-
-    async def _resend_unacked(self, conn: Connection) -> None:
-        now = asyncio.get_running_loop().time()
-        for done in self.journal.pending():
-            sent = self._done_sent_at.get(done.request_id)
-            if sent is None or now - sent >= self.settings.done_resend_s:
-                await self._send_done(conn, done)
 
     # -- drain --------------------------------------------------------------------------
 
@@ -447,7 +347,7 @@ class Agent:
             poll_s=self.settings.spot_poll_s,
             handoff_s=self.settings.spot_handoff_s,
             on_notice=lambda budget: self.drain(budget, reason="spot_interruption"),
-            stop=self._stopping,
+            stop=self.stopping,
         )
 
     async def _drain_watcher(self) -> None:
@@ -461,12 +361,12 @@ class Agent:
             self._abort_all("drain deadline passed", handoff=True)
             await wait_for(self._work.idle, _ABORT_WAIT_S)
         await self._wait_for_acks()
-        conn = self._conn
+        conn = self.outlet.conn
         if conn is not None:
             await conn.send(proto.Drained(reason=self._drain.reason))
             await conn.flush(_CLEANUP_S)
         # No reconnect from here on; the connection itself stays up (nothing watches this in `_serve`).
-        self._stopping.set()
+        self.stopping.set()
         if conn is not None:
             # "Flushed" means written to the socket, not read by the orchestrator: closing now would
             # drop what it has not handled yet (its handler ends with the socket), the handed-off
@@ -482,6 +382,6 @@ class Agent:
         """Bounded: give the orchestrator a moment to acknowledge the last dones."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.settings.drain_ack_wait_s
-        while self.journal.pending() and self._conn is not None and loop.time() < deadline:
+        while self.journal.pending() and self.outlet.conn is not None and loop.time() < deadline:
             self._acked.clear()
             await wait_for(self._acked, deadline - loop.time())

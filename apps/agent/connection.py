@@ -104,6 +104,7 @@ class Connection:
         # (urgent, text): an urgent frame (a request's first chunk) leads the batch it is sent in.
         self._queue: asyncio.Queue[tuple[bool, str]] = asyncio.Queue(maxsize=queue_size)
         self._closed = asyncio.Event()
+        self.retiring = False  # handed over: serves only the requests that came on it
 
     @property
     def closed(self) -> bool:

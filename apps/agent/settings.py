@@ -16,6 +16,8 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 class AgentSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="LLMFLEET_", extra="ignore", frozen=True)
 
+    # Comma-separated replicas allowed (a handover or a failed attempt moves on to the next one);
+    # in Kubernetes one Service URL.
     orchestrator_url: str = Field(description="ws://host:port/v1/nodes/connect (wss:// in production)")
     node_id: str = Field(min_length=1, max_length=128)
     node_token: SecretStr = Field(description="per-node token, from env LLMFLEET_NODE_TOKEN only")
@@ -63,7 +65,8 @@ class AgentSettings(BaseSettings):
     @field_validator("orchestrator_url")
     @classmethod
     def _ws_scheme(cls, value: str) -> str:
-        if not value.startswith(("ws://", "wss://")):
+        urls = [u.strip() for u in value.split(",") if u.strip()]
+        if not urls or not all(u.startswith(("ws://", "wss://")) for u in urls):
             raise ValueError("orchestrator_url must start with ws:// or wss://")
         return value
 

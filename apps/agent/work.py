@@ -10,25 +10,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Protocol
 
+from apps.agent.connection import Connection
 from apps.agent.engine import EngineClient
 from apps.agent.health import AgentMetrics
 from apps.agent.journal import Journal
+from apps.agent.outlet import BoundOutlet
 from apps.agent.relay import Relay, RelayTimeouts
 from apps.core.protocol import node as proto
 
 log = logging.getLogger("llmfleet.agent.work")
-
-
-class Outlet(Protocol):
-    """Where frames go: the live connection, or nowhere while there is none."""
-
-    async def send_chunk(self, frame: proto.Chunk, *, first: bool = False) -> None: ...
-
-    async def send_done(self, frame: proto.Done) -> None: ...
-
-    async def send_error(self, frame: proto.Error) -> None: ...
 
 
 class Work:
@@ -38,14 +29,13 @@ class Work:
         timeouts: RelayTimeouts,
         journal: Journal,
         metrics: AgentMetrics,
-        outlet: Outlet,
     ) -> None:
         self._engine = engine
         self._timeouts = timeouts
         self._journal = journal
         self._metrics = metrics
-        self._outlet = outlet
         self._relays: dict[str, Relay] = {}
+        self._outlets: dict[str, BoundOutlet] = {}  # the connection each request came on
         self.idle = asyncio.Event()  # set while nothing is in flight
         self.idle.set()
 
@@ -59,9 +49,18 @@ class Work:
     def request_ids(self) -> list[str]:
         return list(self._relays)
 
-    def start(self, group: asyncio.TaskGroup, assign: proto.Assign) -> None:
-        relay = Relay(assign, self._engine, self._outlet, self._timeouts)
+    def on(self, conn: Connection) -> list[str]:
+        """The requests that came on `conn`."""
+        return [rid for rid, outlet in self._outlets.items() if outlet.conn is conn]
+
+    def unbound(self) -> list[str]:
+        """The requests whose connection has ended (still running or reporting)."""
+        return [rid for rid, outlet in self._outlets.items() if outlet.conn.closed]
+
+    def start(self, group: asyncio.TaskGroup, assign: proto.Assign, outlet: BoundOutlet) -> None:
+        relay = Relay(assign, self._engine, outlet, self._timeouts)
         self._relays[assign.request_id] = relay
+        self._outlets[assign.request_id] = outlet
         self.idle.clear()
         self._metrics.in_flight.set(len(self._relays))
         group.create_task(self._run(relay), name=f"agent-request-{assign.request_id}")
@@ -77,8 +76,14 @@ class Work:
         for relay in list(self._relays.values()):
             relay.abort(reason, handoff=handoff)
 
+    def abort_on(self, conn: Connection, reason: str, *, handoff: bool = False) -> None:
+        """Abort the requests that came on `conn` (it ended, or its handover deadline passed)."""
+        for rid in self.on(conn):
+            self._relays[rid].abort(reason, handoff=handoff)
+
     async def _run(self, relay: Relay) -> None:
         rid = relay.request_id
+        outlet = self._outlets[rid]
         try:
             try:
                 result = await relay.run()
@@ -96,11 +101,12 @@ class Work:
                 # Journal first (fsync), then send: a crash in between replays it later.
                 await asyncio.shield(self._journal.record_done(result))
                 self._metrics.journal_pending.set(len(self._journal.pending()))
-                await self._outlet.send_done(result)
+                await outlet.send_done(result)
             else:
-                await self._outlet.send_error(result)
+                await outlet.send_error(result)
         finally:
             self._relays.pop(rid, None)
+            self._outlets.pop(rid, None)
             self._metrics.in_flight.set(len(self._relays))
             if not self._relays:
                 self.idle.set()

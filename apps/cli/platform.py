@@ -207,6 +207,12 @@ class LocalPlatform:
 
     def stop(self) -> None:
         """Reverse order: gateway, agents (drain), engines, orchestrators, issuer, Redis, PostgreSQL."""
+        # The gateway and the agents first even when a roll restarted an orchestrator after them (the
+        # supervisor stops in reverse start order): an orchestrator stopping while agents still run
+        # hands their sockets over, to a replica stopping next, and waits out the handover bound.
+        for child in [self.gateway, *self.agents.values()]:
+            if child is not None and child in self.supervisor.children:
+                self.stop_child(child)
         self.supervisor.stop_all(self.config.stop_timeout_s)
         self.issuer.stop()
         if self._redis is not None:
@@ -307,7 +313,13 @@ class LocalPlatform:
         index = spec.orchestrator
         if index is None:
             index = list(self.node_engines).index(node_id) % len(self.orchestrator_ports)
-        url = self.agent_urls.get(node_id) or self.orchestrator_ws_url(index)
+        # Every replica, its own first: the local stand-in for the Service URL an agent has in
+        # Kubernetes (after a handover or a failed attempt the agent moves on to the next one).
+        ring = [
+            self.orchestrator_ws_url((index + i) % len(self.orchestrator_ports))
+            for i in range(len(self.orchestrator_ports))
+        ]
+        url = self.agent_urls.get(node_id) or ",".join(ring)
         health = free_port()
         self.agent_health_ports[node_id] = health
         argv = llmfleet_argv(

@@ -10,8 +10,8 @@ the next — and writes its progress to `DIR/roll/status.json`. `roll` follows t
 0 when every replica is back, 1 when the roll failed, 2 when no dev platform runs there.
 A rolled child is restarted, never taken for a crash (which stops `llmfleet dev`).
 
-Not built yet (issue 15): the orchestrator socket handover, so rolling an orchestrator still
-cuts the streams its node sockets carry (each settled with the tokens produced).
+Rolling an orchestrator breaks no stream: it hands its node sockets over to the other replicas
+(`apps/orchestrator/handover.py`; `tests/chaos/test_orchestrator_roll.py`).
 """
 
 from __future__ import annotations

@@ -2,7 +2,8 @@
 keep-alive connections (`apps.netio.http_client`; contract: `apps.core.protocol.dispatch`).
 
 Several replicas: requests rotate over them; a replica that refuses the connection is
-skipped and the next one tried, so a rolling restart costs no request. Once a replica
+skipped and the next one tried, and so is a stopping replica that refuses the dispatch (503 with
+`x-llmfleet-retry-elsewhere`: nothing ran there), so a rolling restart costs no request. Once a replica
 answered, the request is never sent elsewhere (it may already run on a node).
 """
 
@@ -12,13 +13,16 @@ import asyncio
 import itertools
 from collections.abc import Sequence
 
-from apps.core.protocol.dispatch import DISPATCH_PATH, DispatchRequest, bearer
+from apps.core.protocol.dispatch import DISPATCH_PATH, RETRY_ELSEWHERE, DispatchRequest, bearer
 from apps.gateway.ports import DispatchUnavailable
 from apps.netio.http_client import HostPool, HttpResponse, Unreachable
 
 # The `Upstream` of this dispatcher: `aclose()` before the body is complete drops the TCP
 # connection, so the orchestrator sees the disconnect and cancels the request on the node.
 HttpUpstream = HttpResponse
+
+
+MAX_REFUSALS = 3  # one URL: fresh connections tried after a stopping replica's refusal
 
 
 class HttpDispatcher:
@@ -37,12 +41,28 @@ class HttpDispatcher:
         count = len(self._pools)
         start = next(self._next)
         last: Exception | None = None
-        for i in range(count):
+        i = refusals = 0
+        while i < count:
             index = (start + i) % count
+            pool = self._pools[index]
             try:
-                return await self._pools[index].send(self._heads[index], payload)
+                response = await pool.send(self._heads[index], payload)
             except Unreachable as exc:
                 last = exc
+                i += 1
+                continue
+            if response.status == 503 and response.headers.get(RETRY_ELSEWHERE):
+                # A stopping replica (apps/orchestrator/handover.py): nothing ran there. Its other
+                # kept-alive connections lead there too: dropped. One URL (a Kubernetes Service):
+                # again on a fresh connection, which lands on a ready replica; else the next URL.
+                await response.aclose()
+                pool.drop_idle()
+                last = DispatchUnavailable("the orchestrator replica is stopping")
+                refusals += 1
+                if count > 1 or refusals > MAX_REFUSALS:
+                    i += 1
+                continue
+            return response
         raise DispatchUnavailable(f"no orchestrator reachable: {last}")
 
     async def aclose(self) -> None:

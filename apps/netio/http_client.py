@@ -261,6 +261,14 @@ class HostPool:
             with contextlib.suppress(ValueError):
                 self._idle.remove(conn)
 
+    def drop_idle(self) -> None:
+        """Close the kept-alive connections (the next request opens a fresh one: behind a Service
+        address, to whichever replica is ready now)."""
+        idle, self._idle = self._idle, []
+        for conn in idle:
+            conn.in_pool = False
+            conn.close()
+
     async def aclose(self) -> None:
         """Close every connection (a response still being read then fails with `ConnectionError`)."""
         self._closed = True

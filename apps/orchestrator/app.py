@@ -38,6 +38,7 @@ from apps.orchestrator.settle import Settler, Sweeper
 PLANE: web.AppKey[ControlPlane] = web.AppKey("plane", ControlPlane)
 SETTLER: web.AppKey[Settler] = web.AppKey("settler", Settler)
 SWEEPER: web.AppKey[Sweeper] = web.AppKey("sweeper", Sweeper)
+BACKGROUND: web.AppKey[Background] = web.AppKey("background", Background)
 NODE_PATH = "/v1/nodes/connect"
 HEALTH_PATHS = frozenset({"/livez", "/readyz"})
 
@@ -106,6 +107,7 @@ def create_app(settings: OrchestratorSettings, deps: OrchestratorDeps) -> web.Ap
     app[PLANE] = plane
     app[SETTLER] = settler
     app[SWEEPER] = sweeper
+    app[BACKGROUND] = background
     app.router.add_get(NODE_PATH, sockets.handle)
     app.router.add_post(DISPATCH_PATH, DispatchHandler(plane).handle)
     for method, path, handler in Routes(plane).table():
@@ -161,7 +163,9 @@ async def run_orchestrator(settings: OrchestratorSettings, ready: asyncio.Event 
     """Serve until SIGTERM/SIGINT; then close node sockets and stop, bounded."""
     deps, pool = await build_deps(settings)
     app = create_app(settings, deps)
-    runner = web.AppRunner(app, shutdown_timeout=settings.shutdown_grace_s, handler_cancellation=True)
+    # The dispatches this replica relays finish while its node sockets are handed over (bounded).
+    shutdown_s = settings.shutdown_grace_s + settings.handover_deadline_s
+    runner = web.AppRunner(app, shutdown_timeout=shutdown_s, handler_cancellation=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -182,6 +186,11 @@ async def run_orchestrator(settings: OrchestratorSettings, ready: asyncio.Event 
         if ready is not None:
             ready.set()
         await stop.wait()
+        # Not ready and handing the node sockets over while still listening (a dispatch or a
+        # registration that still reaches this replica is refused and goes elsewhere), then stop:
+        # the runner's cleanup must come after, as from its start aiohttp drops what every open
+        # connection receives (`pre_shutdown`), a node socket's frames included.
+        await app[BACKGROUND].on_shutdown(app)
     finally:
         await runner.cleanup()
         await deps.redis.aclose()
@@ -209,6 +218,7 @@ class RunningOrchestrator:
         return self.app[PLANE]
 
     async def close(self) -> None:
+        await self.app[BACKGROUND].on_shutdown(self.app)  # as `run_orchestrator`: hand over first
         await self.runner.cleanup()
 
 

@@ -37,9 +37,14 @@ class NodeConnection:
         send_limit: int,
         monotonic: Callable[[], float] = time.monotonic,
         batching: bool = False,
+        version: int = 1,
     ) -> None:
         self.node_id = node_id
         self.batching = batching  # protocol version 2: frames queued together leave as one message
+        self.version = version
+        # Replica shutdown (`apps.orchestrator.handover`): `handover` sent; the node said it registered elsewhere.
+        self.handing_over = False
+        self.handed_over = False
         self.conn_id = uuid.uuid4().hex
         self.location = location
         self.gpus = gpus
@@ -97,5 +102,5 @@ class NodeConnection:
             "gpu_util": "" if self.gpu_util is None else self.gpu_util,
             "running": self.running,
             "in_flight": len(self.routes),
-            "draining": "1" if self.draining else "0",
+            "draining": "1" if self.draining or self.handing_over else "0",
         }

@@ -139,6 +139,12 @@ class Metrics:
         self.forwarded = Counter(
             "llmfleet_orchestrator_forwarded_total", "Pub/sub messages to other replicas", ["op"], registry=r
         )
+        self.handovers = Counter(
+            "llmfleet_orchestrator_node_handovers_total",
+            "Node sockets at this replica's shutdown: handed_over (4011) or closed (1001, no handover)",
+            ["outcome"],
+            registry=r,
+        )
         self.tasks = Gauge(
             "llmfleet_orchestrator_asyncio_tasks", "Live asyncio tasks in this process", registry=r
         )

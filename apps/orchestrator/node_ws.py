@@ -26,6 +26,8 @@ from apps.core.protocol import bus as msgs
 from apps.core.protocol.node import (
     BATCHING_VERSION,
     CLOSE_AUTH_FAILED,
+    CLOSE_GOING_AWAY,
+    CLOSE_HANDED_OVER,
     CLOSE_HEARTBEAT_TIMEOUT,
     CLOSE_NORMAL,
     CLOSE_PROTOCOL_ERROR,
@@ -39,6 +41,7 @@ from apps.core.protocol.node import (
     Done,
     Drained,
     Error,
+    HandedOver,
     Heartbeat,
     Register,
     RegisterAck,
@@ -50,13 +53,13 @@ from apps.core.protocol.node import (
 )
 from apps.orchestrator.connection import NodeConnection
 from apps.orchestrator.fleet import HEARTBEAT_REVOKED, HEARTBEAT_SUPERSEDED
+from apps.orchestrator.handover import SocketHandover
 from apps.orchestrator.logs import event
 from apps.orchestrator.plane import ControlPlane
 from apps.orchestrator.ratelimit import TokenBucket
 from apps.orchestrator.settle import SettleJob, Settler
 from apps.orchestrator.streams import ChunkEv, LostReason, RequestStream
 
-CLOSE_GOING_AWAY = 1001
 _CLOSE_HANDSHAKE_S = 2.0  # a peer that does not answer the close frame in this time is gone anyway
 
 
@@ -69,6 +72,8 @@ class NodeSockets:
         self.bucket = bucket
         self.unauthenticated = unauthenticated
         self._ws: dict[str, web.WebSocketResponse] = {}
+        settings = plane.settings
+        self.handover = SocketHandover(plane, settings.handover_deadline_s, settings.shutdown_grace_s)
         self.all_closed = asyncio.Event()  # set when this replica holds no node socket
         self.all_closed.set()
 
@@ -102,6 +107,9 @@ class NodeSockets:
             return None
         if msg.type != WSMsgType.TEXT:
             await ws.close(code=CLOSE_PROTOCOL_ERROR, message=b"expected a register frame")
+            return None
+        if plane.stopping:  # a node handed over by this replica must land on another one
+            await self._refuse(ws, CLOSE_GOING_AWAY, "orchestrator_stopping")
             return None
         version = _peek_version(msg.data)
         if version is not None and version not in SUPPORTED_VERSIONS:
@@ -145,6 +153,7 @@ class NodeSockets:
             send_limit=settings.send_queue_frames,
             monotonic=plane.deps.monotonic,
             batching=frame.version >= BATCHING_VERSION,
+            version=frame.version,
         )
         return conn, frame
 
@@ -250,6 +259,11 @@ class NodeSockets:
             # this side closes the socket; the node waits for that close before it goes.
             conn.close(CLOSE_NORMAL, "drained")
             return False
+        elif isinstance(frame, HandedOver):
+            conn.handed_over = True  # ownership moved; this socket carries its requests to their end
+            event(
+                "node_handed_over", node_id=conn.node_id, to=frame.orchestrator_id, in_flight=len(conn.routes)
+            )
         else:
             conn.close(CLOSE_PROTOCOL_ERROR, "unexpected register frame")
             return False
@@ -265,6 +279,8 @@ class NodeSockets:
         result = await plane.fleet.write_heartbeat(conn.node_id, conn.conn_id, conn.hash_fields(plane.id))
         if result == HEARTBEAT_REVOKED:
             conn.close(CLOSE_REVOKED, "node token revoked")
+        elif result == HEARTBEAT_SUPERSEDED and conn.handing_over:
+            conn.handed_over = True  # the node registered elsewhere; this socket's requests go on
         elif result == HEARTBEAT_SUPERSEDED:
             conn.close(CLOSE_SUPERSEDED, "node registered again on another connection")
         elif became_draining:
@@ -295,7 +311,7 @@ class NodeSockets:
         while not conn.closing.is_set():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(conn.closing.wait(), settings.heartbeat_interval_s / 2)
-            if conn.heartbeat_age() > settings.stale_after_s:
+            if conn.heartbeat_age() > settings.stale_after_s and not conn.handing_over:
                 conn.close(CLOSE_HEARTBEAT_TIMEOUT, f"missed {settings.missed_heartbeats} heartbeats")
 
     async def _teardown(self, ws: web.WebSocketResponse, conn: NodeConnection) -> None:
@@ -319,7 +335,7 @@ class NodeSockets:
         # Routes added since (none should be: the connection is closing) fail too.
         for request_id, origin in plane.fail_routes(conn, reason):
             await plane.bus.to_replica(origin, msgs.LostMsg(request_id=request_id, reason=reason.value))
-        if conn.drained or (code == CLOSE_NORMAL and conn.draining):
+        if conn.drained or (code == CLOSE_NORMAL and conn.draining) or code == CLOSE_HANDED_OVER:
             death = None
         elif code in (CLOSE_REVOKED, CLOSE_SUPERSEDED):
             death = "revoked" if code == CLOSE_REVOKED else "superseded"
@@ -330,9 +346,8 @@ class NodeSockets:
         if death is not None and not plane.stopping:
             plane.metrics.node_deaths.labels(reason=death).inc()
         if owned and code != CLOSE_SUPERSEDED:
-            await plane.deps.node_store.record_event(
-                conn.node_id, "disconnected", plane.id, death or "drained"
-            )
+            quiet = "handed_over" if code == CLOSE_HANDED_OVER else "drained"
+            await plane.deps.node_store.record_event(conn.node_id, "disconnected", plane.id, death or quiet)
         event("node_disconnected", logging.INFO, node_id=conn.node_id, code=code, reason=death or "drained")
         # Last, and bounded: the close handshake waits for the peer, which a silently cut node never
         # answers (aiohttp waits up to its close timeout). Routing and the node's requests must not wait.
@@ -342,9 +357,9 @@ class NodeSockets:
                     await ws.close(code=code, message=conn.close_reason.encode()[:120])
 
     async def close_all(self) -> None:
-        """Replica shutdown: close every node socket (nodes reconnect to another replica)."""
-        for conn in list(self.plane.local.values()):
-            conn.close(CLOSE_GOING_AWAY, "orchestrator shutting down")
+        """Replica shutdown: hand every node socket over (`apps.orchestrator.handover`; a node
+        older than protocol version 3 is closed with 1001 and reconnects elsewhere)."""
+        await self.handover.run()
 
 
 def _not_permitted(identity: NodeIdentity, frame: Register) -> str | None:

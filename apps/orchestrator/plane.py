@@ -154,7 +154,7 @@ class ControlPlane:
         """Send the assignment to the node (directly or via its owner); False if nothing was sent."""
         conn = self.local.get(node.node_id)
         if conn is not None and not conn.closing.is_set():
-            if conn.draining:
+            if conn.draining or conn.handing_over:
                 return False
             conn.routes[dreq.request_id] = stream
             return conn.send(Assign(request_id=dreq.request_id, model=dreq.model, body=engine_body(dreq)))
@@ -191,7 +191,8 @@ class ControlPlane:
         """After a fleet refresh: relays whose node (or its owner) vanished get `Lost`."""
         for stream in list(self.remote_streams.values()):
             node = self.fleet.get(stream.node_id)
-            if node is None or node.state in (NodeState.STALE, NodeState.DEAD) or node.owner != stream.owner:
+            moved = node is not None and node.owner != stream.owner and not stream.owner_pinned
+            if node is None or node.state in (NodeState.STALE, NodeState.DEAD) or moved:
                 stream.deliver(LostEv(LostReason.OWNER_GONE))
 
     # -- owner side: frames from a node socket -----------------------------------------
@@ -254,13 +255,20 @@ class ControlPlane:
         elif isinstance(msg, msgs.RevokeMsg):
             conn.close(CLOSE_REVOKED, "node token revoked")
         elif isinstance(msg, msgs.SupersedeMsg) and msg.conn != conn.conn_id:
-            conn.close(CLOSE_SUPERSEDED, "node registered again on another connection")
+            if conn.handing_over:
+                conn.handed_over = True  # registered on another replica: this socket finishes its requests
+            else:
+                conn.close(CLOSE_SUPERSEDED, "node registered again on another connection")
 
     def _assign_forwarded(self, conn: NodeConnection | None, msg: msgs.AssignMsg) -> None:
         request_id = msg.request_id
+        if conn is not None and conn.handed_over:
+            return  # the node's new owner got this message too and sends it on
         if conn is not None and not conn.closing.is_set() and not conn.draining:
             conn.routes[request_id] = RemoteRoute(msg.origin)
             if conn.send(Assign(request_id=request_id, model=msg.model, body=dict(msg.body))):
+                if conn.handing_over:  # assigned just before the handover began: relayed from here
+                    self._spawn(self.bus.to_replica(msg.origin, msgs.HandoverMsg(request_id=request_id)))
                 return
             conn.routes.pop(request_id, None)
         self._spawn(
@@ -270,6 +278,9 @@ class ControlPlane:
     def on_replica_message(self, _channel: str, msg: msgs.ReplicaMessage) -> None:
         stream = self.remote_streams.get(msg.request_id)
         if stream is None:
+            return
+        if isinstance(msg, msgs.HandoverMsg):
+            stream.owner_pinned = True
             return
         if isinstance(msg, msgs.LostMsg):
             stream.deliver(

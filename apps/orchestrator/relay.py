@@ -36,6 +36,7 @@ from apps.core.protocol.dispatch import QUEUE_WAIT_HEADER, DispatchRequest, Inte
 from apps.core.protocol.node import Error
 from apps.core.protocol.openai import SSE_DONE, error_body, sse_event, sse_json
 from apps.core.sharing import PriorityClass
+from apps.orchestrator.handover import refuse_dispatch
 from apps.orchestrator.logs import event
 from apps.orchestrator.outlet import GatewayOutlet
 from apps.orchestrator.plane import ControlPlane
@@ -78,6 +79,8 @@ class DispatchHandler:
             return error_response(
                 InvalidRequest(f"invalid dispatch request: {loc}: {first['msg']}", param=loc)
             )
+        if self.plane.stopping:
+            return refuse_dispatch(dreq.request_id)
         if dreq.model not in self.plane.deps.models:
             return error_response(
                 NotFound(f"model {dreq.model!r} is not served here", param="model"), dreq.request_id

@@ -149,6 +149,7 @@ class Background:
         await self.plane.bus.close()
 
     async def on_shutdown(self, app: web.Application) -> None:
+        """Replica shutdown (SIGTERM, then again from the runner's cleanup: a no-op by then)."""
         self.plane.stopping = True
         await self.sockets.close_all()
         with contextlib.suppress(TimeoutError):

@@ -78,6 +78,9 @@ class OrchestratorSettings(BaseSettings):
     sweep_interval_s: float = Field(default=60.0, gt=0)
     done_record_ttl_s: int = Field(default=86400, gt=0)
     shutdown_grace_s: float = Field(default=10.0, gt=0)
+    # Replica shutdown: how long a node handed over may keep relaying on the old socket
+    # (apps/orchestrator/handover.py); the pod's grace period must cover it plus shutdown_grace_s.
+    handover_deadline_s: float = Field(default=60.0, ge=0)
 
     @property
     def stale_after_s(self) -> float:

@@ -72,6 +72,9 @@ class RequestStream:
         self._timer: asyncio.TimerHandle | None = None
         self.finished = False  # a terminal event was delivered
         self.owner = ""  # for a node owned by another replica: that replica's id
+        # The owner is handing the node over (`apps.orchestrator.handover`): it still relays this
+        # request, so the node's new owner in the fleet view does not mean the stream is lost.
+        self.owner_pinned = False
         self.slot_released = False  # done/error: the node socket's reader (or its settle job) frees the slot
         # The relay's direct writer (`relay.py`): offered each chunk while the relay waits in `next()`
         # with nothing queued; a chunk it takes (True) is already on the gateway's socket.

@@ -90,6 +90,12 @@ class FakeOrchestrator:
         assert self._ws is not None
         await self._ws.send_str(proto.join_frames([proto.encode(f) for f in frames]))
 
+    async def close_socket(self, code: int) -> None:
+        """Close the current connection with `code` (a handover ends with 4011)."""
+        ws = self._ws
+        assert ws is not None
+        await ws.close(code=code, message=b"closed by the test")
+
     async def cut(self) -> None:
         """Drop the current connection without a close handshake (a cut cable)."""
         ws = self._ws
@@ -233,12 +239,18 @@ async def running_agent(
     orch: FakeOrchestrator | None = None,
     deps: AgentDeps | None = None,
     wait_registered: bool = True,
+    more: tuple[FakeOrchestrator, ...] = (),
     **overrides: Any,
 ) -> AsyncIterator[AgentRun]:
+    """`more`: further replicas, after `orch` in the agent's URL list (a handover goes to the next)."""
     engine = engine or FakeEngine()
     orch = orch or FakeOrchestrator()
     await engine.start()
     await orch.start()
+    for other in more:
+        await other.start()
+    if more:
+        overrides.setdefault("orchestrator_url", ",".join([orch.url, *(o.url for o in more)]))
     settings = agent_settings(orch, engine, tmp_path / "journal.jsonl", **overrides)
     agent = Agent(settings, deps or AgentDeps(gpu_probe=NoGpuProbe()))
     task = asyncio.create_task(agent.run())
@@ -255,4 +267,6 @@ async def running_agent(
                 await task
         finally:
             await orch.stop()
+            for other in more:
+                await other.stop()
             await engine.stop()

@@ -233,3 +233,54 @@ async def test_build_deps_reserves_and_cancels_on_the_autocommit_pool(
     finally:
         for close in deps.closers:
             await close()
+
+
+async def test_a_stopping_replica_refusal_sends_the_dispatch_to_the_next_replica(
+    orchestrator: tuple[str, list[dict[str, object]], asyncio.Event],
+) -> None:
+    """A 503 with `x-llmfleet-retry-elsewhere` (nothing ran there: apps/orchestrator/handover.py)
+    is not the answer: the next replica gets the request. A 503 without it is an answer."""
+    from apps.core.protocol.dispatch import RETRY_ELSEWHERE
+    from apps.gateway.dispatcher import MAX_REFUSALS
+
+    url, seen, _ = orchestrator
+    refused: list[str] = []
+
+    async def stopping(req: web.Request) -> web.Response:
+        refused.append((await req.json())["request_id"])
+        return web.json_response(
+            {"error": {"code": "orchestrator_stopping"}}, status=503, headers={RETRY_ELSEWHERE: "1"}
+        )
+
+    async def plain_503(req: web.Request) -> web.Response:
+        return web.json_response({"error": {"code": "queue_full"}}, status=503)
+
+    stopping_app, busy_app = web.Application(), web.Application()
+    stopping_app.router.add_post(DISPATCH_PATH, stopping)
+    busy_app.router.add_post(DISPATCH_PATH, plain_503)
+    async with serve_app(stopping_app) as first, serve_app(busy_app) as busy:
+        dispatcher = HttpDispatcher([first, url], "internal")
+        try:
+            for _ in range(2):  # whichever replica the rotation starts with
+                upstream = await dispatcher.open(request())
+                assert upstream.status == 200
+                assert b"".join([d async for d in upstream.chunks()]) == b"".join(PARTS)
+            assert len(seen) == 2
+            assert refused == ["r-12345678"]  # tried once, when the rotation started there
+        finally:
+            await dispatcher.aclose()
+        only_stopping = HttpDispatcher([first], "internal")
+        try:
+            with pytest.raises(DispatchUnavailable):
+                await only_stopping.open(request())
+        finally:
+            await only_stopping.aclose()
+        # One URL (a Service): tried again on fresh connections, a bounded number of times.
+        assert len(refused) == 1 + 1 + MAX_REFUSALS
+        answered = HttpDispatcher([busy, url], "internal")
+        try:
+            upstream = await answered.open(request())
+            assert upstream.status == 503  # an answer: never sent elsewhere (it may have run)
+            await upstream.aclose()
+        finally:
+            await answered.aclose()

@@ -191,7 +191,7 @@ async def test_a_drain_while_registering_ends_the_agent_instead_of_serving(tmp_p
     async with running_agent(tmp_path, orch=orch, wait_registered=False) as run:
         await orch.wait_connections(1)  # the register frame is in; its ack is held back
         run.agent.drain(0.0, reason="sigterm")
-        await asyncio.wait_for(run.agent._stopping.wait(), 10)
+        await asyncio.wait_for(run.agent.stopping.wait(), 10)
         orch.release_ack.set()
         assert await asyncio.wait_for(run.task, 10) == 0  # before the fix: served on, never exited
         assert not run.agent.registered.is_set()

@@ -15,8 +15,17 @@ from pydantic import ValidationError
 from apps.core.protocol import node as proto
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "protocol"
-NODE_TYPES = {"register", "heartbeat", "chunk", "done", "error", "drained"}
-SERVER_TYPES = {"register_ack", "register_refused", "assign", "cancel", "load_model", "drain", "done_ack"}
+NODE_TYPES = {"register", "heartbeat", "chunk", "done", "error", "drained", "handed_over"}
+SERVER_TYPES = {
+    "register_ack",
+    "register_refused",
+    "assign",
+    "cancel",
+    "load_model",
+    "drain",
+    "handover",
+    "done_ack",
+}
 
 
 def _frame_classes(annotated: object) -> set[str]:
@@ -135,6 +144,42 @@ def test_an_encoded_frame_never_holds_a_raw_newline(path: Path) -> None:
     assert "\n" not in proto.encode_chunk("r", "data: {}\n\n\r\u2028")
 
 
-def test_the_orchestrator_accepts_both_versions() -> None:
-    assert {1, 2} == proto.SUPPORTED_VERSIONS
-    assert proto.PROTOCOL_VERSION == proto.BATCHING_VERSION == 2
+def test_the_orchestrator_accepts_every_version() -> None:
+    assert {1, 2, 3} == proto.SUPPORTED_VERSIONS
+    assert proto.BATCHING_VERSION == 2
+    assert proto.PROTOCOL_VERSION == proto.HANDOVER_VERSION == 3
+
+
+def test_handover_frames_golden_both_directions() -> None:
+    """`handover` goes server -> node only, `handed_over` node -> server only; both byte for byte."""
+    down = (FIXTURES / "handover.json").read_text()
+    up = (FIXTURES / "handed_over.json").read_text()
+    frame = proto.decode_server_frame(down)
+    assert isinstance(frame, proto.Handover)
+    assert frame.deadline_s == 30.0
+    assert proto.encode(proto.Handover(deadline_s=30.0)) == down
+    back = proto.decode_node_frame(up)
+    assert isinstance(back, proto.HandedOver)
+    assert back.in_flight == ["req-1", "req-2"]
+    assert proto.encode(proto.HandedOver(orchestrator_id="orch-1", in_flight=["req-1", "req-2"])) == up
+    with pytest.raises(ValidationError):
+        proto.decode_node_frame(down)
+    with pytest.raises(ValidationError):
+        proto.decode_server_frame(up)
+    with pytest.raises(ValidationError):
+        proto.decode_server_frame('{"type":"handover","deadline_s":-1}')
+
+
+def test_handover_close_code_is_its_own() -> None:
+    codes = [
+        proto.CLOSE_UNSUPPORTED_VERSION,
+        proto.CLOSE_AUTH_FAILED,
+        proto.CLOSE_REGISTRATION_REFUSED,
+        proto.CLOSE_REVOKED,
+        proto.CLOSE_PROTOCOL_ERROR,
+        proto.CLOSE_SUPERSEDED,
+        proto.CLOSE_HEARTBEAT_TIMEOUT,
+        proto.CLOSE_GOING_AWAY,
+    ]
+    assert proto.CLOSE_HANDED_OVER == 4011
+    assert proto.CLOSE_HANDED_OVER not in codes

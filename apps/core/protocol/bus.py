@@ -62,10 +62,18 @@ class LostMsg(_Msg):
     reason: str  # "unreachable" (nothing ran) or a `LostReason` value
 
 
+class HandoverMsg(_Msg):
+    """From a stopping replica to the relay of a request on one of its nodes: the node registers
+    elsewhere, but this request's frames keep coming from here until it ends (or a `lost`)."""
+
+    op: Literal["handover"] = "handover"
+    request_id: str
+
+
 NodeMessage = Annotated[
     AssignMsg | CancelMsg | DrainMsg | LoadModelMsg | RevokeMsg | SupersedeMsg, Field(discriminator="op")
 ]
-ReplicaMessage = Annotated[FrameMsg | LostMsg, Field(discriminator="op")]
+ReplicaMessage = Annotated[FrameMsg | LostMsg | HandoverMsg, Field(discriminator="op")]
 
 _NODE: TypeAdapter[NodeMessage] = TypeAdapter(NodeMessage)
 _REPLICA: TypeAdapter[ReplicaMessage] = TypeAdapter(ReplicaMessage)

@@ -36,6 +36,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from apps.core.sharing import DEFAULT_WEIGHT, MAX_WEIGHT, PriorityClass
 
 DISPATCH_PATH = "/internal/v1/dispatch"
+# On a 503 from a stopping replica: nothing ran, send the dispatch to another replica.
+RETRY_ELSEWHERE = "x-llmfleet-retry-elsewhere"
 # On every dispatch answer: seconds the request waited in the orchestrator's queue for a node
 # (the gateway's queue-wait metric), `%.6f`.
 QUEUE_WAIT_HEADER = "x-llmfleet-queue-wait"

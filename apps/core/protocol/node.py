@@ -5,8 +5,8 @@ Every frame is one JSON text message with a `type` field. The node's first frame
 reason and `retry_after_s`) and closes. A `version` the orchestrator does not know is
 refused with WebSocket close code `CLOSE_UNSUPPORTED_VERSION` (4001).
 
-server -> node: register_ack, register_refused, assign, cancel, load_model, drain, done_ack
-node -> server: register, heartbeat (every 5 s), chunk, done, error, drained
+server -> node: register_ack, register_refused, assign, cancel, load_model, drain, handover, done_ack
+node -> server: register, heartbeat (every 5 s), chunk, done, error, drained, handed_over
 
 Version 2 adds one thing to version 1: on a version-2 connection either side may put several
 frames in one text message, one per line (`batch_messages`/`split_frames`; compact JSON never
@@ -16,6 +16,13 @@ each, and one message for the orchestrator to receive; the orchestrator does the
 assignments and `done_ack`s queued for a node. An orchestrator that knows only version 1
 refuses a version-2 `register` with 4001; the agent then registers with version 1, and that
 connection carries one frame per message both ways.
+
+Version 3 adds the socket handover (docs/control-plane.md, "Handover"): a stopping orchestrator
+sends `handover {deadline_s}` instead of closing; the node registers on another replica, answers
+`handed_over {orchestrator_id, in_flight}` on the old socket, and relays its running requests
+there until they end; the old socket then closes with `CLOSE_HANDED_OVER` (4011). A version 1-2
+node gets a 1001 close instead; an orchestrator that does not know version 3 refuses it with
+4001 and the agent steps down one version per refusal.
 
 `chunk.delta` carries the engine's SSE bytes as text, one or more whole
 `data: {...}\\n\\n` events, never re-encoded (D5). `done` carries the engine's usage
@@ -31,9 +38,10 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
-PROTOCOL_VERSION = 2
-SUPPORTED_VERSIONS = frozenset({1, 2})
+PROTOCOL_VERSION = 3
+SUPPORTED_VERSIONS = frozenset({1, 2, 3})
 BATCHING_VERSION = 2  # from this version on a node's message may carry several frames
+HANDOVER_VERSION = 3  # from this version on a stopping orchestrator hands its sockets over
 
 # WebSocket close codes (4000-4999 are for applications).
 CLOSE_NORMAL = 1000
@@ -44,6 +52,8 @@ CLOSE_REVOKED = 4010
 CLOSE_PROTOCOL_ERROR = 4002
 CLOSE_SUPERSEDED = 4009  # the same node_id registered again elsewhere
 CLOSE_HEARTBEAT_TIMEOUT = 4008  # missed heartbeats: the orchestrator treats the node as dead
+CLOSE_GOING_AWAY = 1001  # orchestrator shutting down, no handover (a version 1-2 node): reconnect elsewhere
+CLOSE_HANDED_OVER = 4011  # the node registered elsewhere after `handover` and this socket's requests ended
 
 
 class _Frame(BaseModel):
@@ -112,6 +122,15 @@ class Drained(_Frame):
     reason: str = "drain"
 
 
+class HandedOver(_Frame):
+    """Version 3, on the old socket after `handover`: the node registered on `orchestrator_id`;
+    `in_flight` still run here (their frames keep coming on this socket until they end)."""
+
+    type: Literal["handed_over"] = "handed_over"
+    orchestrator_id: str
+    in_flight: list[str] = []
+
+
 # -- server -> node ---------------------------------------------------------------
 
 
@@ -153,14 +172,26 @@ class Drain(_Frame):
     deadline_s: float = 120.0
 
 
+class Handover(_Frame):
+    """Version 3: this replica stops. Register on another one (new assignments go there), keep
+    relaying the requests running on this socket here; at `deadline_s` those still running end
+    with a `node_draining` error (tokens so far). The socket then closes with 4011."""
+
+    type: Literal["handover"] = "handover"
+    deadline_s: float = Field(default=30.0, ge=0)
+
+
 class DoneAck(_Frame):
     type: Literal["done_ack"] = "done_ack"
     request_id: str
 
 
-NodeFrame = Annotated[Register | Heartbeat | Chunk | Done | Error | Drained, Field(discriminator="type")]
+NodeFrame = Annotated[
+    Register | Heartbeat | Chunk | Done | Error | Drained | HandedOver, Field(discriminator="type")
+]
 ServerFrame = Annotated[
-    RegisterAck | RegisterRefused | Assign | Cancel | LoadModel | Drain | DoneAck, Field(discriminator="type")
+    RegisterAck | RegisterRefused | Assign | Cancel | LoadModel | Drain | Handover | DoneAck,
+    Field(discriminator="type"),
 ]
 AnyFrame = NodeFrame | ServerFrame
 

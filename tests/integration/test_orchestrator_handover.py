@@ -1,0 +1,130 @@
+"""The orchestrator's side of the socket handover (protocol version 3), with real replicas in one
+process (real Redis and PostgreSQL) and fake nodes: a stopping replica sends `handover`, keeps
+relaying the stream running on the old socket after the node registered elsewhere (ownership in
+Redis moves to the new socket, the old one is not closed as superseded), then closes it with 4011;
+a version-2 node gets the 1001 close of before; a stopping replica refuses dispatches (503 with
+`x-llmfleet-retry-elsewhere`) and registrations."""
+
+from __future__ import annotations
+
+import asyncio
+
+from apps.core.nodes import keys
+from apps.core.protocol import node as proto
+from apps.core.protocol.dispatch import RETRY_ELSEWHERE
+from apps.orchestrator.app import RunningOrchestrator
+from tests.fakes.fake_node import Auto, FakeNode
+from tests.integration.orchestrator_env import Env, eventually
+from tests.integration.test_orchestrator_app import _done, events
+
+
+async def _stop_once_assigned(env: Env, orch: RunningOrchestrator, node: FakeNode) -> asyncio.Task[None]:
+    """Stop `orch` once `node` runs a request; returns the stop, in progress, once `handover` came."""
+    await node.wait_for(lambda: any(isinstance(f, proto.Assign) for f in node.frames))
+    env.orchestrators.remove(orch)
+    stopping = asyncio.create_task(orch.close())
+    await node.wait_for(lambda: any(isinstance(f, proto.Handover) for f in node.frames))
+    return stopping
+
+
+async def _register_elsewhere(
+    env: Env, node: FakeNode, orch: RunningOrchestrator, in_flight: list[str]
+) -> FakeNode:
+    """What the agent does on `handover`: a second socket on `orch`, then `handed_over` on the old."""
+    new = FakeNode(orch.ws_url, node.node_id, node.token, heartbeat_every_s=0.2)
+    env.nodes.append(new)
+    assert isinstance(await new.connect(), proto.RegisterAck)
+    await node.send(proto.HandedOver(orchestrator_id=orch.plane.id, in_flight=in_flight))
+    return new
+
+
+async def _completes_whole(stream: asyncio.Task[tuple[int, dict[str, str], bytes]], tokens: int) -> None:
+    """The dispatch ended well: every token, `[DONE]`, no error event."""
+    status, _, body = await stream
+    assert status == 200
+    evs = events(body)
+    assert evs[-1] == b"[DONE]"
+    assert not any(e.startswith(b'{"error"') for e in evs)
+    assert sum(b'"content":"t' in e for e in evs) == tokens
+
+
+async def test_a_stopping_replica_hands_the_socket_over_and_the_running_stream_finishes(env: Env) -> None:
+    a = await env.orchestrator(handover_deadline_s=20)
+    b = await env.orchestrator()
+    gate = asyncio.Event()
+    node = await env.node(a, "n1", auto=Auto(tokens=3, prompt_tokens=4, gate=gate))
+    env.ledger.add("r1")
+    stream = asyncio.create_task(env.dispatch(a, "r1"))
+    stopping = await _stop_once_assigned(env, a, node)
+    handover = next(f for f in node.frames if isinstance(f, proto.Handover))
+    assert handover.deadline_s == 20
+    assert await env.redis.hget(keys.node_hash("n1"), "draining") == b"1"  # nobody picks it meanwhile
+    # The node registers on the other replica: ownership moves to the new socket.
+    new = await _register_elsewhere(env, node, b, ["r1"])
+    await eventually(lambda: _done(b.plane.fleet.get("n1") is not None))
+    owner = await env.redis.hget(keys.node_hash("n1"), "orchestrator_id")
+    assert owner == b.plane.id.encode()
+    assert not node.closed.is_set()  # not superseded: r1 still runs on it
+    gate.set()
+    await _completes_whole(stream, tokens=3)
+    await asyncio.wait_for(node.closed.wait(), 10)
+    assert node.close_code == proto.CLOSE_HANDED_OVER
+    await asyncio.wait_for(stopping, 10)
+    assert env.ledger.settle_calls == [("r1", 4, 3)]  # billed once, on the old socket's done
+    assert "r1" in node.acks
+    assert not new.closed.is_set()
+
+
+async def test_a_version_2_node_gets_the_going_away_close(env: Env) -> None:
+    a = await env.orchestrator()
+    old = await env.node(a, "n2", version=2)
+    env.orchestrators.remove(a)
+    await a.close()
+    await asyncio.wait_for(old.closed.wait(), 10)
+    assert old.close_code == proto.CLOSE_GOING_AWAY
+    assert not any(isinstance(f, proto.Handover) for f in old.frames)
+
+
+async def test_a_stopping_replica_refuses_dispatches_and_registrations(env: Env) -> None:
+    a = await env.orchestrator()
+    a.plane.stopping = True
+    try:
+        env.ledger.add("r9")
+        status, headers, body = await env.dispatch(a, "r9")
+        assert status == 503
+        assert headers[RETRY_ELSEWHERE] == "1"
+        assert b"orchestrator_stopping" in body
+        token = await env.store.issue_token("n3", "onprem")
+        late = FakeNode(a.ws_url, "n3", token)
+        env.nodes.append(late)
+        answer = await late.connect()
+        assert isinstance(answer, proto.RegisterRefused)
+        assert answer.reason == "orchestrator_stopping"
+        assert late.close_code == proto.CLOSE_GOING_AWAY
+        assert "n3" not in a.plane.local
+    finally:
+        a.plane.stopping = False
+
+
+async def test_a_stream_relayed_by_another_replica_survives_the_handover_of_its_node(env: Env) -> None:
+    """The relay is on replica b, the node's socket on a. a stops: the node's owner in Redis becomes
+    the new socket's replica, but a still relays this request, so b must not end it as lost."""
+    a = await env.orchestrator(handover_deadline_s=20)
+    b = await env.orchestrator()
+    c = await env.orchestrator()
+    gate = asyncio.Event()
+    node = await env.node(a, "n4", auto=Auto(tokens=3, prompt_tokens=4, gate=gate))
+    await eventually(lambda: _done(b.plane.fleet.get("n4") is not None))
+    env.ledger.add("r4")
+    stream = asyncio.create_task(env.dispatch(b, "r4"))
+    stopping = await _stop_once_assigned(env, a, node)
+    await _register_elsewhere(env, node, c, ["r4"])
+    # b's fleet view sees the new owner (several refreshes, each checking its remote streams).
+    await eventually(lambda: _done((v := b.plane.fleet.get("n4")) is not None and v.owner == c.plane.id))
+    await eventually(lambda: _done(b.plane.metrics.forwarded.labels(op="assign")._value.get() == 1))
+    assert not stream.done()
+    gate.set()
+    await _completes_whole(stream, tokens=3)
+    await asyncio.wait_for(stopping, 10)
+    assert node.close_code == proto.CLOSE_HANDED_OVER
+    assert env.ledger.settle_calls == [("r4", 4, 3)]
