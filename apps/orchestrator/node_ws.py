@@ -49,6 +49,7 @@ from apps.core.protocol.node import (
     batch_messages,
     decode_node_frame,
     encode,
+    peek_version,
     split_frames,
 )
 from apps.orchestrator.connection import NodeConnection
@@ -111,7 +112,7 @@ class NodeSockets:
         if plane.stopping:  # a node handed over by this replica must land on another one
             await self._refuse(ws, CLOSE_GOING_AWAY, "orchestrator_stopping")
             return None
-        version = _peek_version(msg.data)
+        version = peek_version(msg.data)
         if version is not None and version not in SUPPORTED_VERSIONS:
             await self._refuse(ws, CLOSE_UNSUPPORTED_VERSION, f"unsupported protocol version {version}")
             return None
@@ -229,28 +230,7 @@ class NodeSockets:
         elif isinstance(frame, Heartbeat):
             await self._heartbeat(conn, frame)
         elif isinstance(frame, Done | Error):
-            route = await plane.route_frame(conn, frame, text)
-            replayed = _replayed_abort(conn, frame, route)
-            if isinstance(frame, Done) or frame.chunks_sent > 0:
-                # The settle job frees the node slot in the same Redis call as its done record,
-                # off this reader's path (it is not awaited here for every finished request).
-                ack_to = conn if isinstance(frame, Done) else None
-                await self.settler.submit(
-                    SettleJob(
-                        conn.node_id,
-                        frame.request_id,
-                        frame.prompt_tokens,
-                        frame.completion_tokens,
-                        ack_to,
-                        from_error=isinstance(frame, Error),
-                        replayed_abort=replayed,
-                    )
-                )
-            else:
-                await plane.fleet.release_slot(conn.node_id, frame.request_id)
-                plane.queues.notify()
-            if isinstance(route, RequestStream):
-                route.slot_released = True
+            await self._finished(conn, frame, text)
         elif isinstance(frame, Drained):
             conn.drained = True
             await plane.deps.node_store.record_event(conn.node_id, "drained", plane.id, frame.reason)
@@ -268,6 +248,32 @@ class NodeSockets:
             conn.close(CLOSE_PROTOCOL_ERROR, "unexpected register frame")
             return False
         return True
+
+    async def _finished(self, conn: NodeConnection, frame: Done | Error, text: str) -> None:
+        """A request ended on the node: route it, then settle (or free the slot of one that produced nothing)."""
+        plane = self.plane
+        route = await plane.route_frame(conn, frame, text)
+        replayed = _replayed_abort(conn, frame, route)
+        if isinstance(frame, Done) or frame.chunks_sent > 0:
+            # The settle job frees the node slot in the same Redis call as its done record,
+            # off this reader's path (it is not awaited here for every finished request).
+            ack_to = conn if isinstance(frame, Done) else None
+            await self.settler.submit(
+                SettleJob(
+                    conn.node_id,
+                    frame.request_id,
+                    frame.prompt_tokens,
+                    frame.completion_tokens,
+                    ack_to,
+                    from_error=isinstance(frame, Error),
+                    replayed_abort=replayed,
+                )
+            )
+        else:
+            await plane.fleet.release_slot(conn.node_id, frame.request_id)
+            plane.queues.notify()
+        if isinstance(route, RequestStream):
+            route.slot_released = True
 
     async def _heartbeat(self, conn: NodeConnection, frame: Heartbeat) -> None:
         plane = self.plane
@@ -373,19 +379,6 @@ def _not_permitted(identity: NodeIdentity, frame: Register) -> str | None:
     if frame.location != identity.location:
         return "location_not_permitted"
     return None
-
-
-def _peek_version(text: str) -> int | None:
-    """The `version` of a register frame before full validation (so a v2 frame with new
-    fields is refused with 4001, not 4002)."""
-    import json
-
-    try:
-        data = json.loads(text)
-    except ValueError:
-        return None
-    version = data.get("version") if isinstance(data, dict) else None
-    return version if isinstance(version, int) else None
 
 
 __all__ = ["CLOSE_HEARTBEAT_TIMEOUT", "PROTOCOL_VERSION", "NodeSockets"]

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 import pulumi
 
-from apps.core.sizing.plan import FleetPlan
-from apps.core.spec import StackSpec
+from apps.core.sizing.plan import FleetPlan, ModelPlan
+from apps.core.spec import Serving, StackSpec
 from infra.components.irsa import irsa_role
 from infra.components.kube import KubeObject
 from infra.config import OfficeHours
@@ -59,46 +59,62 @@ def serving_objects(
             block_size=spec.sizing.block_size,
         )
         objects.append(vllm.service(name))
-        scaling = []
-        if serving.spot:
-            # Warm floor on on-demand capacity (spot reclaims must not take the floor), spot on top.
-            base = max(serving.on_demand_min_replicas, mp.min_replicas)
-            # Not KEDA's: the stack's floor once the weights are there, 0 before.
-            objects.append(vllm.deployment(target, Capacity.ON_DEMAND, replicas=base if scale_models else 0))
-            objects.append(vllm.pdb(name, Capacity.ON_DEMAND))
-            burst = vllm.deployment_name(name, Capacity.SPOT)
-            objects.append(vllm.deployment(target, Capacity.SPOT, replicas=0))
-            objects.append(vllm.pdb(name, Capacity.SPOT))
-            scaling.append(
-                keda.ScalingTarget(
-                    burst,
-                    mp,
-                    0,
-                    max(mp.max_replicas - base, 1),
-                    spec.slo.queue_wait_p95_s,
-                    office_hours=office_hours,
-                    office_hours_replicas=serving.office_hours_warm_replicas,
-                    base_replicas=base,
-                    headroom=serving.headroom,
-                )
-            )
-        else:
-            objects.append(vllm.deployment(target, Capacity.ON_DEMAND, replicas=0))
-            objects.append(vllm.pdb(name, Capacity.ON_DEMAND))
-            scaling.append(
-                keda.ScalingTarget(
-                    vllm.deployment_name(name, Capacity.ON_DEMAND),
-                    mp,
-                    mp.min_replicas,
-                    mp.max_replicas,
-                    spec.slo.queue_wait_p95_s,
-                    office_hours=office_hours,
-                    office_hours_replicas=serving.office_hours_warm_replicas,
-                    headroom=serving.headroom,
-                )
-            )
+        scaling = _model_scaling(spec, target, mp, serving, office_hours, scale_models, objects)
         objects.extend(keda.scaled_object(s) for s in scaling)
     return objects
+
+
+def _model_scaling(
+    spec: StackSpec,
+    target: VllmTarget,
+    mp: ModelPlan,
+    serving: Serving,
+    office_hours: OfficeHours,
+    scale_models: bool,
+    objects: list[Manifest],
+) -> list[keda.ScalingTarget]:
+    """One model's Deployments and PDBs (appended to `objects`) and what KEDA scales: with spot, a
+    warm on-demand floor and the spot burst on top; without, one on-demand Deployment."""
+    name = target.plan.name
+    scaling: list[keda.ScalingTarget] = []
+    if serving.spot:
+        # Warm floor on on-demand capacity (spot reclaims must not take the floor), spot on top.
+        base = max(serving.on_demand_min_replicas, mp.min_replicas)
+        # Not KEDA's: the stack's floor once the weights are there, 0 before.
+        objects.append(vllm.deployment(target, Capacity.ON_DEMAND, replicas=base if scale_models else 0))
+        objects.append(vllm.pdb(name, Capacity.ON_DEMAND))
+        burst = vllm.deployment_name(name, Capacity.SPOT)
+        objects.append(vllm.deployment(target, Capacity.SPOT, replicas=0))
+        objects.append(vllm.pdb(name, Capacity.SPOT))
+        scaling.append(
+            keda.ScalingTarget(
+                burst,
+                mp,
+                0,
+                max(mp.max_replicas - base, 1),
+                spec.slo.queue_wait_p95_s,
+                office_hours=office_hours,
+                office_hours_replicas=serving.office_hours_warm_replicas,
+                base_replicas=base,
+                headroom=serving.headroom,
+            )
+        )
+    else:
+        objects.append(vllm.deployment(target, Capacity.ON_DEMAND, replicas=0))
+        objects.append(vllm.pdb(name, Capacity.ON_DEMAND))
+        scaling.append(
+            keda.ScalingTarget(
+                vllm.deployment_name(name, Capacity.ON_DEMAND),
+                mp,
+                mp.min_replicas,
+                mp.max_replicas,
+                spec.slo.queue_wait_p95_s,
+                office_hours=office_hours,
+                office_hours_replicas=serving.office_hours_warm_replicas,
+                headroom=serving.headroom,
+            )
+        )
+    return scaling
 
 
 class ModelServing(pulumi.ComponentResource):

@@ -33,6 +33,7 @@ idempotent on `request_id`).
 
 from __future__ import annotations
 
+import json
 from json.encoder import encode_basestring
 from typing import Annotated, Any, Literal
 
@@ -260,3 +261,14 @@ _CHUNK_PREFIX = '{"type":"chunk","request_id":'
 def encode_chunk(request_id: str, delta: str) -> str:
     """`encode(Chunk(request_id=..., delta=...))`, without building the model."""
     return _CHUNK_PREFIX + encode_basestring(request_id) + ',"delta":' + encode_basestring(delta) + "}"
+
+
+def peek_version(text: str) -> int | None:
+    """The `version` of a register frame before full validation (so a v2 frame with new
+    fields is refused with 4001, not 4002)."""
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return None
+    version = data.get("version") if isinstance(data, dict) else None
+    return version if isinstance(version, int) else None
