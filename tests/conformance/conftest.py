@@ -1,7 +1,7 @@
 """The engines under test: enginesim (always) and the real vLLM 0.32 on CPU (marked `realvllm`).
 
 Both are started once per session as processes serving the model `tiny` with
-`--max-model-len 1024 --max-num-seqs 8 --scheduling-policy priority` (the Deployments' policy: the
+`--max-model-len 2048 --max-num-seqs 8 --scheduling-policy priority` (the Deployments' policy: the
 orchestrator passes each request's class as `priority`). The real one needs the vLLM venv's python in
 `LLMFLEET_VLLM_PYTHON` (see `tools/install-vllm.sh`); when it is missing or cannot `import vllm`
 the stage is skipped loudly, or FAILS when `LLMFLEET_REQUIRE_REAL_VLLM=1` (CI).
@@ -24,7 +24,7 @@ from tests.conformance.procs import ServerProcess, ServerStartError, log_tail
 
 REPO = Path(__file__).resolve().parents[2]
 MODEL = "tiny"
-MAX_MODEL_LEN = 1024
+MAX_MODEL_LEN = 2048
 MAX_NUM_SEQS = 8
 VLLM_READY_DEADLINE_S = 180.0
 
@@ -115,7 +115,9 @@ def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path]:
     return python, model_dir
 
 
-def serve_vllm(python: str, model_dir: Path, work: Path, kv_cache_bytes: str) -> Iterator[EngineUnderTest]:
+def serve_vllm(
+    python: str, model_dir: Path, work: Path, kv_cache_bytes: str, max_model_len: int = MAX_MODEL_LEN
+) -> Iterator[EngineUnderTest]:
     for sub in ("tmpdir", "cache"):
         (work / sub).mkdir()
     env = {k: v for k, v in os.environ.items() if k != "VLLM_CPU_KVCACHE_SPACE"}
@@ -136,7 +138,7 @@ def serve_vllm(python: str, model_dir: Path, work: Path, kv_cache_bytes: str) ->
         argv = [
             python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
             "--served-model-name", MODEL, "--host", "127.0.0.1", "--port", str(port),
-            "--max-model-len", str(MAX_MODEL_LEN), "--max-num-seqs", str(MAX_NUM_SEQS),
+            "--max-model-len", str(max_model_len), "--max-num-seqs", str(MAX_NUM_SEQS),
             "--enforce-eager", "--dtype", "float32", "--kv-cache-memory-bytes", kv_cache_bytes,
             "--scheduling-policy", "priority",
         ]  # fmt: skip

@@ -24,9 +24,10 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 # Long enough to hold a slot through a whole check (the tiny model makes one token per engine step:
-# 1,000 steps take ~1.8 s on enginesim, 9 s on the real vLLM on a loaded 2-core VM), short enough
-# to fit max-model-len 1024 with the chat template around a one-word prompt.
-HOLD_TOKENS = 1000
+# 1,000 steps took ~1.8 s on enginesim, 9 s on the real vLLM on a loaded 2-core VM, and under 3 s on a
+# quiet one, which made the checks inconclusive: hence 2,000), short enough to fit max-model-len 2048
+# with the chat template around a one-word prompt.
+HOLD_TOKENS = 2000
 
 
 class Inconclusive(Exception):

@@ -70,7 +70,7 @@ def test_stream_options_without_stream_is_400(engine: EngineUnderTest, client: h
 def test_prompt_longer_than_context_is_400_json(
     engine: EngineUnderTest, client: httpx.Client, stream: bool
 ) -> None:
-    body = chat_body(engine.model, content="hello " * 1200, stream=stream)
+    body = chat_body(engine.model, content="hello " * (engine.max_model_len + 200), stream=stream)
     err = _error(client.post(f"{engine.url}/v1/chat/completions", json=body), 400)
     assert err["type"] == "BadRequestError"
     assert err["param"] == "input_tokens"
