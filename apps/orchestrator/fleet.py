@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import Any
 
 from redis.asyncio import Redis
@@ -62,7 +63,7 @@ _ACQUIRE_LUA = """
 -- KEYS: node hash, inflight zset, req hash, quarantined set.
 -- ARGV: request_id, max, now, expiry, node_id, origin, req_ttl_s, max_prompt, max_completion, resumable
 if redis.call('SISMEMBER', KEYS[4], ARGV[5]) == 1 then return -1 end
-local h = redis.call('HMGET', KEYS[1], 'conn', 'draining')
+local h = redis.call('HMGET', KEYS[1], 'conn', 'draining', 'orchestrator_id')
 if not h[1] then return -1 end
 if h[2] == '1' then return -2 end
 redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', ARGV[3])
@@ -74,7 +75,7 @@ if ARGV[8] ~= '' then redis.call('HSET', KEYS[3], 'max_prompt', ARGV[8], 'max_co
 if ARGV[10] == '1' then redis.call('HSET', KEYS[3], 'resumable', '1') end
 redis.call('HINCRBY', KEYS[3], 'attempt', 1)
 redis.call('EXPIRE', KEYS[3], ARGV[7])
-return 1
+return {1, h[3] or ''}
 """
 
 
@@ -221,33 +222,37 @@ class Fleet:
         gone (or quarantined); -2 draining. Records `req:{id}` = {node, origin, attempt} and,
         given, the usage bound the settle caps the node's report at and whether the stream may
         resume elsewhere (`resumable`: a mid-stream error of this node is not settled from its own
-        report, see `settle.py`)."""
+        report, see `settle.py`). When taken, the fleet view's entry carries the node's owner as
+        Redis has it now (`get(node_id).owner`)."""
         now = self._clock()
         bound = [str(usage_bound[0]), str(usage_bound[1])] if usage_bound is not None else ["", ""]
-        result = int(
-            await self._acquire(
-                keys=[
-                    keys.node_hash(node.node_id),
-                    keys.node_inflight(node.node_id),
-                    keys.request_key(request_id),
-                    keys.NODES_QUARANTINED,
-                ],
-                args=[
-                    request_id,
-                    node.models.get(model, 0) if capacity is None else capacity,
-                    now,
-                    now + self._max_request_s,
-                    node.node_id,
-                    origin,
-                    int(self._max_request_s) + 60,
-                    *bound,
-                    "1" if resumable else "0",
-                ],
-            )
+        answer = await self._acquire(
+            keys=[
+                keys.node_hash(node.node_id),
+                keys.node_inflight(node.node_id),
+                keys.request_key(request_id),
+                keys.NODES_QUARANTINED,
+            ],
+            args=[
+                request_id,
+                node.models.get(model, 0) if capacity is None else capacity,
+                now,
+                now + self._max_request_s,
+                node.node_id,
+                origin,
+                int(self._max_request_s) + 60,
+                *bound,
+                "1" if resumable else "0",
+            ],
         )
-        if result == 1:
-            self._nodes[node.node_id] = node.with_in_flight(+1)
-        elif result in (-1, -2):
+        if isinstance(answer, list):  # taken: {1, the replica owning the node's socket now}
+            # The owner as Redis has it at this instant, not as of the last refresh: a node that
+            # moved to another replica (a handover) is reached through its new owner.
+            owner = as_text(answer[1]) or node.owner
+            self._nodes[node.node_id] = replace(node.with_in_flight(+1), owner=owner)
+            return 1
+        result = int(answer)
+        if result in (-1, -2):
             self._nodes.pop(node.node_id, None)
         return result
 

@@ -1,7 +1,8 @@
 """Replica shutdown without cut streams: the node socket handover (protocol version 3).
 
 A stopping replica is not ready (`/readyz` 503), refuses new dispatches (503 with
-`RETRY_ELSEWHERE`, so the gateway tries another replica: nothing ran) and new registrations,
+`RETRY_ELSEWHERE`, so the gateway tries another replica: nothing ran) — the ones waiting in its
+queues too (`Queues.close`) — and new registrations,
 and hands each node socket over instead of closing it:
 
 1. the node is marked draining in Redis (no replica picks it until it registers elsewhere), then
@@ -38,10 +39,18 @@ from apps.orchestrator.plane import ControlPlane
 _CHECK_S = 0.05  # how often a socket being handed over is looked at (only during a shutdown)
 
 
+STOPPING = "orchestrator_stopping"
+
+
+def stopping_refusal() -> Unavailable:
+    """What a stopping replica raises in its queue's waiters and answers new dispatches."""
+    return Unavailable("this orchestrator replica is stopping", code=STOPPING)
+
+
 def refuse_dispatch(request_id: str) -> web.Response:
-    """A stopping replica's answer to a dispatch: nothing ran, the gateway sends it elsewhere."""
-    refusal = Unavailable("this orchestrator replica is stopping", code="orchestrator_stopping")
-    status, headers, body = http_error(refusal, {"x-request-id": request_id, RETRY_ELSEWHERE: "1"})
+    """A stopping replica's answer to a dispatch: nothing ran, the gateway sends it elsewhere
+    (the reservation stays: the other replica's relay uses it)."""
+    status, headers, body = http_error(stopping_refusal(), {"x-request-id": request_id, RETRY_ELSEWHERE: "1"})
     return web.json_response(body, status=status, headers=headers)
 
 

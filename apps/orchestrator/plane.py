@@ -18,8 +18,9 @@ from redis.asyncio import Redis
 
 from apps.core.clock import SYSTEM
 from apps.core.ledger.api import Ledger, SettleResult
+from apps.core.nodes import keys
 from apps.core.nodes.state import NodeState
-from apps.core.nodes.store import NodeStore
+from apps.core.nodes.store import NodeStore, as_text
 from apps.core.protocol import bus as msgs
 from apps.core.protocol.dispatch import DispatchRequest
 from apps.core.protocol.node import (
@@ -153,7 +154,7 @@ class ControlPlane:
     async def start(self, node: NodeView, dreq: DispatchRequest, stream: RequestStream) -> bool:
         """Send the assignment to the node (directly or via its owner); False if nothing was sent."""
         conn = self.local.get(node.node_id)
-        if conn is not None and not conn.closing.is_set():
+        if conn is not None and not conn.closing.is_set() and not self._moved_away(conn, node):
             if conn.draining or conn.handing_over:
                 return False
             conn.routes[dreq.request_id] = stream
@@ -165,6 +166,11 @@ class ControlPlane:
         )
         self.metrics.forwarded.labels(op="assign").inc()
         return await self.bus.to_node(node.node_id, message) > 0
+
+    def _moved_away(self, conn: NodeConnection, node: NodeView) -> bool:
+        """This replica hands `conn` over and the node registered on another replica (`node.owner`,
+        read with the slot): new work goes to its new socket, through its new owner."""
+        return conn.handing_over and node.owner not in ("", self.id)
 
     async def cancel(self, node_id: str, request_id: str) -> None:
         conn = self.local.get(node_id)
@@ -193,6 +199,20 @@ class ControlPlane:
             node = self.fleet.get(stream.node_id)
             moved = node is not None and node.owner != stream.owner and not stream.owner_pinned
             if node is None or node.state in (NodeState.STALE, NodeState.DEAD) or moved:
+                stream.deliver(LostEv(LostReason.OWNER_GONE))
+
+    async def check_pinned_owners(self) -> None:
+        """After a fleet refresh: a relay whose node's old owner still carries its request (a
+        handover) but whose old owner vanished (kill -9 mid-handover: nobody listens on its
+        channel any more) gets `Lost` now instead of at the idle deadline. One Redis call, and
+        only while such relays exist."""
+        pinned = {s.owner for s in self.remote_streams.values() if s.owner_pinned and s.owner}
+        if not pinned:
+            return
+        counts = await self.deps.redis.pubsub_numsub(*(keys.replica_channel(o) for o in pinned))
+        alive = {as_text(channel) for channel, listeners in counts if int(listeners) > 0}
+        for stream in list(self.remote_streams.values()):
+            if stream.owner_pinned and keys.replica_channel(stream.owner) not in alive:
                 stream.deliver(LostEv(LostReason.OWNER_GONE))
 
     # -- owner side: frames from a node socket -----------------------------------------
@@ -262,8 +282,10 @@ class ControlPlane:
 
     def _assign_forwarded(self, conn: NodeConnection | None, msg: msgs.AssignMsg) -> None:
         request_id = msg.request_id
-        if conn is not None and conn.handed_over:
-            return  # the node's new owner got this message too and sends it on
+        if conn is not None and (conn.handed_over or (conn.handing_over and msg.origin == self.id)):
+            # The node's new owner got this message too and sends it on (this replica forwards its
+            # own relays' work only once the node registered elsewhere: `_moved_away`).
+            return
         if conn is not None and not conn.closing.is_set() and not conn.draining:
             conn.routes[request_id] = RemoteRoute(msg.origin)
             if conn.send(Assign(request_id=request_id, model=msg.model, body=dict(msg.body))):

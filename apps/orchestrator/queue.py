@@ -29,7 +29,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from apps.core.errors import RateLimited, Unavailable
+from apps.core.errors import LlmfleetError, RateLimited, Unavailable
 from apps.core.sharing import PriorityClass
 from apps.orchestrator.fairshare import TeamService
 from apps.orchestrator.scheduling.view import NodeView, PickRequest
@@ -97,6 +97,16 @@ class Queues:
         self._on_wait = on_wait
         self._clock = monotonic
         self._queues: dict[str, _ModelQueue] = {}
+        self._closed: Callable[[], LlmfleetError] | None = None
+
+    def close(self, refusal: Callable[[], LlmfleetError]) -> None:
+        """No more waiting here (the replica stops): every waiter, and every later `acquire`,
+        raises `refusal()` instead of taking a node."""
+        self._closed = refusal
+        for q in self._queues.values():
+            for waiters in q.lanes.values():
+                for waiter in waiters:
+                    waiter.event.set()
 
     # -- views ------------------------------------------------------------------------------
 
@@ -161,9 +171,16 @@ class Queues:
         timeout_s: float,
         retry_after_s: float | Callable[[], float],
         share: Share = DEFAULT_SHARE,
+        *,
+        continuation: bool = False,
     ) -> NodeView:
         """A node for `req` in its team's fair turn, or a refusal carrying a Retry-After (the
-        callable hint is only evaluated for a refusal without a measured drain rate)."""
+        callable hint is only evaluated for a refusal without a measured drain rate). A
+        `continuation` (a stream resuming here: its client is on this replica) waits on after
+        `close`."""
+        closed = None if continuation else self._closed
+        if closed is not None:
+            raise closed()
         start = self._clock()
         model = req.model
         q = self._queues.setdefault(model, _ModelQueue())
@@ -178,6 +195,10 @@ class Queues:
         lane, waiters = self._join(model, q, me)
         try:
             while True:
+                closed = None if continuation else self._closed
+                if closed is not None:
+                    self._observe(model, share, self._clock() - start, "closed")
+                    raise closed()
                 head = self._head(model, q)
                 if head is me:
                     me.event.clear()

@@ -264,7 +264,7 @@ class Resumer:
             )
             try:
                 left = max(deadline - plane.deps.monotonic(), 0.0)
-                node = await plane.queues.acquire(pick, left, self.retry_hint, self.share)
+                node = await plane.queues.acquire(pick, left, self.retry_hint, self.share, continuation=True)
             except LlmfleetError:
                 return None
             self.node_id = node.node_id

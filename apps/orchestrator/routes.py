@@ -15,6 +15,7 @@ from redis.exceptions import RedisError
 
 from apps.core.errors import ForwardedError, internal_token_rejected
 from apps.core.protocol.dispatch import InternalToken
+from apps.orchestrator.handover import stopping_refusal
 from apps.orchestrator.logs import event
 from apps.orchestrator.node_ws import NodeSockets
 from apps.orchestrator.plane import ControlPlane
@@ -118,6 +119,7 @@ class Background:
                 try:
                     await self.plane.fleet.refresh()
                     self.plane.check_remote_streams()
+                    await self.plane.check_pinned_owners()
                     self.plane.cold.expire()
                     await self.plane.sync_shares()
                     self.plane.queues.notify()
@@ -151,6 +153,8 @@ class Background:
     async def on_shutdown(self, app: web.Application) -> None:
         """Replica shutdown (SIGTERM, then again from the runner's cleanup: a no-op by then)."""
         self.plane.stopping = True
+        # Requests waiting here for a node go to another replica (nothing ran for them yet).
+        self.plane.queues.close(stopping_refusal)
         await self.sockets.close_all()
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.sockets.all_closed.wait(), self.settings.shutdown_grace_s)

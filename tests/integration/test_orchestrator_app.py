@@ -13,9 +13,11 @@ from apps.core.ledger.api import ReservationStatus
 from apps.core.nodes import keys
 from apps.core.nodes.store import decode_hash
 from apps.core.protocol import node as proto
-from apps.core.protocol.dispatch import DISPATCH_PATH
+from apps.core.protocol.dispatch import DISPATCH_PATH, DispatchRequest
 from apps.orchestrator.app import build_deps
+from apps.orchestrator.scheduling.view import NodeView
 from apps.orchestrator.settings import OrchestratorSettings
+from apps.orchestrator.streams import RequestStream
 from tests.fakes.fake_node import Auto, vllm_chunk
 from tests.integration.orchestrator_env import TOKEN, Env, eventually
 
@@ -267,6 +269,34 @@ async def test_node_lost_before_the_first_chunk_is_retried_once_on_another_node(
     status, headers, _ = await task
     assert status == 200
     assert headers["x-llmfleet-node"] == "cloud-ok"
+
+
+async def test_assignments_that_reached_no_node_do_not_use_up_the_retry_budget(
+    env: Env, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two assignments in a row reach no node (`start` False: a socket moving between replicas, a
+    channel nobody hears): nothing ran, so the request goes on to a third node and completes. With
+    them counted against `MAX_ATTEMPTS` (2) it was refused 503 "unreachable"."""
+    orch = await env.orchestrator()
+    for name in ("n1", "n2", "n3"):
+        await env.node(orch, name, auto=Auto(tokens=2))
+    real_start = orch.plane.start
+    tried: list[str] = []
+
+    async def unreachable_twice(node: NodeView, dreq: DispatchRequest, stream: RequestStream) -> bool:
+        tried.append(node.node_id)
+        if len(tried) <= 2:
+            return False
+        return await real_start(node, dreq, stream)
+
+    monkeypatch.setattr(orch.plane, "start", unreachable_twice)
+    env.ledger.add("r1")
+    status, headers, body = await env.dispatch(orch, "r1")
+    assert status == 200, body
+    assert len(set(tried)) == 3  # each retry on a node not tried yet
+    assert headers["x-llmfleet-node"] == tried[-1]
+    assert events(body)[-1] == b"[DONE]"
+    await eventually(lambda: _done(env.ledger.settle_calls == [("r1", 5, 2)]))
 
 
 async def test_node_lost_mid_stream_gives_error_event_and_done_and_a_partial_record(env: Env) -> None:

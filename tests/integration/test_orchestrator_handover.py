@@ -11,8 +11,10 @@ import asyncio
 
 from apps.core.nodes import keys
 from apps.core.protocol import node as proto
-from apps.core.protocol.dispatch import RETRY_ELSEWHERE
+from apps.core.protocol.dispatch import RETRY_ELSEWHERE, DispatchRequest
 from apps.orchestrator.app import RunningOrchestrator
+from apps.orchestrator.scheduling.view import PickRequest
+from apps.orchestrator.streams import RequestStream
 from tests.fakes.fake_node import Auto, FakeNode
 from tests.integration.orchestrator_env import Env, eventually
 from tests.integration.test_orchestrator_app import _done, events
@@ -128,3 +130,91 @@ async def test_a_stream_relayed_by_another_replica_survives_the_handover_of_its_
     await asyncio.wait_for(stopping, 10)
     assert node.close_code == proto.CLOSE_HANDED_OVER
     assert env.ledger.settle_calls == [("r4", 4, 3)]
+
+
+async def test_a_dispatch_waiting_in_a_stopping_replicas_queue_is_sent_to_another_replica(env: Env) -> None:
+    """The replica stops while r2 waits in its queue for the node's only slot: r2 is answered at
+    once with the retry-elsewhere refusal (nothing ran, the reservation stays for the replica the
+    gateway tries next), not held until the queue times out or the replica exits."""
+    a = await env.orchestrator(handover_deadline_s=20)
+    gate = asyncio.Event()
+    one_seq = [proto.ModelInfo(name="m", max_num_seqs=1, max_model_len=4096)]
+    node = await env.node(a, "n5", models=one_seq, auto=Auto(tokens=2, prompt_tokens=3, gate=gate))
+    env.ledger.add("r1")
+    env.ledger.add("r2")
+    first = asyncio.create_task(env.dispatch(a, "r1"))
+    await node.wait_for(lambda: any(isinstance(f, proto.Assign) for f in node.frames))
+    second = asyncio.create_task(env.dispatch(a, "r2"))
+    await eventually(lambda: _done(a.plane.queues.depth("m") == 1))
+    env.orchestrators.remove(a)
+    stopping = asyncio.create_task(a.close())
+    status, headers, body = await asyncio.wait_for(second, 10)
+    assert status == 503
+    assert headers[RETRY_ELSEWHERE] == "1"
+    assert b"orchestrator_stopping" in body
+    assert "r2" not in env.ledger.cancel_calls  # the next replica's relay uses the reservation
+    assert not first.done()  # r1 still runs on the socket being handed over
+    gate.set()
+    await _completes_whole(first, tokens=2)
+    await asyncio.wait_for(stopping, 10)
+    assert [f.request_id for f in node.frames if isinstance(f, proto.Assign)] == ["r1"]
+
+
+async def test_work_the_stopping_replica_assigns_after_its_node_moved_goes_to_the_new_socket(
+    env: Env,
+) -> None:
+    """A relay on the stopping replica that takes a slot on a node whose socket it is handing over,
+    after the node registered on another replica: the assignment goes through the new owner to the
+    new socket (it was refused as unreachable before: 3 of ~800 requests in a rolling restart)."""
+    a = await env.orchestrator(handover_deadline_s=20)
+    b = await env.orchestrator()
+    gate = asyncio.Event()
+    node = await env.node(a, "n6", auto=Auto(tokens=3, prompt_tokens=4, gate=gate))
+    env.ledger.add("r1")
+    running = asyncio.create_task(env.dispatch(a, "r1"))
+    stopping = await _stop_once_assigned(env, a, node)
+    new = await _register_elsewhere(env, node, b, ["r1"])
+    await eventually(lambda: _done(a.plane.fleet.get("n6") is not None))  # ready again in a's view
+    picked = await a.plane.try_pick(PickRequest("m", "r2"))  # the slot is taken in Redis now
+    assert picked is not None
+    assert picked.owner == b.plane.id  # as Redis has it, not a's last fleet refresh
+    dreq = DispatchRequest.model_validate(
+        {"request_id": "r2", "team_id": 1, "key_id": 1, "model": "m", "body": {"messages": []}}
+    )
+    stream = RequestStream("r2", "n6", 64)
+    assert await a.plane.start(picked, dreq, stream)
+    assign = await asyncio.wait_for(new.assigns.get(), 10)
+    assert assign.request_id == "r2"
+    assert [f.request_id for f in node.frames if isinstance(f, proto.Assign)] == ["r1"]
+    await a.plane.finish("n6", "r2", stream)
+    gate.set()
+    await _completes_whole(running, tokens=3)
+    await asyncio.wait_for(stopping, 10)
+    assert node.close_code == proto.CLOSE_HANDED_OVER
+
+
+async def test_a_relay_pinned_to_a_handing_over_replica_that_dies_ends_at_once(env: Env) -> None:
+    """b relays r7 through a, which hands the node over and then dies (kill -9: its channel goes
+    quiet). b ends the stream as lost within a fleet refresh or two (error event, `[DONE]`), not at
+    the 30 s idle deadline."""
+    a = await env.orchestrator(handover_deadline_s=20)
+    b = await env.orchestrator(resume_models=frozenset())  # resume off: the stream ends
+    c = await env.orchestrator()
+    gate = asyncio.Event()
+    node = await env.node(a, "n7", auto=Auto(tokens=3, prompt_tokens=4, gate=gate))
+    await eventually(lambda: _done(b.plane.fleet.get("n7") is not None))
+    env.ledger.add("r7")
+    stream = asyncio.create_task(env.dispatch(b, "r7", deadlines={"idle_s": 30}))
+    stopping = await _stop_once_assigned(env, a, node)
+    await eventually(lambda: _done((s := b.plane.remote_streams.get("r7")) is not None and s.owner_pinned))
+    await _register_elsewhere(env, node, c, ["r7"])
+    # What b sees of a kill -9: nobody listens on a's channel any more (a itself lives on in this
+    # process, so that the test can end it cleanly).
+    await a.plane.bus._pubsub.unsubscribe(keys.replica_channel(a.plane.id))
+    status, _, body = await asyncio.wait_for(stream, 10)
+    evs = events(body)
+    assert status == 200
+    assert evs[-2].startswith(b'{"error"')
+    assert evs[-1] == b"[DONE]"
+    gate.set()  # the node finishes r7 on the old socket: a's handover ends, a stops
+    await asyncio.wait_for(stopping, 15)

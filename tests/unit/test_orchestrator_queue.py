@@ -64,3 +64,30 @@ async def test_timeout_is_503_with_retry_after_and_observed() -> None:
     assert err.value.retry_after == 30.0
     assert seen == [("m", "timeout")]
     assert queues.depth("m") == 0
+
+
+async def test_close_sends_every_waiter_and_later_request_away_but_not_a_continuation() -> None:
+    """A stopping replica (`Queues.close`): its waiters leave at once with the refusal (the relay
+    sends them to another replica), so does a new request; a resuming stream still waits here."""
+    seen: list[str] = []
+    slots = Slots(0)
+    queues = Queues(slots.try_pick, max_len=10, on_wait=lambda _m, _s, _w, outcome: seen.append(outcome))
+    waiting = [asyncio.create_task(queues.acquire(PickRequest("m", f"r{i}"), 30.0, 5.0)) for i in range(3)]
+    while queues.depth("m") < 3:
+        await asyncio.sleep(0)
+    queues.close(lambda: Unavailable("stopping", code="orchestrator_stopping"))
+    for task in waiting:
+        with pytest.raises(Unavailable) as err:
+            await asyncio.wait_for(task, 5)
+        assert err.value.code == "orchestrator_stopping"
+    assert queues.depth("m") == 0
+    assert seen == ["closed"] * 3
+    with pytest.raises(Unavailable):
+        await queues.acquire(PickRequest("m", "r3"), 30.0, 5.0)
+    resuming = asyncio.create_task(queues.acquire(PickRequest("m", "r4"), 30.0, 5.0, continuation=True))
+    while queues.depth("m") < 1:
+        await asyncio.sleep(0)
+    slots.free += 1
+    queues.notify("m")
+    assert await asyncio.wait_for(resuming, 5) is NODE
+    assert slots.served == ["r4"]
