@@ -174,13 +174,10 @@ class Queues:
         *,
         continuation: bool = False,
     ) -> NodeView:
-        """A node for `req` in its team's fair turn, or a refusal carrying a Retry-After (the
-        callable hint is only evaluated for a refusal without a measured drain rate). A
-        `continuation` (a stream resuming here: its client is on this replica) waits on after
-        `close`."""
-        closed = None if continuation else self._closed
-        if closed is not None:
-            raise closed()
+        """A node for `req` in its team's fair turn, or a refusal carrying a Retry-After (the callable
+        hint: only for a refusal without a measured drain rate); a `continuation` (a stream resuming
+        here) is not refused by `close`."""
+        self._refuse_if_closed(req.model, share, None, continuation)
         start = self._clock()
         model = req.model
         q = self._queues.setdefault(model, _ModelQueue())
@@ -195,10 +192,7 @@ class Queues:
         lane, waiters = self._join(model, q, me)
         try:
             while True:
-                closed = None if continuation else self._closed
-                if closed is not None:
-                    self._observe(model, share, self._clock() - start, "closed")
-                    raise closed()
+                self._refuse_if_closed(model, share, start, continuation)
                 head = self._head(model, q)
                 if head is me:
                     me.event.clear()
@@ -207,8 +201,7 @@ class Queues:
                         self._served(model, q, share, start)
                         return node
                 elif me.event.is_set():
-                    # Woken as the head, but the head changed since (a sync moved the counters):
-                    # the wake-up belongs to the new head.
+                    # Woken as the head, but a sync moved the counters: the wake-up is the new head's.
                     me.event.clear()
                     if head is not None:
                         head.event.set()
@@ -232,6 +225,15 @@ class Queues:
                 q.offsets.pop(lane, None)
             # The next head must try now: it may fit in capacity this waiter did not take.
             self.notify(model)
+
+    def _refuse_if_closed(self, model: str, share: Share, since: float | None, continuation: bool) -> None:
+        """After `close`: raise its refusal (a waiter's wait observed as "closed"), except for a
+        continuation."""
+        if self._closed is None or continuation:
+            return
+        if since is not None:
+            self._observe(model, share, self._clock() - since, "closed")
+        raise self._closed()
 
     def _join(self, model: str, q: _ModelQueue, me: _Waiter) -> tuple[Lane, deque[_Waiter]]:
         """Queue `me` at the end of its lane (class, team); a lane that starts now begins at the
