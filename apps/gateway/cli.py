@@ -60,6 +60,7 @@ def uvicorn_config(app: object, settings: GatewaySettings) -> uvicorn.Config:
         loop="none",
         proxy_headers=False,
         timeout_graceful_shutdown=settings.graceful_shutdown_s,
+        timeout_keep_alive=settings.keepalive_s,
     )
 
 

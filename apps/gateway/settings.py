@@ -64,6 +64,11 @@ class GatewaySettings(BaseSettings):
     worker_startup_s: float = Field(default=10.0, gt=0)
     # On SIGTERM: streams in flight get this long to finish before they are cancelled (and cleaned up).
     graceful_shutdown_s: int = Field(default=30, gt=0)
+    # An idle kept-alive client connection is closed after this long. Longer than what clients and
+    # proxies in front keep theirs (httpx/the OpenAI SDKs: 5 s; an ALB: its idle timeout, and the
+    # rendered Deployment sets this above it), so that the other side closes first: a request sent
+    # on a connection the server is closing fails (a reset to the client, a 502 from an ALB).
+    keepalive_s: int = Field(default=75, gt=0)
     ssrf_resolve_timeout_s: float = 2.0
 
     @property

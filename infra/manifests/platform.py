@@ -36,6 +36,12 @@ PRESTOP_SLEEP_S = 10
 GATEWAY_DRAIN_S = 300
 GATEWAY_GRACE_S = PRESTOP_SLEEP_S + GATEWAY_DRAIN_S + 20
 SYSTEM_POOL_SELECTOR = {"llmfleet.io/pool": "system"}
+# Long SSE streams and node WebSockets must outlive the ALB's 60 s default idle timeout. The
+# gateway keeps idle connections open longer than the ALB does (AWS: "configure the idle timeout of
+# your application to be larger than the idle timeout configured for the load balancer"), so the
+# ALB never sends a request on a connection the gateway is closing (a 502 to the client).
+ALB_IDLE_TIMEOUT_S = 3600
+GATEWAY_KEEPALIVE_S = ALB_IDLE_TIMEOUT_S + 5
 
 
 @dataclass(frozen=True)
@@ -75,6 +81,7 @@ def _env(app: str, stack: str) -> list[Manifest]:
         env.append({"name": "LLMFLEET_METRICS_PORT", "value": str(GATEWAY_METRICS_PORT)})
         env.append({"name": "LLMFLEET_PROMETHEUS_URL", "value": PROMETHEUS_URL})  # the console's SLO status
         env.append({"name": "LLMFLEET_GRACEFUL_SHUTDOWN_S", "value": str(GATEWAY_DRAIN_S)})
+        env.append({"name": "LLMFLEET_KEEPALIVE_S", "value": str(GATEWAY_KEEPALIVE_S)})
     if app == "orchestrator":
         # KEDA starts replicas from zero here: a request for a model without a node is told when
         # one should be ready (apps/orchestrator/coldstart.py) instead of waiting the queue limit.
@@ -205,8 +212,7 @@ def _ingress(
         "alb.ingress.kubernetes.io/certificate-arn": t.certificate_arn,
         "alb.ingress.kubernetes.io/listen-ports": '[{"HTTPS": 443}]',
         "alb.ingress.kubernetes.io/ssl-policy": "ELBSecurityPolicy-TLS13-1-2-2021-06",
-        # Long SSE streams and node WebSockets must outlive the ALB's 60 s default idle timeout.
-        "alb.ingress.kubernetes.io/load-balancer-attributes": "idle_timeout.timeout_seconds=3600",
+        "alb.ingress.kubernetes.io/load-balancer-attributes": f"idle_timeout.timeout_seconds={ALB_IDLE_TIMEOUT_S}",
         "alb.ingress.kubernetes.io/healthcheck-path": "/readyz",
     }
     return {

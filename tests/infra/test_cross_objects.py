@@ -13,6 +13,8 @@ from typing import Any
 import pytest
 
 from apps.core.spec import load_spec
+from apps.gateway.cli import uvicorn_config
+from apps.gateway.settings import GatewaySettings
 from infra.manifests.common import AGENT_HEALTH_PORT, NAMESPACE, ORCHESTRATOR_PORT, VLLM_PORT
 from infra.render import EKS_CLUSTER_SG
 from tests.infra.conftest import STACKS, rendered
@@ -246,3 +248,27 @@ def test_the_pool_token_admits_exactly_the_models_its_pods_register(stack: str) 
                 claimed |= set(_flag_values(c["args"], "--model"))
     assert claimed
     assert admitted == claimed == set(load_spec(stack).models)
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_the_gateway_keeps_idle_connections_open_longer_than_the_alb(stack: str) -> None:
+    """Else the ALB may send a request on a kept-alive connection the gateway is closing: a 502."""
+    (ingress,) = [
+        r
+        for r in _rows(stack, "kubernetes:networking.k8s.io/v1:Ingress")
+        if r["inputs"]["spec"]["rules"][0]["http"]["paths"][0]["backend"]["service"]["name"] == "gateway"
+    ]
+    attributes = ingress["inputs"]["metadata"]["annotations"][
+        "alb.ingress.kubernetes.io/load-balancer-attributes"
+    ]
+    alb_idle = int(dict(a.split("=") for a in attributes.split(","))["idle_timeout.timeout_seconds"])
+    (gateway,) = [
+        r
+        for r in _rows(stack, "kubernetes:apps/v1:Deployment")
+        if r["inputs"]["metadata"]["name"] == "gateway"
+    ]
+    (container,) = gateway["inputs"]["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    settings = GatewaySettings.model_validate({"keepalive_s": env["LLMFLEET_KEEPALIVE_S"]})
+    assert settings.keepalive_s > alb_idle
+    assert uvicorn_config(object(), settings).timeout_keep_alive == settings.keepalive_s
