@@ -101,7 +101,12 @@ async def _load(
         async def one_client(i: int) -> None:
             n = 0
             while True:
-                results.append(await _stream(client, key, (i + n) % PROMPTS))
+                prompt = (i + n) % PROMPTS
+                try:
+                    results.append(await _stream(client, key, prompt))
+                except httpx.HTTPError as exc:  # a broken stream, said with when: the load goes on
+                    when = time.strftime("%H:%M:%S", time.gmtime())
+                    results.append(Result(prompt, 0, errors=[f"{when} {type(exc).__name__}: {exc!r}"]))
                 n += 1
                 if len(results) >= CLIENTS:
                     started.set()
