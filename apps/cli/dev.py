@@ -82,16 +82,16 @@ def _write_credentials(path: Path, lines: list[str]) -> None:
         fh.write("\n".join(lines) + "\n")
 
 
-def run(args: argparse.Namespace) -> int:
-    if getattr(args, "dev_command", None) == "roll":
-        return roll.request_roll(args.data_dir, args.target, args.timeout)
+def _bad_counts(args: argparse.Namespace) -> str | None:
     if args.orchestrators < 1:
-        print("llmfleet dev: --orchestrators must be at least 1", file=sys.stderr)
-        return 2
+        return "--orchestrators must be at least 1"
     if not 1 <= args.gateway_workers <= MAX_GATEWAY_WORKERS:
-        print(f"llmfleet dev: --gateway-workers must be between 1 and {MAX_GATEWAY_WORKERS}", file=sys.stderr)
-        return 2
-    config = PlatformConfig(
+        return f"--gateway-workers must be between 1 and {MAX_GATEWAY_WORKERS}"
+    return None
+
+
+def _config(args: argparse.Namespace) -> PlatformConfig:
+    return PlatformConfig(
         data_dir=args.data_dir,
         gateway_port=args.port,
         orchestrators=args.orchestrators,
@@ -100,6 +100,16 @@ def run(args: argparse.Namespace) -> int:
         redis_url=os.environ.get("LLMFLEET_REDIS_URL") or None,
         speed=args.speed,
     )
+
+
+def run(args: argparse.Namespace) -> int:
+    if getattr(args, "dev_command", None) == "roll":
+        return roll.request_roll(args.data_dir, args.target, args.timeout)
+    problem = _bad_counts(args)
+    if problem:
+        print(f"llmfleet dev: {problem}", file=sys.stderr)
+        return 2
+    config = _config(args)
     prometheus_bin = None
     prometheus_port = 0
     if args.prometheus:
