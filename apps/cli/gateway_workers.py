@@ -94,10 +94,23 @@ def _replace_oldest(gateway: Child, port: int, ready_timeout_s: float, drain_tim
     before = workers(gateway.pid)
     os.kill(gateway.pid, signal.SIGTTIN)
     new = min(_wait(gateway, lambda: workers(gateway.pid) - before, ready_timeout_s, "new worker"))
-    _wait(gateway, lambda: serves(port, new), ready_timeout_s, f"new worker (pid {new}) serving /readyz")
+    _wait(
+        gateway,
+        lambda: _serving(gateway, port, new),
+        ready_timeout_s,
+        f"new worker (pid {new}) serving /readyz",
+    )
     os.kill(gateway.pid, signal.SIGTTOU)
     what = "exit of the oldest worker (it finishes its streams first)"
     _wait(gateway, lambda: before - workers(gateway.pid), drain_timeout_s, what)
+
+
+def _serving(gateway: Child, port: int, pid: int) -> bool:
+    if pid not in workers(gateway.pid):
+        raise ChildFailed(
+            f"gateway roll: the new worker (pid {pid}) exited while starting; log {gateway.log_path}"
+        )
+    return serves(port, pid)
 
 
 def _wait(gateway: Child, predicate: Callable[[], T], timeout_s: float, what: str) -> T:

@@ -12,8 +12,9 @@ Rolling the workers without refusing a connection (`llmfleet dev roll gateway`) 
 supervisor signals: SIGTTIN starts one more worker on the same sockets (a surge), SIGTTOU retires
 the oldest worker, which stops accepting, finishes its streams and exits, and is not replaced.
 (uvicorn's own SIGTTOU retires the newest and blocks until it exits; a roll needs the oldest, and
-this loop keeps watching the other workers meanwhile.) `--supervise` runs the supervisor with one
-worker too, so even a one-worker gateway can be rolled: one more first, then the old one.
+this loop keeps watching the other workers meanwhile.) A SIGTTIN worker that dies during its start-up
+is dropped and the others go on serving. `--supervise` runs the supervisor with one worker too, so
+even a one-worker gateway can be rolled: one more first, then the old one.
 """
 
 from __future__ import annotations
@@ -163,6 +164,7 @@ class Supervisor:
         self._procs: dict[int, tuple[BaseProcess, float]] = {}
         self._retiring: list[BaseProcess] = []  # SIGTTOU'd: finishing their streams, not replaced
         self._signals: list[int] = []  # SIGTTIN / SIGTTOU, handled by the loop (not in the handler)
+        self._surged: set[int] = set()  # slots SIGTTIN started: failing their start-up stops nothing else
         self._next_slot = 0
 
     def request_stop(self, signum: int = signal.SIGTERM, frame: FrameType | None = None) -> None:
@@ -184,6 +186,7 @@ class Supervisor:
     def _resize(self) -> None:
         while self._signals:
             if self._signals.pop(0) == signal.SIGTTIN:
+                self._surged.add(self._next_slot)
                 self._start()
             elif len(self._procs) <= 1:
                 log.warning("worker_retire_refused", extra={"reason": "the last worker"})
@@ -214,6 +217,9 @@ class Supervisor:
                         continue
                     if time.monotonic() - started < self._settings.worker_startup_s:
                         log.error("worker_failed_start", extra={"slot": slot, "exitcode": proc.exitcode})
+                        if slot in self._surged:  # the workers that serve go on; the roll reports it
+                            self._procs.pop(slot)
+                            continue
                         code = 1
                         self._stop.set()
                         break

@@ -44,7 +44,7 @@ pytestmark = pytest.mark.chaos
 CLIENTS = 20
 AT_LEAST = 100
 MAX_TOKENS = 200  # about 2 s at speed 2: a stopping worker always has streams to finish
-LONG_TOKENS = 1000  # about 10 s: one stream that spans the whole roll of a one-worker gateway
+LONG_TOKENS = 2000  # about 20 s: one stream that spans the whole roll of a one-worker gateway
 STARTUP_S = 2.0  # the supervisor's start-up window (a worker dying sooner is a failed start)
 SAMPLE_S = 0.02
 
