@@ -137,8 +137,9 @@ def _billed_once(db_url: str, load: Load) -> None:
     assert balance == expected
 
 
-def _platform(make_platform: PlatformFactory, workers_n: int) -> LocalPlatform:
-    return make_platform(
+def _platform(make_platform: PlatformFactory, workers_n: int) -> tuple[LocalPlatform, int, set[int]]:
+    """The platform, its gateway supervisor's pid and its `workers_n` workers' pids."""
+    platform = make_platform(
         orchestrators=1,
         nodes=eight_b_nodes(2),
         speed=2.0,
@@ -150,6 +151,10 @@ def _platform(make_platform: PlatformFactory, workers_n: int) -> LocalPlatform:
             "LLMFLEET_WORKER_STARTUP_S": str(STARTUP_S),
         },
     )
+    assert platform.gateway is not None
+    supervisor = platform.gateway.pid
+    started = wait_until(lambda: len(w := workers(supervisor)) == workers_n and w, 30, "the workers")
+    return platform, supervisor, started
 
 
 def _roll_under_load(platform: LocalPlatform, clients: int, at_least: int) -> tuple[Load, Watch, list[str]]:
@@ -174,14 +179,11 @@ def _roll_under_load(platform: LocalPlatform, clients: int, at_least: int) -> tu
     return load, watch, names
 
 
-@pytest.mark.timeout(240)  # the platform, 100+ streams of 2 s and two workers rolled: about 1.5 min
+@pytest.mark.timeout(180)  # the platform, 100+ streams of 2 s and two workers rolled: about 30 s
 def test_rolling_restart_of_two_gateway_workers_during_100_streams_breaks_none(
     make_platform: PlatformFactory, migrated_db_url: str
 ) -> None:
-    platform = _platform(make_platform, 2)
-    assert platform.gateway is not None
-    supervisor = platform.gateway.pid
-    original = wait_until(lambda: len(w := workers(supervisor)) == 2 and w, 30, "two workers")
+    platform, supervisor, original = _platform(make_platform, 2)
     t0 = time.monotonic()
     load, _, names = _roll_under_load(platform, CLIENTS, AT_LEAST)
     replaced = workers(supervisor)
@@ -195,6 +197,7 @@ def test_rolling_restart_of_two_gateway_workers_during_100_streams_breaks_none(
     assert names == ["gateway-worker-0", "gateway-worker-1"]
     assert len(replaced) == 2
     assert not replaced & original
+    assert platform.gateway is not None
     assert platform.gateway.alive()  # the supervisor itself was not restarted
     _billed_once(migrated_db_url, load)
 
@@ -218,14 +221,11 @@ class Probe(threading.Thread):
                 self.results.append(type(exc).__name__)
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(180)  # the platform and a 20 s stream across the roll: about 30 s
 def test_rolling_a_one_worker_gateway_surges_and_never_refuses(
     make_platform: PlatformFactory, migrated_db_url: str
 ) -> None:
-    platform = _platform(make_platform, 1)
-    assert platform.gateway is not None
-    supervisor = platform.gateway.pid
-    (old,) = wait_until(lambda: workers(supervisor), 30, "the worker")
+    platform, supervisor, (old,) = _platform(make_platform, 1)
     probe = Probe(platform.gateway_port)
     probe.start()
     # A long stream on the only worker before the roll: the old worker drains it while the new one
