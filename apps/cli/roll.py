@@ -3,15 +3,19 @@ platform one at a time, as a rolling deploy would.
 
 The running `llmfleet dev` writes its pid to `DIR/dev.pid` once it is ready. `roll` writes a
 request (`DIR/roll/request.json`, with an id) and sends that process SIGUSR1; `llmfleet dev`
-performs the roll in its own loop — each replica stopped gracefully (SIGTERM, bounded by the
-platform's stop timeout), started again on the same port, and ready again (for an orchestrator:
-its `/readyz` and every node `ready` in the fleet again; for the gateway: its `/readyz`) before
-the next — and writes its progress to `DIR/roll/status.json`. `roll` follows that file and exits
-0 when every replica is back, 1 when the roll failed, 2 when no dev platform runs there.
-A rolled child is restarted, never taken for a crash (which stops `llmfleet dev`).
+performs the roll in its own loop and writes its progress to `DIR/roll/status.json`. `roll`
+follows that file and exits 0 when every replica is back, 1 when the roll failed, 2 when no dev
+platform runs there. A rolled child is restarted, never taken for a crash (which stops
+`llmfleet dev`).
 
-Rolling an orchestrator breaks no stream: it hands its node sockets over to the other replicas
-(`apps/orchestrator/handover.py`; `tests/chaos/test_orchestrator_roll.py`).
+- Orchestrators: each replica stopped gracefully (SIGTERM, bounded by the platform's stop
+  timeout), started again on the same port, and ready again (its `/readyz` and every node `ready`
+  in the fleet again) before the next. It breaks no stream: a stopping replica hands its node
+  sockets over to the others (`apps/orchestrator/handover.py`; `tests/chaos/test_orchestrator_roll.py`).
+- Gateway: its workers, one at a time, surge first — one more worker started on the same
+  listening socket and serving, then the oldest retired (it finishes its streams and exits)
+  (`apps/cli/gateway_workers.py`; `tests/chaos/test_gateway_roll.py`). The port never refuses a
+  connection; the supervisor process itself keeps running.
 """
 
 from __future__ import annotations
@@ -26,7 +30,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from apps.cli.gateway_workers import drain_bound_s, roll_workers
 from apps.cli.platform import LocalPlatform
+from apps.cli.procs import ChildFailed
 
 TARGETS = ("orchestrators", "gateway")
 PID_FILE = "dev.pid"
@@ -101,10 +107,11 @@ def roll(platform: LocalPlatform, target: str) -> Iterator[str]:
             platform.wait_nodes_ready(node_ids, cfg.ready_timeout_s)  # the agents dialled back in
             yield f"orchestrator-{index}"
     elif target == "gateway":
-        if platform.gateway is not None:
-            platform.stop_child(platform.gateway)
-        platform.start_gateway()
-        yield "gateway"
+        if platform.gateway is None or not platform.gateway.alive():
+            raise ChildFailed("the gateway is not running")
+        yield from roll_workers(
+            platform.gateway, platform.gateway_port, cfg.ready_timeout_s, drain_bound_s(cfg.gateway_env)
+        )
     else:
         raise ValueError(f"unknown target {target!r} (one of {', '.join(TARGETS)})")
 

@@ -7,6 +7,14 @@ in PostgreSQL and Redis), so the relay's chunk rate scales with cores instead of
 The supervisor forwards SIGTERM/SIGINT to the workers and waits for their graceful shutdown
 (bounded), restarts a worker that dies after start-up, and gives up (exit 1) when a worker dies
 during start-up (a configuration error would otherwise restart forever).
+
+Rolling the workers without refusing a connection (`llmfleet dev roll gateway`) uses uvicorn's
+supervisor signals: SIGTTIN starts one more worker on the same sockets (a surge), SIGTTOU retires
+the oldest worker, which stops accepting, finishes its streams and exits, and is not replaced.
+(uvicorn's own SIGTTOU retires the newest and blocks until it exits; a roll needs the oldest, and
+this loop keeps watching the other workers meanwhile.) A SIGTTIN worker that dies during its start-up
+is dropped and the others go on serving. `--supervise` runs the supervisor with one worker too, so
+even a one-worker gateway can be rolled: one more first, then the old one.
 """
 
 from __future__ import annotations
@@ -42,6 +50,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=int, default=None)
     parser.add_argument(
         "--workers", type=int, default=None, help="worker processes sharing the port (default 1)"
+    )
+    parser.add_argument(
+        "--supervise",
+        action="store_true",
+        help="run the worker supervisor even with one worker (SIGTTIN/SIGTTOU can then roll it)",
     )
 
 
@@ -94,12 +107,27 @@ class StoppingServer(uvicorn.Server):
     def __init__(self, config: uvicorn.Config, lifecycle: Lifecycle) -> None:
         super().__init__(config)
         self._lifecycle = lifecycle
+        self._exit_requested = False
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-        if not self._lifecycle.stopping:
-            self._lifecycle.stopping = True
+        if not self._exit_requested:
+            self._exit_requested = True
             log.info("gateway_stopping", extra={"signal": sig, "in_flight": len(self.server_state.tasks)})
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:  # not serving yet
+                self._stop_accepting()
+            else:
+                # Now, not at uvicorn's next tick (up to 0.1 s later): a connection this worker
+                # accepted from the shared socket in between would get only 503s, while the other
+                # workers (a roll's surge) could serve it. (`servers` is uvicorn's public attribute.)
+                loop.call_soon_threadsafe(self._stop_accepting)
         super().handle_exit(sig, frame)
+
+    def _stop_accepting(self) -> None:
+        for server in getattr(self, "servers", []):
+            server.close()
+        self._lifecycle.stopping = True
 
 
 def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
@@ -135,11 +163,20 @@ class Supervisor:
         self._ctx = multiprocessing.get_context("spawn")
         self._stop = threading.Event()
         self._procs: dict[int, tuple[BaseProcess, float]] = {}
+        self._retiring: list[BaseProcess] = []  # SIGTTOU'd: finishing their streams, not replaced
+        self._signals: list[int] = []  # SIGTTIN / SIGTTOU, handled by the loop (not in the handler)
+        self._surged: set[int] = set()  # slots SIGTTIN started: failing their start-up stops nothing else
+        self._next_slot = 0
 
     def request_stop(self, signum: int = signal.SIGTERM, frame: FrameType | None = None) -> None:
         self._stop.set()
 
-    def _start(self, slot: int) -> None:
+    def request_resize(self, signum: int, frame: FrameType | None = None) -> None:
+        self._signals.append(signum)
+
+    def _start(self, slot: int | None = None) -> None:
+        if slot is None:
+            slot, self._next_slot = self._next_slot, self._next_slot + 1
         proc = self._ctx.Process(
             target=serve_worker, args=(self._settings, self._socks), name=f"gateway-worker-{slot}"
         )
@@ -147,19 +184,43 @@ class Supervisor:
         self._procs[slot] = (proc, time.monotonic())
         log.info("worker_started", extra={"slot": slot, "pid": proc.pid})
 
+    def _resize(self) -> None:
+        while self._signals:
+            if self._signals.pop(0) == signal.SIGTTIN:
+                self._surged.add(self._next_slot)
+                self._start()
+            elif len(self._procs) <= 1:
+                log.warning("worker_retire_refused", extra={"reason": "the last worker"})
+            else:
+                slot = min(self._procs, key=lambda s: self._procs[s][1])  # the oldest
+                proc, _ = self._procs.pop(slot)
+                log.info("worker_retiring", extra={"slot": slot, "pid": proc.pid})
+                if proc.pid is not None and proc.is_alive():
+                    os.kill(proc.pid, signal.SIGTERM)
+                self._retiring.append(proc)
+        for proc in [p for p in self._retiring if not p.is_alive()]:
+            proc.join()  # reaped: no zombie left for the roll to look at
+            self._retiring.remove(proc)
+            log.info("worker_retired", extra={"pid": proc.pid, "exitcode": proc.exitcode})
+
     def run(self) -> int:
         code = 0
         try:
-            for slot in range(self._settings.workers):
-                self._start(slot)
+            for _ in range(self._settings.workers):
+                self._start()
             while not self._stop.is_set():
-                # Wakes on a worker's exit; the timeout bounds how late a stop request is noticed.
-                multiprocessing.connection.wait([p.sentinel for p, _ in self._procs.values()], timeout=0.5)
+                # Wakes on a worker's exit; the timeout bounds how late a stop or resize is noticed.
+                procs = [p for p, _ in self._procs.values()] + self._retiring
+                multiprocessing.connection.wait([p.sentinel for p in procs], timeout=0.5)
+                self._resize()
                 for slot, (proc, started) in list(self._procs.items()):
                     if proc.is_alive() or self._stop.is_set():
                         continue
                     if time.monotonic() - started < self._settings.worker_startup_s:
                         log.error("worker_failed_start", extra={"slot": slot, "exitcode": proc.exitcode})
+                        if slot in self._surged:  # the workers that serve go on; the roll reports it
+                            self._procs.pop(slot)
+                            continue
                         code = 1
                         self._stop.set()
                         break
@@ -174,12 +235,13 @@ class Supervisor:
         # connections into the backlog that no stopping worker will ever take (they would hang).
         for sock in self._socks:
             sock.close()
-        for proc, _ in self._procs.values():
+        procs = [p for p, _ in self._procs.values()] + self._retiring
+        for proc in procs:
             if proc.is_alive() and proc.pid is not None:
                 os.kill(proc.pid, signal.SIGTERM)
         # Workers finish their streams within the graceful window; a stuck one is killed after it.
         deadline = time.monotonic() + self._settings.graceful_shutdown_s + 5
-        for proc, _ in self._procs.values():
+        for proc in procs:
             proc.join(max(deadline - time.monotonic(), 0))
             if proc.is_alive():
                 proc.kill()
@@ -193,11 +255,15 @@ def run(args: argparse.Namespace) -> int:
         if v is not None
     }
     settings = GatewaySettings(**overrides)
-    if settings.workers == 1:
+    if settings.workers == 1 and not args.supervise:
         serve_worker(settings)
         return 0
     setup_json_logging()
     supervisor = Supervisor(settings, listen_sockets(settings))
     signal.signal(signal.SIGTERM, supervisor.request_stop)
     signal.signal(signal.SIGINT, supervisor.request_stop)
+    # Before any worker starts: a roll that sees workers knows these are handled (their default
+    # action would stop the whole process).
+    signal.signal(signal.SIGTTIN, supervisor.request_resize)
+    signal.signal(signal.SIGTTOU, supervisor.request_resize)
     return supervisor.run()

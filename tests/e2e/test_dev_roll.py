@@ -1,5 +1,6 @@
 """`llmfleet dev --orchestrators 2` and `llmfleet dev roll orchestrators|gateway` as a user runs them:
-every replica is replaced one at a time (new pids, same ports), the rolls exit 0 when all are back,
+every replica is replaced one at a time (new pids, same ports; for the gateway: both workers of its
+default two, under the same supervisor), the rolls exit 0 when all are back,
 the platform keeps running (a rolled child is not taken for a crash) and serves the official
 `openai` SDK after each roll; SIGTERM still stops it cleanly."""
 
@@ -15,6 +16,7 @@ import openai
 import psutil
 import pytest
 
+from apps.cli.gateway_workers import workers
 from apps.cli.procs import free_port
 from tests.e2e.devproc import wait_credentials
 
@@ -73,10 +75,17 @@ def test_roll_orchestrators_then_gateway(tmp_path: Path, migrated_db_url: str, r
         assert not now & orchestrators
         assert _answer(creds)
 
+        (supervisor,) = gateway
+        gateway_workers = workers(supervisor)
+        assert len(gateway_workers) == 2  # --gateway-workers' default
         rolled = _roll(data_dir, "gateway")
         assert rolled.returncode == 0, rolled.stderr
+        assert "rolled gateway-worker-0: ready again\nrolled gateway-worker-1: ready again\n" in rolled.stdout
         assert proc.poll() is None
-        assert _pids(proc.pid, "gateway").isdisjoint(gateway)
+        assert _pids(proc.pid, "gateway") == gateway  # the supervisor kept the port all along
+        now = workers(supervisor)
+        assert len(now) == 2
+        assert not now & gateway_workers
         assert _answer(creds)
 
         proc.send_signal(signal.SIGTERM)
