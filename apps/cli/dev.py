@@ -9,7 +9,8 @@ and one-time sign-in links for the demo team and the admin (`# console...` lines
 `--prometheus`, also a real Prometheus on loopback scraping every process with the platform's
 rules and alerts (`apps.cli.prometheus`), and `PROMETHEUS_URL=`.
 `--orchestrators N` runs N orchestrator replicas behind the gateway (the agents spread over them);
-`--gateway-workers N` (default 2) runs the gateway as a supervisor with N workers on its port.
+`--gateway-workers N` (default 1) runs the gateway as a supervisor with N workers on its port (one
+worker: every Prometheus scrape reads the whole gateway; `roll gateway` surges a second one).
 Ctrl-C or SIGTERM stops everything in reverse order; a child that dies on its own stops
 the rest too (exit 1) rather than leaving a half platform running.
 
@@ -55,9 +56,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--gateway-workers",
         type=int,
-        default=2,
-        help="gateway worker processes on its port, under one supervisor (default 2; rolled one at a time"
-        " by `llmfleet dev roll gateway`)",
+        default=1,
+        help="gateway worker processes on its port, under one supervisor (default 1; rolled one at a time,"
+        " surge first, by `llmfleet dev roll gateway`)",
     )
     parser.add_argument(
         "--prometheus",

@@ -79,7 +79,7 @@ def roll_workers(gateway: Child, port: int, ready_timeout_s: float, drain_timeou
         raise ChildFailed(
             "the gateway serves from one process without its worker supervisor (`llmfleet gateway` "
             "without --workers N or --supervise): restarting it would refuse connections. "
-            "`llmfleet dev` supervises its gateway's workers (--gateway-workers N, default 2)"
+            "`llmfleet dev` supervises its gateway's workers (--gateway-workers N, default 1)"
         )
     for index in range(len(originals)):
         _replace_oldest(gateway, port, ready_timeout_s, drain_timeout_s)

@@ -57,7 +57,10 @@ def test_roll_orchestrators_then_gateway(tmp_path: Path, migrated_db_url: str, r
     argv = [sys.executable, "-m", "apps.cli.main", "dev", "--data-dir", str(data_dir), "--port", str(port)]
     with (tmp_path / "dev.out").open("wb") as out:
         proc = subprocess.Popen(
-            [*argv, "--orchestrators", "2", "--speed", "20"], stdout=out, stderr=subprocess.STDOUT, env=env
+            [*argv, "--orchestrators", "2", "--gateway-workers", "2", "--speed", "20"],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
         )
     try:
         creds = wait_credentials(proc, data_dir / "credentials.env")
@@ -77,7 +80,7 @@ def test_roll_orchestrators_then_gateway(tmp_path: Path, migrated_db_url: str, r
 
         (supervisor,) = gateway
         gateway_workers = workers(supervisor)
-        assert len(gateway_workers) == 2  # --gateway-workers' default
+        assert len(gateway_workers) == 2  # --gateway-workers 2
         rolled = _roll(data_dir, "gateway")
         assert rolled.returncode == 0, rolled.stderr
         assert "rolled gateway-worker-0: ready again\nrolled gateway-worker-1: ready again\n" in rolled.stdout

@@ -23,9 +23,9 @@ def _parse(module: object, argv: list[str]) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def test_gateway_workers_default_to_two() -> None:
-    assert _parse(dev, []).gateway_workers == 2
-    assert _parse(dev, ["--gateway-workers", "1"]).gateway_workers == 1
+def test_gateway_workers_default_to_one() -> None:
+    assert _parse(dev, []).gateway_workers == 1
+    assert _parse(dev, ["--gateway-workers", "2"]).gateway_workers == 2
 
 
 @pytest.mark.parametrize(
