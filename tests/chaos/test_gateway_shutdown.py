@@ -23,6 +23,7 @@ from tests.chaos.helpers import (
     ledger_totals,
     settled_rows,
     story_body,
+    story_stream,
     wait_until,
 )
 
@@ -33,16 +34,8 @@ MAX_TOKENS = 400  # a few seconds at speed 2: long enough to still run at the SI
 
 
 def _stream(platform: LocalPlatform, started: threading.Event) -> list[str]:
-    assert platform.credentials is not None
     payloads: list[str] = []
-    with httpx.stream(
-        "POST",
-        platform.gateway_url + "/v1/chat/completions",
-        json=story_body(MAX_TOKENS),
-        headers={"Authorization": f"Bearer {platform.credentials.api_key}"},
-        timeout=90,
-    ) as resp:
-        assert resp.status_code == 200, resp.read()
+    with story_stream(platform, MAX_TOKENS) as resp:
         for line in resp.iter_lines():
             if line.startswith("data: "):
                 payloads.append(line[6:])

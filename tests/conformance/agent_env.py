@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import json
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -28,17 +27,14 @@ from redis.asyncio import Redis
 from apps.agent.agent import Agent
 from apps.agent.settings import AgentSettings
 from apps.core.ledger.pg import PgLedger
-from apps.core.ledger.teams import TeamStore
-from apps.core.metering import settle_usage
 from apps.core.nodes.store import NodeStore
 from apps.core.protocol.dispatch import DISPATCH_PATH, DispatchRequest
 from apps.core.sharing import PriorityClass
 from apps.core.spec import Prices
-from apps.orchestrator.app import RunningOrchestrator, start_orchestrator
-from apps.orchestrator.plane import OrchestratorDeps
-from apps.orchestrator.settings import OrchestratorSettings
+from apps.orchestrator.app import RunningOrchestrator
 from tests.conformance.conftest import EngineUnderTest
 from tests.conformance.helpers import metric
+from tests.integration.orchestrator_env import start_pg_orchestrator
 
 TOKEN = "internal-conformance-token"
 SECRET = "server-secret-for-conformance"
@@ -288,28 +284,20 @@ async def agent_fleet(
     pool = AsyncConnectionPool(db_url, min_size=1, max_size=8, open=False)
     await pool.open()
     redis = Redis.from_url(redis_url)
-    store = NodeStore(pool, redis, SECRET.encode(), heartbeat_interval_s=HEARTBEAT_S)
-    ledger = PgLedger(pool, {engine.model: PRICES})
-    teams = TeamStore(pool)
-    team = await teams.create_team("conformance")
-    await teams.add_credits(team.id, CREDITS)
-    settings = OrchestratorSettings(
+    plane = await start_pg_orchestrator(
+        pool,
+        redis,
+        engine.model,
+        PRICES,
+        team="conformance",
+        credits=CREDITS,
         orchestrator_id=f"orch-conf-{uuid.uuid4().hex[:4]}",
         internal_token=TOKEN,
         secret_key=SECRET,
         heartbeat_interval_s=HEARTBEAT_S,
         missed_heartbeats=MISSED_BEATS,
-        fleet_refresh_s=0.05,
-        shutdown_grace_s=2.0,
     )
-    deps = OrchestratorDeps(
-        redis=redis,
-        node_store=store,
-        ledger=ledger,
-        settle=functools.partial(settle_usage, ledger, redis),
-        models={engine.model},
-    )
-    orch = await start_orchestrator(settings, deps)
+    store, ledger, orch = plane.store, plane.ledger, plane.orch
     token = await store.issue_token(NODE_ID, "onprem")
     agent = Agent(
         AgentSettings(
@@ -325,7 +313,7 @@ async def agent_fleet(
     )
     task = asyncio.create_task(agent.run(), name="conformance-agent")
     session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120))
-    fleet = AgentFleet(engine, pool, store, ledger, orch, agent, session, team.id)
+    fleet = AgentFleet(engine, pool, store, ledger, orch, agent, session, plane.team_id)
     try:
         async with asyncio.timeout(30):
             # Registered only after the engine's /health was 200 and its /v1/models read.

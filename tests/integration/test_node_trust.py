@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import json
 import os
 import subprocess
@@ -31,16 +30,13 @@ from psycopg_pool import AsyncConnectionPool
 from redis.asyncio import Redis
 
 from apps.core.ledger.pg import PgLedger
-from apps.core.ledger.teams import TeamStore
-from apps.core.metering import settle_usage
 from apps.core.nodes import keys
 from apps.core.nodes.store import NodeStore
 from apps.core.protocol.dispatch import DISPATCH_PATH, DispatchRequest
 from apps.core.protocol.node import PROTOCOL_VERSION
 from apps.core.spec import Prices
-from apps.orchestrator.app import RunningOrchestrator, start_orchestrator
-from apps.orchestrator.plane import OrchestratorDeps
-from apps.orchestrator.settings import OrchestratorSettings
+from apps.orchestrator.app import RunningOrchestrator
+from tests.integration.orchestrator_env import start_pg_orchestrator
 
 REPO = Path(__file__).resolve().parents[2]
 MODEL = "liar"
@@ -187,30 +183,34 @@ async def trust_env(db_url: str, redis_url: str, work: Path, **overrides: Any) -
     pool = AsyncConnectionPool(db_url, min_size=1, max_size=6, open=False)
     await pool.open()
     redis = Redis.from_url(redis_url)
-    store = NodeStore(pool, redis, SECRET.encode(), heartbeat_interval_s=0.5)
-    ledger = PgLedger(pool, {MODEL: PRICES})
-    team = await TeamStore(pool).create_team("trust")
-    await TeamStore(pool).add_credits(team.id, CREDITS)
-    settings = OrchestratorSettings(
+    plane = await start_pg_orchestrator(
+        pool,
+        redis,
+        MODEL,
+        PRICES,
+        team="trust",
+        credits=CREDITS,
         orchestrator_id=f"orch-trust-{uuid.uuid4().hex[:4]}",
         internal_token=TOKEN,
         secret_key=SECRET,
         heartbeat_interval_s=0.5,
-        fleet_refresh_s=0.05,
-        shutdown_grace_s=2.0,
         queue_limit_s=1.0,
         **overrides,
     )
-    deps = OrchestratorDeps(
-        redis=redis,
-        node_store=store,
-        ledger=ledger,
-        settle=functools.partial(settle_usage, ledger, redis),
-        models={MODEL},
-    )
-    orch = await start_orchestrator(settings, deps)
+    orch = plane.orch
     session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60))
-    env = Trust(orch, store, ledger, pool, redis, team.id, f"http://127.0.0.1:{port}", work, session, [])
+    env = Trust(
+        orch,
+        plane.store,
+        plane.ledger,
+        pool,
+        redis,
+        plane.team_id,
+        f"http://127.0.0.1:{port}",
+        work,
+        session,
+        [],
+    )
     try:
         yield env
     finally:
