@@ -6,17 +6,21 @@ from __future__ import annotations
 
 import contextlib
 import json
+import threading
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 import psycopg
 
 from apps.cli.platform import MODEL_8B, LocalPlatform
 from apps.loadgen.config import LoadConfig
+
+T = TypeVar("T")
 
 
 def wait_until(predicate: Callable[[], Any], timeout_s: float, what: str, every_s: float = 0.1) -> Any:
@@ -79,6 +83,23 @@ def redial_agents(
         platform.stop_child(platform.agents[node_id])
         platform.start_agent(node_id, f"ws://127.0.0.1:{port}/v1/nodes/connect")
     platform.wait_nodes_ready(node_ids if ready is None else ready, 60)
+
+
+def running_streams(
+    pool: ThreadPoolExecutor,
+    stream: Callable[[LocalPlatform, threading.Event], T],
+    platform: LocalPlatform,
+    n: int,
+    before: str,
+) -> list[Future[T]]:
+    """`n` calls of `stream(platform, started)` on `pool`, returned once each has set its `started`
+    (its first token arrived) and none has ended yet (all still run at `before`, the fault)."""
+    started = [threading.Event() for _ in range(n)]
+    futures = [pool.submit(stream, platform, ev) for ev in started]
+    for ev in started:
+        assert ev.wait(60), "a stream did not start"
+    assert not any(f.done() for f in futures), f"a stream ended before the {before}: make them longer"
+    return futures
 
 
 def content_events(payloads: list[str]) -> int:

@@ -21,6 +21,7 @@ from tests.chaos.helpers import (
     balance_consistent,
     content_events,
     ledger_totals,
+    running_streams,
     settled_rows,
     story_body,
     story_stream,
@@ -78,12 +79,8 @@ def test_sigterm_lets_every_stream_finish_and_takes_no_new_request(
     )
     assert platform.gateway is not None
     gateway = platform.gateway.popen
-    started = [threading.Event() for _ in range(STREAMS)]
     with ThreadPoolExecutor(STREAMS) as pool:
-        streams = [pool.submit(_stream, platform, ev) for ev in started]
-        for ev in started:
-            assert ev.wait(60), "a stream did not start"
-        assert not any(f.done() for f in streams), "a stream ended before the SIGTERM: make them longer"
+        streams = running_streams(pool, _stream, platform, STREAMS, "SIGTERM")
         gateway.send_signal(signal.SIGTERM)
         # The signal is handled asynchronously: from some moment on, nothing new is admitted.
         how = wait_until(lambda: _refused(platform), 15, "new requests to be refused")

@@ -48,6 +48,7 @@ from tests.chaos.helpers import (
     content_events,
     ledger_totals,
     redial_agents,
+    running_streams,
     story_stream,
     wait_until,
 )
@@ -153,12 +154,8 @@ def test_kill_9_of_one_orchestrator_breaks_only_its_streams_settles_them_and_its
 
 
 def _run(platform: LocalPlatform, db_url: str, moved: list[str]) -> None:
-    started = [threading.Event() for _ in range(STREAMS)]
     with ThreadPoolExecutor(STREAMS) as pool:
-        futures = [pool.submit(_stream, platform, ev) for ev in started]
-        for ev in started:
-            assert ev.wait(60), "a stream did not start"
-        assert not any(f.done() for f in futures), "a stream ended before the kill: make them longer"
+        futures = running_streams(pool, _stream, platform, STREAMS, "kill")
         with psycopg.connect(db_url) as conn:
             row = conn.execute("SELECT now()").fetchone()
         assert row is not None

@@ -13,10 +13,10 @@ import asyncio
 import contextlib
 import json
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import aiohttp
 import pytest
@@ -34,7 +34,7 @@ from apps.core.spec import Prices
 from apps.orchestrator.app import RunningOrchestrator
 from tests.conformance.conftest import EngineUnderTest
 from tests.conformance.helpers import metric
-from tests.integration.orchestrator_env import start_pg_orchestrator
+from tests.integration.orchestrator_env import LedgerRow, ledger_row, poll, start_pg_orchestrator
 
 TOKEN = "internal-conformance-token"
 SECRET = "server-secret-for-conformance"
@@ -47,20 +47,6 @@ HEARTBEAT_S = 0.5
 MISSED_BEATS = 10
 
 Metrics = dict[tuple[str, frozenset[tuple[str, str]]], float]
-T = TypeVar("T")
-
-
-async def poll(read: Callable[[], Awaitable[T]], ok: Callable[[T], bool], deadline_s: float) -> T:
-    """Read until `ok(value)` or the deadline (then AssertionError with the last value)."""
-    loop = asyncio.get_running_loop()
-    end = loop.time() + deadline_s
-    while True:
-        value = await read()
-        if ok(value):
-            return value
-        if loop.time() > end:
-            raise AssertionError(f"condition not met within {deadline_s} s (last value {value!r})")
-        await asyncio.sleep(0.05)  # polling interval with a deadline: these reads have no event
 
 
 def sse_payloads(raw: bytes) -> list[str]:
@@ -71,14 +57,6 @@ def sse_payloads(raw: bytes) -> list[str]:
 def is_content(payload: str) -> bool:
     """A content chunk (not the role chunk, the usage chunk, an error or `[DONE]`)."""
     return payload.startswith("{") and '"delta":{' in payload and '"role"' not in payload
-
-
-@dataclass(frozen=True)
-class LedgerRow:
-    status: str
-    prompt_tokens: int
-    completion_tokens: int
-    cost_microcredits: int
 
 
 @dataclass(frozen=True)
@@ -182,14 +160,7 @@ class AgentFleet:
             resp.close()
 
     async def ledger_row(self, request_id: str) -> LedgerRow | None:
-        async with self.pool.connection() as conn:
-            cur = await conn.execute(
-                "SELECT status::text, prompt_tokens, completion_tokens, cost_microcredits "
-                "FROM usage_ledger WHERE request_id = %s",
-                (request_id,),
-            )
-            row = await cur.fetchone()
-        return LedgerRow(str(row[0]), int(row[1]), int(row[2]), int(row[3])) if row else None
+        return await ledger_row(self.pool, request_id)
 
     async def final_row(self, request_id: str, deadline_s: float = 20.0) -> LedgerRow:
         """The row once it left `reserved` (the settle runs after the relay has ended)."""

@@ -11,7 +11,7 @@ import functools
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple, TypeVar
 
 import aiohttp
 import pytest
@@ -31,8 +31,42 @@ from apps.orchestrator.settings import OrchestratorSettings
 from tests.fakes.fake_ledger import FakeLedger
 from tests.fakes.fake_node import FakeNode
 
+T = TypeVar("T")
+
 TOKEN = "internal-test-token"
 SECRET = b"server-secret-for-tests"
+
+
+class LedgerRow(NamedTuple):
+    status: str
+    prompt_tokens: int
+    completion_tokens: int
+    cost_microcredits: int
+
+
+async def ledger_row(pool: AsyncConnectionPool, request_id: str) -> LedgerRow | None:
+    """The request's row in the PostgreSQL ledger (None: never reserved)."""
+    async with pool.connection() as conn:
+        cur = await conn.execute(
+            "SELECT status::text, prompt_tokens, completion_tokens, cost_microcredits "
+            "FROM usage_ledger WHERE request_id = %s",
+            (request_id,),
+        )
+        row = await cur.fetchone()
+    return LedgerRow(str(row[0]), int(row[1]), int(row[2]), int(row[3])) if row else None
+
+
+async def poll(read: Callable[[], Awaitable[T]], ok: Callable[[T], bool], deadline_s: float = 20.0) -> T:
+    """Read until `ok(value)` or the deadline (then AssertionError with the last value)."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + deadline_s
+    while True:
+        value = await read()
+        if ok(value):
+            return value
+        if loop.time() > end:
+            raise AssertionError(f"condition not met within {deadline_s} s (last value {value!r})")
+        await asyncio.sleep(0.05)  # polling interval with a deadline: these reads have no event
 
 
 @dataclass
