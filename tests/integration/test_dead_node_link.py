@@ -25,6 +25,7 @@ from apps.core.protocol.dispatch import DISPATCH_PATH
 from apps.orchestrator.app import PLANE, SWEEPER, RunningOrchestrator
 from tests.chaos.proxy import TcpProxy
 from tests.fakes.fake_engine import MODEL, FakeEngine
+from tests.fakes.fake_orchestrator import stop_agent
 from tests.integration.orchestrator_env import TOKEN, Env, eventually
 
 NODE = "n-silent"
@@ -69,10 +70,8 @@ async def proxied_agent(
         yield agent, proxy, engine
     finally:
         proxy.close()  # RST on every connection: the agent's socket ends, it can drain and stop
-        agent.drain(0.0, reason="test teardown")
         try:
-            async with asyncio.timeout(15):
-                await task
+            await stop_agent(agent, task)
         finally:
             await engine.stop()
 
