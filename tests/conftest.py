@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import socket
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -35,30 +35,35 @@ def _port_open(host: str, port: int) -> bool:
         return False
 
 
-@pytest.fixture(scope="session")
-def pg_admin_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    url = os.environ.get("LLMFLEET_TEST_PG_URL")
-    if url or _port_open("127.0.0.1", 5432):
-        yield url or DEFAULT_PG
+def _server_url(
+    env: str, port: int, default: str, embed: Callable[[], EmbeddedPostgres | EmbeddedRedis]
+) -> Iterator[str]:
+    """The server at `$env` (or on 127.0.0.1:`port`), else an embedded one, started for the session."""
+    url = os.environ.get(env)
+    if url or _port_open("127.0.0.1", port):
+        yield url or default
         return
-    embedded = EmbeddedPostgres(Path(tmp_path_factory.mktemp("pg")))
+    embedded = embed()
     try:
         yield embedded.start()
     finally:
         embedded.stop()
+
+
+@pytest.fixture(scope="session")
+def pg_admin_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    def embed() -> EmbeddedPostgres:
+        return EmbeddedPostgres(Path(tmp_path_factory.mktemp("pg")))
+
+    yield from _server_url("LLMFLEET_TEST_PG_URL", 5432, DEFAULT_PG, embed)
 
 
 @pytest.fixture(scope="session")
 def redis_base_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    url = os.environ.get("LLMFLEET_TEST_REDIS_URL")
-    if url or _port_open("127.0.0.1", 6379):
-        yield url or DEFAULT_REDIS
-        return
-    embedded = EmbeddedRedis(Path(tmp_path_factory.mktemp("redis")))
-    try:
-        yield embedded.start()
-    finally:
-        embedded.stop()
+    def embed() -> EmbeddedRedis:
+        return EmbeddedRedis(Path(tmp_path_factory.mktemp("redis")))
+
+    yield from _server_url("LLMFLEET_TEST_REDIS_URL", 6379, DEFAULT_REDIS, embed)
 
 
 @pytest.fixture

@@ -1,9 +1,11 @@
-"""Small asyncio helpers used by every app: shielded bounded cleanup, first-of, until-first-ends."""
+"""Small asyncio helpers used by every app: shielded bounded cleanup, first-of, until-first-ends,
+the stop event of a service's main loop."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import signal
 from collections.abc import Awaitable, Coroutine
 from typing import Any
 
@@ -68,3 +70,13 @@ async def until_first_ends(*coros: Coroutine[Any, Any, None]) -> None:
                 tg.create_task(wrap(coro))
     except* _PartEnded:
         pass
+
+
+def stop_on_signals() -> asyncio.Event:
+    """An event that SIGTERM or SIGINT sets (handlers on the running loop): what a service's main
+    coroutine waits on before it shuts down."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    return stop

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import signal
 import socket
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -19,6 +18,7 @@ from typing import Literal
 from aiohttp import web
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from apps.core.aio import stop_on_signals
 from apps.core.logs import setup_json_logging
 from apps.enginesim.api import STATE_KEY, SimState, TimingLog, add_routes
 from apps.enginesim.engine import Engine
@@ -190,10 +190,7 @@ async def run_enginesim(settings: EngineSimSettings, deps: EngineSimDeps | None 
         "enginesim started",
         extra={"url": running.url, "model": settings.model, "profile": prof.name, "speed": settings.speed},
     )
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+    stop = stop_on_signals()
     try:
         await stop.wait()
     finally:

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import signal
 
 from aiohttp import web
 from psycopg_pool import AsyncConnectionPool
 from redis.asyncio import BlockingConnectionPool, Redis
 
+from apps.core.aio import stop_on_signals
 from apps.core.errors import LlmfleetError
 from apps.core.ledger.pg import PgLedger
 from apps.core.metering import settle_usage
@@ -166,10 +166,7 @@ async def run_orchestrator(settings: OrchestratorSettings, ready: asyncio.Event 
     # The dispatches this replica relays finish while its node sockets are handed over (bounded).
     shutdown_s = settings.shutdown_grace_s + settings.handover_deadline_s
     runner = web.AppRunner(app, shutdown_timeout=shutdown_s, handler_cancellation=True)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+    stop = stop_on_signals()
     try:
         await runner.setup()
         await web.TCPSite(runner, settings.host, settings.port).start()

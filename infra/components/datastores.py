@@ -24,6 +24,17 @@ class DatastoreArgs:
     redis_replicas: int
 
 
+def _url_secret(name: str, secret_name: str, url: pulumi.Output[str], child: pulumi.ResourceOptions) -> None:
+    """The store's URL as a Secrets Manager secret `secret_name` (`{"url": ...}`), for the apps."""
+    secret = aws.secretsmanager.Secret(f"{name}-credentials", name=secret_name, opts=child)
+    aws.secretsmanager.SecretVersion(
+        f"{name}-credentials",
+        secret_id=secret.id,
+        secret_string=url.apply(lambda u: json.dumps({"url": u})),
+        opts=child,
+    )
+
+
 def _private_sg(name: str, args: DatastoreArgs, port: int, parent: pulumi.Resource) -> aws.ec2.SecurityGroup:
     # Reachable from inside the VPC only; never from the internet.
     return aws.ec2.SecurityGroup(
@@ -81,13 +92,7 @@ class Database(pulumi.ComponentResource):
                 ":5432/llmfleet?sslmode=require",
             )
         )
-        secret = aws.secretsmanager.Secret(f"{name}-credentials", name=f"{args.name}/database", opts=child)
-        aws.secretsmanager.SecretVersion(
-            f"{name}-credentials",
-            secret_id=secret.id,
-            secret_string=self.url.apply(lambda u: json.dumps({"url": u})),
-            opts=child,
-        )
+        _url_secret(name, f"{args.name}/database", self.url, child)
         self.register_outputs({"endpoint": cluster.endpoint})
 
 
@@ -121,11 +126,5 @@ class Cache(pulumi.ComponentResource):
         self.url: pulumi.Output[str] = pulumi.Output.secret(
             pulumi.Output.concat("rediss://:", token.result, "@", group.primary_endpoint_address, ":6379/0")
         )
-        secret = aws.secretsmanager.Secret(f"{name}-credentials", name=f"{args.name}/redis", opts=child)
-        aws.secretsmanager.SecretVersion(
-            f"{name}-credentials",
-            secret_id=secret.id,
-            secret_string=self.url.apply(lambda u: json.dumps({"url": u})),
-            opts=child,
-        )
+        _url_secret(name, f"{args.name}/redis", self.url, child)
         self.register_outputs({"endpoint": group.primary_endpoint_address})

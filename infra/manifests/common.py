@@ -42,6 +42,17 @@ def slug(model: str) -> str:
     return value
 
 
+def restricted_context(**first: Any) -> Manifest:
+    """A container's `securityContext` with nothing to escalate to: no privilege escalation, a
+    read-only root filesystem, every capability dropped (`first`: fields before those, e.g. runAsUser)."""
+    return {
+        **first,
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "capabilities": {"drop": ["ALL"]},
+    }
+
+
 def labels(component: str, **extra: str) -> dict[str, str]:
     return {"app.kubernetes.io/name": component, "app.kubernetes.io/part-of": "llmfleet", **extra}
 

@@ -8,7 +8,7 @@ and the drift, and exits 1 above the stack's threshold: the failed Job is what
 from __future__ import annotations
 
 from infra.manifests.alerts import DRIFT_JOB
-from infra.manifests.common import PROMETHEUS_URL, Manifest, labels, meta
+from infra.manifests.common import PROMETHEUS_URL, Manifest, labels, meta, restricted_context
 from infra.manifests.platform import APP_SECRET, SYSTEM_POOL_SELECTOR
 
 DRIFT_SCHEDULE = "20 0 * * *"  # 00:20 UTC: the previous day's scrapes are in
@@ -30,11 +30,7 @@ def drift_cron_job(stack: str, image: str) -> Manifest:
             }
         ],
         "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"memory": "256Mi"}},
-        "securityContext": {
-            "allowPrivilegeEscalation": False,
-            "readOnlyRootFilesystem": True,
-            "capabilities": {"drop": ["ALL"]},
-        },
+        "securityContext": restricted_context(),
     }
     return {
         "apiVersion": "batch/v1",

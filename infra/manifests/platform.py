@@ -22,6 +22,7 @@ from infra.manifests.common import (
     Manifest,
     labels,
     meta,
+    restricted_context,
 )
 
 # The public API routes only these (no `/metrics`, no health checks, nothing added later by accident).
@@ -131,11 +132,7 @@ def _deployment(app: str, image: str, port: int, replicas: int | None, stack: st
                             "requests": {"cpu": "500m", "memory": "512Mi"},
                             "limits": {"memory": "1Gi"},
                         },
-                        "securityContext": {
-                            "allowPrivilegeEscalation": False,
-                            "readOnlyRootFilesystem": True,
-                            "capabilities": {"drop": ["ALL"]},
-                        },
+                        "securityContext": restricted_context(),
                     }
                 ],
                 "topologySpreadConstraints": [
@@ -251,11 +248,7 @@ def _job_container(name: str, image: str, args: list[str], env: list[Manifest]) 
             "requests": {"cpu": "100m", "memory": "128Mi"},
             "limits": {"memory": "256Mi"},
         },
-        "securityContext": {
-            "allowPrivilegeEscalation": False,
-            "readOnlyRootFilesystem": True,
-            "capabilities": {"drop": ["ALL"]},
-        },
+        "securityContext": restricted_context(),
     }
 
 

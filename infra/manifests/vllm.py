@@ -24,6 +24,7 @@ from infra.manifests.common import (
     Manifest,
     labels,
     meta,
+    restricted_context,
     slug,
 )
 from infra.manifests.node_agent import agent_container
@@ -148,12 +149,7 @@ def _model_sync_container(t: VllmTarget) -> Manifest:
         "resources": {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"memory": "2Gi"}},
         "volumeMounts": [{"name": "models", "mountPath": MODEL_CACHE_MOUNT}],
         # The hostPath cache is created root-owned by the kubelet; the copy needs to write there.
-        "securityContext": {
-            "runAsUser": 0,
-            "allowPrivilegeEscalation": False,
-            "readOnlyRootFilesystem": True,
-            "capabilities": {"drop": ["ALL"]},
-        },
+        "securityContext": restricted_context(runAsUser=0),
     }
 
 

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from apps.cli.platform import MODEL_8B, LocalPlatform, NodeSpec, PlatformConfig
+from tests.chaos.proxy import TcpProxy
 
 # Simulated time runs this much faster than real time (enginesim --speed): keeps the suite
 # to a few minutes on 2 cores while the platform's own timing stays real.
@@ -25,6 +26,15 @@ def eight_b_nodes(n: int, onprem: int = 1, **kwargs: Any) -> list[NodeSpec]:
     return [
         NodeSpec(f"c{tag}-{i}", MODEL_8B, "onprem" if i < onprem else "cloud", **kwargs) for i in range(n)
     ]
+
+
+@pytest.fixture
+def proxies() -> Iterator[list[TcpProxy]]:
+    """The TCP proxies a test starts, closed after it."""
+    made: list[TcpProxy] = []
+    yield made
+    for p in made:
+        p.close()
 
 
 @pytest.fixture

@@ -1,18 +1,26 @@
 """Observation helpers for the chaos suite: ledger totals, engine and orchestrator metrics,
-polling with a deadline (never a sleep to wait for something)."""
+polling with a deadline (never a sleep to wait for something), and the requests the tests send
+through the platform's gateway (a load run, one streamed story)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import threading
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
+import httpx
 import psycopg
 
-from apps.cli.platform import MODEL_8B
+from apps.cli.platform import MODEL_8B, LocalPlatform
+from apps.loadgen.config import LoadConfig
+
+T = TypeVar("T")
 
 
 def wait_until(predicate: Callable[[], Any], timeout_s: float, what: str, every_s: float = 0.1) -> Any:
@@ -37,6 +45,61 @@ def story_body(max_tokens: int, **extra: object) -> dict[str, object]:
         "ignore_eos": True,
         **extra,
     }
+
+
+def load_8b(platform: LocalPlatform, **shape: int) -> LoadConfig:
+    """Load on the 8B model through the gateway; `shape` is concurrency, requests and token counts."""
+    assert platform.credentials is not None
+    return LoadConfig(
+        base_url=platform.gateway_url + "/v1",
+        api_key=platform.credentials.api_key,
+        model=MODEL_8B,
+        request_timeout_s=120,
+        **shape,
+    )
+
+
+@contextlib.contextmanager
+def story_stream(platform: LocalPlatform, max_tokens: int) -> Iterator[httpx.Response]:
+    """`story_body(max_tokens)` streamed through the gateway with the demo key; asserts the 200."""
+    assert platform.credentials is not None
+    with httpx.stream(
+        "POST",
+        platform.gateway_url + "/v1/chat/completions",
+        json=story_body(max_tokens),
+        headers={"Authorization": f"Bearer {platform.credentials.api_key}"},
+        timeout=90,
+    ) as resp:
+        assert resp.status_code == 200, resp.read()
+        yield resp
+
+
+def redial_agents(
+    platform: LocalPlatform, port: int, node_ids: list[str], ready: list[str] | None = None
+) -> None:
+    """Restart the agents of `node_ids` dialling 127.0.0.1:`port` (a proxy in front of an
+    orchestrator) and wait until the nodes `ready` (default: those) are ready again."""
+    for node_id in node_ids:
+        platform.stop_child(platform.agents[node_id])
+        platform.start_agent(node_id, f"ws://127.0.0.1:{port}/v1/nodes/connect")
+    platform.wait_nodes_ready(node_ids if ready is None else ready, 60)
+
+
+def running_streams(
+    pool: ThreadPoolExecutor,
+    stream: Callable[[LocalPlatform, threading.Event], T],
+    platform: LocalPlatform,
+    n: int,
+    before: str,
+) -> list[Future[T]]:
+    """`n` calls of `stream(platform, started)` on `pool`, returned once each has set its `started`
+    (its first token arrived) and none has ended yet (all still run at `before`, the fault)."""
+    started = [threading.Event() for _ in range(n)]
+    futures = [pool.submit(stream, platform, ev) for ev in started]
+    for ev in started:
+        assert ev.wait(60), "a stream did not start"
+    assert not any(f.done() for f in futures), f"a stream ended before the {before}: make them longer"
+    return futures
 
 
 def content_events(payloads: list[str]) -> int:
@@ -75,6 +138,33 @@ def metric_sum(text: str, name: str, **labels: str) -> float:
         if all(f'{k}="{v}"' in label_text for k, v in labels.items()):
             total += float(value)
     return total
+
+
+def engine_running(engine_url: str) -> float:
+    """Requests the engine runs now."""
+    return metric_sum(http_text(engine_url + "/metrics"), "vllm:num_requests_running")
+
+
+def engines_running(platform: LocalPlatform) -> float:
+    """Requests every engine of the platform runs now, summed."""
+    return sum(engine_running(engine.url) for engine in platform.engines.values())
+
+
+def engine_admitted(engine_url: str) -> float:
+    """Requests the engine has admitted (finished + running + waiting)."""
+    text = http_text(engine_url + "/metrics")
+    return sum(
+        metric_sum(text, name)
+        for name in ("vllm:request_success_total", "vllm:num_requests_running", "vllm:num_requests_waiting")
+    )
+
+
+def orchestrators_metric(platform: LocalPlatform, name: str, **labels: str) -> float:
+    """`metric_sum` of one family over every orchestrator replica of the platform."""
+    return sum(
+        metric_sum(http_text(platform.orchestrator_url(i) + "/metrics"), name, **labels)
+        for i in range(len(platform.orchestrators))
+    )
 
 
 @dataclass(frozen=True)

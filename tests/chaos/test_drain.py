@@ -10,23 +10,19 @@ import urllib.request
 
 import pytest
 
-from apps.cli.platform import MODEL_8B
-from apps.loadgen.config import LoadConfig
 from apps.loadgen.runner import run_load
 from tests.chaos.conftest import PlatformFactory
-from tests.chaos.helpers import http_post_json, http_text, metric_sum, wait_until
+from tests.chaos.helpers import (
+    engine_admitted,
+    engine_running,
+    http_post_json,
+    http_text,
+    load_8b,
+    metric_sum,
+    wait_until,
+)
 
 pytestmark = pytest.mark.chaos
-
-
-def _requests_seen(engine_url: str) -> float:
-    """Requests the engine has admitted (finished + running + waiting)."""
-    text = http_text(engine_url + "/metrics")
-    return (
-        metric_sum(text, "vllm:request_success_total")
-        + metric_sum(text, "vllm:num_requests_running")
-        + metric_sum(text, "vllm:num_requests_waiting")
-    )
 
 
 def _readyz_status(base: str) -> int:
@@ -41,28 +37,14 @@ def test_drain_under_load_finishes_streams_sends_nothing_new_then_the_node_leave
     make_platform: PlatformFactory,
 ) -> None:
     platform = make_platform()
-    assert platform.credentials is not None
     onprem = next(e for e in platform.engines.values() if e.spec.location == "onprem")
     node_id = onprem.spec.node_id
-    config = LoadConfig(
-        base_url=platform.gateway_url + "/v1",
-        api_key=platform.credentials.api_key,
-        model=MODEL_8B,
-        concurrency=60,
-        requests=240,
-        prompt_tokens=128,
-        max_tokens=200,
-        request_timeout_s=120,
-    )
+    config = load_8b(platform, concurrency=60, requests=240, prompt_tokens=128, max_tokens=200)
     result: dict[str, object] = {}
     runner = threading.Thread(target=lambda: result.update(report=asyncio.run(run_load(config)).to_json()))
     runner.start()
     try:
-        wait_until(
-            lambda: metric_sum(http_text(onprem.url + "/metrics"), "vllm:num_requests_running") >= 5,
-            60,
-            "the on-prem node busy",
-        )
+        wait_until(lambda: engine_running(onprem.url) >= 5, 60, "the on-prem node busy")
         status, _ = http_post_json(
             platform.orchestrator_url(0) + f"/internal/v1/nodes/{node_id}/drain",
             {},
@@ -81,8 +63,8 @@ def test_drain_under_load_finishes_streams_sends_nothing_new_then_the_node_leave
         assert agent.popen.wait(timeout=90) == 0  # its streams finished, it reported, it exited
         # Nothing new reached the engine after the drain began (and none of it is still running:
         # every stream it had finished before the agent exited).
-        assert 0 < _requests_seen(onprem.url) <= accepted_at_drain
-        assert metric_sum(http_text(onprem.url + "/metrics"), "vllm:num_requests_running") == 0
+        assert 0 < engine_admitted(onprem.url) <= accepted_at_drain
+        assert engine_running(onprem.url) == 0
     finally:
         runner.join(180)
     report = result["report"]

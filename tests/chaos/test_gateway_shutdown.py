@@ -21,8 +21,10 @@ from tests.chaos.helpers import (
     balance_consistent,
     content_events,
     ledger_totals,
+    running_streams,
     settled_rows,
     story_body,
+    story_stream,
     wait_until,
 )
 
@@ -33,16 +35,8 @@ MAX_TOKENS = 400  # a few seconds at speed 2: long enough to still run at the SI
 
 
 def _stream(platform: LocalPlatform, started: threading.Event) -> list[str]:
-    assert platform.credentials is not None
     payloads: list[str] = []
-    with httpx.stream(
-        "POST",
-        platform.gateway_url + "/v1/chat/completions",
-        json=story_body(MAX_TOKENS),
-        headers={"Authorization": f"Bearer {platform.credentials.api_key}"},
-        timeout=90,
-    ) as resp:
-        assert resp.status_code == 200, resp.read()
+    with story_stream(platform, MAX_TOKENS) as resp:
         for line in resp.iter_lines():
             if line.startswith("data: "):
                 payloads.append(line[6:])
@@ -85,12 +79,8 @@ def test_sigterm_lets_every_stream_finish_and_takes_no_new_request(
     )
     assert platform.gateway is not None
     gateway = platform.gateway.popen
-    started = [threading.Event() for _ in range(STREAMS)]
     with ThreadPoolExecutor(STREAMS) as pool:
-        streams = [pool.submit(_stream, platform, ev) for ev in started]
-        for ev in started:
-            assert ev.wait(60), "a stream did not start"
-        assert not any(f.done() for f in streams), "a stream ended before the SIGTERM: make them longer"
+        streams = running_streams(pool, _stream, platform, STREAMS, "SIGTERM")
         gateway.send_signal(signal.SIGTERM)
         # The signal is handled asynchronously: from some moment on, nothing new is admitted.
         how = wait_until(lambda: _refused(platform), 15, "new requests to be refused")

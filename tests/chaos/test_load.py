@@ -9,11 +9,9 @@ import threading
 import pytest
 import redis
 
-from apps.cli.platform import MODEL_8B
-from apps.loadgen.config import LoadConfig
 from apps.loadgen.runner import run_load
 from tests.chaos.conftest import PlatformFactory
-from tests.chaos.helpers import http_text, ledger_totals, metric_sum, wait_until
+from tests.chaos.helpers import engines_running, http_text, ledger_totals, load_8b, metric_sum, wait_until
 
 pytestmark = pytest.mark.chaos
 
@@ -34,17 +32,7 @@ def test_200_streams_2k_prompt_zero_errors_and_zero_ledger_drift(
     make_platform: PlatformFactory, migrated_db_url: str
 ) -> None:
     platform = make_platform()
-    assert platform.credentials is not None
-    config = LoadConfig(
-        base_url=platform.gateway_url + "/v1",
-        api_key=platform.credentials.api_key,
-        model=MODEL_8B,
-        concurrency=200,
-        requests=200,
-        prompt_tokens=2048,
-        max_tokens=64,
-        request_timeout_s=120,
-    )
+    config = load_8b(platform, concurrency=200, requests=200, prompt_tokens=2048, max_tokens=64)
     report = asyncio.run(run_load(config)).to_json()
     print("200 streams x 2k prompt:", {k: report[k] for k in ("requests", "ttft_ms", "output_tokens_per_s")})
     assert report["requests"]["error"] == 0, report["errors_by_status"]
@@ -65,26 +53,15 @@ def test_one_key_500_streams_max_streams_10_exactly_10_run(
     make_platform: PlatformFactory, redis_url: str
 ) -> None:
     platform = make_platform(demo_key={"max_streams": 10})
-    assert platform.credentials is not None
-    config = LoadConfig(
-        base_url=platform.gateway_url + "/v1",
-        api_key=platform.credentials.api_key,
-        model=MODEL_8B,
-        concurrency=500,
-        requests=500,
-        prompt_tokens=64,
-        max_tokens=400,  # long enough that the 10 admitted streams outlive the 490 refusals
-        request_timeout_s=120,
-    )
+    # max_tokens: long enough that the 10 admitted streams outlive the 490 refusals.
+    config = load_8b(platform, concurrency=500, requests=500, prompt_tokens=64, max_tokens=400)
     client = redis.Redis.from_url(redis_url)
     seen: list[int] = []
     stop = threading.Event()
 
     def sample() -> None:
         while not stop.is_set():
-            running = 0
-            for engine in platform.engines.values():
-                running += int(metric_sum(http_text(engine.url + "/metrics"), "vllm:num_requests_running"))
+            running = int(engines_running(platform))
             slots = sum(
                 int(client.scard(k)) for k in client.scan_iter("streams:*") if not k.endswith(b":lease")
             )

@@ -15,20 +15,24 @@ import itertools
 import json
 import threading
 import time
-from collections.abc import Iterator
 
 import pytest
 
-from apps.cli.platform import MODEL_8B, Engine, LocalPlatform
-from apps.loadgen.config import LoadConfig
+from apps.cli.platform import Engine, LocalPlatform
 from apps.loadgen.runner import run_load
 from tests.chaos.conftest import PlatformFactory
 from tests.chaos.helpers import (
     balance_consistent,
+    engine_admitted,
+    engine_running,
+    engines_running,
     http_post_json,
     http_text,
     ledger_totals,
+    load_8b,
     metric_sum,
+    orchestrators_metric,
+    redial_agents,
     settled_rows,
     wait_until,
 )
@@ -39,58 +43,29 @@ pytestmark = pytest.mark.chaos
 CUT_S = 5.0
 
 
-@pytest.fixture
-def proxy_list() -> Iterator[list[TcpProxy]]:
-    proxies: list[TcpProxy] = []
-    yield proxies
-    for p in proxies:
-        p.close()
-
-
-def _through_proxy(platform: LocalPlatform, proxies: list[TcpProxy]) -> tuple[Engine, TcpProxy]:
-    """Re-dial the on-premises node's agent through a fresh proxy to orchestrator 0."""
+def _proxied_platform(
+    make_platform: PlatformFactory, proxies: list[TcpProxy]
+) -> tuple[LocalPlatform, Engine, TcpProxy]:
+    """A platform whose on-premises node's agent dials orchestrator 0 through a fresh proxy."""
+    platform = make_platform()
     engine = next(e for e in platform.engines.values() if e.spec.location == "onprem")
-    platform.stop_child(platform.agents[engine.spec.node_id])
     proxy = TcpProxy(platform.orchestrator_ports[0])
     proxies.append(proxy)
     proxy.start()
-    platform.start_agent(engine.spec.node_id, f"ws://127.0.0.1:{proxy.port}/v1/nodes/connect")
-    platform.wait_nodes_ready([engine.spec.node_id], 60)
-    return engine, proxy
+    redial_agents(platform, proxy.port, [engine.spec.node_id])
+    return platform, engine, proxy
 
 
 def _running(engine: Engine) -> float:
-    return metric_sum(http_text(engine.url + "/metrics"), "vllm:num_requests_running")
-
-
-def _admitted(engine: Engine) -> float:
-    text = http_text(engine.url + "/metrics")
-    return sum(
-        metric_sum(text, name)
-        for name in ("vllm:request_success_total", "vllm:num_requests_running", "vllm:num_requests_waiting")
-    )
-
-
-def _load_8b(platform: LocalPlatform, **shape: int) -> LoadConfig:
-    """Load on the 8B model through the gateway; `shape` is concurrency, requests and token counts."""
-    assert platform.credentials is not None
-    return LoadConfig(
-        base_url=platform.gateway_url + "/v1",
-        api_key=platform.credentials.api_key,
-        model=MODEL_8B,
-        request_timeout_s=120,
-        **shape,
-    )
+    return engine_running(engine.url)
 
 
 def test_cut_websocket_reconnects_with_backoff_and_gets_nothing_while_gone(
-    make_platform: PlatformFactory, proxy_list: list[TcpProxy], migrated_db_url: str
+    make_platform: PlatformFactory, proxies: list[TcpProxy], migrated_db_url: str
 ) -> None:
-    platform = make_platform()
-    assert platform.credentials is not None
-    engine, proxy = _through_proxy(platform, proxy_list)
+    platform, engine, proxy = _proxied_platform(make_platform, proxies)
     node_id = engine.spec.node_id
-    config = _load_8b(platform, concurrency=30, requests=150, prompt_tokens=128, max_tokens=1500)
+    config = load_8b(platform, concurrency=30, requests=150, prompt_tokens=128, max_tokens=1500)
     out: dict[str, dict[str, object]] = {}
     load = threading.Thread(target=lambda: out.update(r=asyncio.run(run_load(config)).to_json()))
     load.start()
@@ -100,14 +75,16 @@ def test_cut_websocket_reconnects_with_backoff_and_gets_nothing_while_gone(
         cut_at = time.monotonic()
         # The agent aborts what it was relaying (its chunks can no longer reach anyone).
         wait_until(lambda: _running(engine) == 0, 30, "the cut node's engine idle")
-        admitted_while_gone = _admitted(engine)
+        admitted_while_gone = engine_admitted(engine.url)
         # Stay cut for a while: long enough for several backoff windows (1, 2, 4 s).
         wait_until(
             lambda: time.monotonic() - cut_at >= CUT_S and len(_attempts(proxy.refused)) >= 3,
             30,
             "three reconnect attempts",
         )
-        assert _admitted(engine) == admitted_while_gone  # nothing was sent to the node while it was gone
+        assert (
+            engine_admitted(engine.url) == admitted_while_gone
+        )  # nothing was sent to the node while it was gone
         attempts = _attempts(proxy.refused)
         proxy.restore()
         platform.wait_nodes_ready([node_id], 70)
@@ -175,13 +152,11 @@ def _attempts(accepts: list[float]) -> list[float]:
 
 
 def test_agent_restart_with_unacknowledged_dones_settles_once(
-    make_platform: PlatformFactory, proxy_list: list[TcpProxy], migrated_db_url: str
+    make_platform: PlatformFactory, proxies: list[TcpProxy], migrated_db_url: str
 ) -> None:
-    platform = make_platform()
-    assert platform.credentials is not None
-    engine, proxy = _through_proxy(platform, proxy_list)
+    platform, engine, proxy = _proxied_platform(make_platform, proxies)
     node_id = engine.spec.node_id
-    config = _load_8b(platform, concurrency=5, requests=5, prompt_tokens=64, max_tokens=300)
+    config = load_8b(platform, concurrency=5, requests=5, prompt_tokens=64, max_tokens=300)
     for e in platform.engines.values():  # every stream pauses 3 s after 5 tokens: a window to act in
         http_post_json(e.url + "/_sim/faults", {"stall_s": 3.0, "stall_after_tokens": 5, "times": 5})
     out: dict[str, dict[str, object]] = {}
@@ -189,9 +164,7 @@ def test_agent_restart_with_unacknowledged_dones_settles_once(
     load.start()
     try:
         # On-premises nodes are filled first, so most (usually all) land on the proxied node.
-        wait_until(
-            lambda: sum(_running(e) for e in platform.engines.values()) == 5, 60, "all five streams running"
-        )
+        wait_until(lambda: engines_running(platform) == 5, 60, "all five streams running")
         on_node = int(_running(engine))
         proxy.drop_downstream = True  # from now on no done_ack reaches the agent
     finally:
@@ -220,12 +193,7 @@ def test_agent_restart_with_unacknowledged_dones_settles_once(
         30,
         "the replayed dones acknowledged",
     )
-    settles = sum(
-        metric_sum(
-            http_text(platform.orchestrator_url(i) + "/metrics"), "llmfleet_orchestrator_settles_total"
-        )
-        for i in range(len(platform.orchestrators))
-    )
+    settles = orchestrators_metric(platform, "llmfleet_orchestrator_settles_total")
     assert settles >= 5 + on_node  # five settles, then the replays, which were no-ops
     assert sorted(settled_rows(migrated_db_url)) == first  # once: same rows, same tokens
     totals = ledger_totals(migrated_db_url)

@@ -38,13 +38,20 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
-import httpx
 import psycopg
 import pytest
 
 from apps.cli.platform import LocalPlatform, NodeSpec
 from tests.chaos.conftest import PlatformFactory, eight_b_nodes
-from tests.chaos.helpers import balance_consistent, content_events, ledger_totals, story_body, wait_until
+from tests.chaos.helpers import (
+    balance_consistent,
+    content_events,
+    ledger_totals,
+    redial_agents,
+    running_streams,
+    story_stream,
+    wait_until,
+)
 from tests.chaos.proxy import TcpProxy
 
 pytestmark = pytest.mark.chaos
@@ -66,16 +73,8 @@ class Stream:
 
 
 def _stream(platform: LocalPlatform, started: threading.Event) -> Stream:
-    assert platform.credentials is not None
     out = Stream()
-    with httpx.stream(
-        "POST",
-        platform.gateway_url + "/v1/chat/completions",
-        json=story_body(MAX_TOKENS),
-        headers={"Authorization": f"Bearer {platform.credentials.api_key}"},
-        timeout=90,
-    ) as resp:
-        assert resp.status_code == 200, resp.read()
+    with story_stream(platform, MAX_TOKENS) as resp:
         out.request_id = resp.headers["x-request-id"]
         for line in resp.iter_lines():
             if line.startswith("data: "):
@@ -128,10 +127,7 @@ def _registrations(db_url: str, since: datetime, node_ids: list[str]) -> list[tu
 def _behind_service(platform: LocalPlatform, node_ids: list[str]) -> TcpProxy:
     service = TcpProxy(platform.orchestrator_ports[0], fallback_ports=(platform.orchestrator_ports[1],))
     service.start()
-    for node_id in node_ids:
-        platform.stop_child(platform.agents[node_id])
-        platform.start_agent(node_id, f"ws://127.0.0.1:{service.port}/v1/nodes/connect")
-    platform.wait_nodes_ready(node_ids, 60)
+    redial_agents(platform, service.port, node_ids)
     return service
 
 
@@ -158,12 +154,8 @@ def test_kill_9_of_one_orchestrator_breaks_only_its_streams_settles_them_and_its
 
 
 def _run(platform: LocalPlatform, db_url: str, moved: list[str]) -> None:
-    started = [threading.Event() for _ in range(STREAMS)]
     with ThreadPoolExecutor(STREAMS) as pool:
-        futures = [pool.submit(_stream, platform, ev) for ev in started]
-        for ev in started:
-            assert ev.wait(60), "a stream did not start"
-        assert not any(f.done() for f in futures), "a stream ended before the kill: make them longer"
+        futures = running_streams(pool, _stream, platform, STREAMS, "kill")
         with psycopg.connect(db_url) as conn:
             row = conn.execute("SELECT now()").fetchone()
         assert row is not None

@@ -24,14 +24,7 @@ import pytest
 from apps.cli import roll
 from apps.cli.platform import MODEL_8B, LocalPlatform
 from tests.chaos.conftest import PlatformFactory, eight_b_nodes
-from tests.chaos.helpers import (
-    balance_consistent,
-    http_text,
-    ledger_totals,
-    metric_sum,
-    settled_rows,
-    wait_until,
-)
+from tests.chaos.helpers import balance_consistent, engines_running, ledger_totals, settled_rows, wait_until
 
 pytestmark = pytest.mark.chaos
 
@@ -118,10 +111,7 @@ async def _load(
 
 def _running(platform: LocalPlatform) -> int:
     """Streams running on the engines now (enginesim's `vllm:num_requests_running`)."""
-    return sum(
-        int(metric_sum(http_text(engine.url + "/metrics"), "vllm:num_requests_running"))
-        for engine in platform.engines.values()
-    )
+    return int(engines_running(platform))
 
 
 def _wait_running(platform: LocalPlatform, results: list[Result]) -> None:

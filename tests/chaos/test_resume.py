@@ -18,7 +18,7 @@ import asyncio
 import json
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,10 +30,11 @@ from apps.cli.platform import MODEL_8B, Engine, LocalPlatform, NodeSpec
 from tests.chaos.conftest import PlatformFactory
 from tests.chaos.helpers import (
     balance_consistent,
+    engine_running,
     http_post_json,
-    http_text,
     ledger_totals,
-    metric_sum,
+    orchestrators_metric,
+    redial_agents,
     wait_until,
 )
 from tests.chaos.proxy import TcpProxy
@@ -103,19 +104,8 @@ def _run_wave(platform: LocalPlatform, wave: str, results: list[StreamResult]) -
     return thread
 
 
-def _running(engine: Engine) -> int:
-    return int(metric_sum(http_text(engine.url + "/metrics"), "vllm:num_requests_running"))
-
-
 def _resumes(platform: LocalPlatform, **labels: str) -> float:
-    return sum(
-        metric_sum(
-            http_text(platform.orchestrator_url(i) + "/metrics"),
-            "llmfleet_orchestrator_resumes_total",
-            **labels,
-        )
-        for i in range(len(platform.orchestrators))
-    )
+    return orchestrators_metric(platform, "llmfleet_orchestrator_resumes_total", **labels)
 
 
 def _resumed_rows(db_url: str) -> int:
@@ -123,14 +113,6 @@ def _resumed_rows(db_url: str) -> int:
         row = conn.execute("SELECT count(*) FROM usage_ledger WHERE resume_prompt_tokens > 0").fetchone()
     assert row is not None
     return int(row[0])
-
-
-@pytest.fixture
-def proxies() -> Iterator[list[TcpProxy]]:
-    made: list[TcpProxy] = []
-    yield made
-    for p in made:
-        p.close()
 
 
 def _wave(
@@ -198,12 +180,10 @@ def test_streams_on_a_lost_node_finish_on_the_other_node_and_are_billed_once(
     # Heartbeats every second: a silent node is dead to routing after two missed (2 s).
     platform = make_platform(nodes=nodes, orchestrator_env={"LLMFLEET_HEARTBEAT_INTERVAL_S": "1"})
     victim = platform.engines["resume-a"]
-    platform.stop_child(platform.agents["resume-a"])
     proxy = TcpProxy(platform.orchestrator_ports[0])
     proxies.append(proxy)
     proxy.start()
-    platform.start_agent("resume-a", f"ws://127.0.0.1:{proxy.port}/v1/nodes/connect")
-    platform.wait_nodes_ready(["resume-a", "resume-b"], 60)
+    redial_agents(platform, proxy.port, ["resume-a"], ready=["resume-a", "resume-b"])
     t0 = time.monotonic()
 
     total = 0
@@ -229,7 +209,7 @@ def test_streams_on_a_lost_node_finish_on_the_other_node_and_are_billed_once(
     proxy.cut()  # the agent notices now and dials again
     proxy.silent = False
     proxy.restore()
-    wait_until(lambda: _running(victim) == 0, 30, "the victim's old streams gone")
+    wait_until(lambda: engine_running(victim.url) == 0, 30, "the victim's old streams gone")
     platform.wait_nodes_ready(["resume-a"], 60)
 
     # 4. The engine process is killed mid-stream.

@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import json
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import aiohttp
 import pytest
@@ -28,17 +27,14 @@ from redis.asyncio import Redis
 from apps.agent.agent import Agent
 from apps.agent.settings import AgentSettings
 from apps.core.ledger.pg import PgLedger
-from apps.core.ledger.teams import TeamStore
-from apps.core.metering import settle_usage
 from apps.core.nodes.store import NodeStore
 from apps.core.protocol.dispatch import DISPATCH_PATH, DispatchRequest
 from apps.core.sharing import PriorityClass
 from apps.core.spec import Prices
-from apps.orchestrator.app import RunningOrchestrator, start_orchestrator
-from apps.orchestrator.plane import OrchestratorDeps
-from apps.orchestrator.settings import OrchestratorSettings
+from apps.orchestrator.app import RunningOrchestrator
 from tests.conformance.conftest import EngineUnderTest
 from tests.conformance.helpers import metric
+from tests.integration.orchestrator_env import LedgerRow, ledger_row, poll, start_pg_orchestrator
 
 TOKEN = "internal-conformance-token"
 SECRET = "server-secret-for-conformance"
@@ -51,20 +47,6 @@ HEARTBEAT_S = 0.5
 MISSED_BEATS = 10
 
 Metrics = dict[tuple[str, frozenset[tuple[str, str]]], float]
-T = TypeVar("T")
-
-
-async def poll(read: Callable[[], Awaitable[T]], ok: Callable[[T], bool], deadline_s: float) -> T:
-    """Read until `ok(value)` or the deadline (then AssertionError with the last value)."""
-    loop = asyncio.get_running_loop()
-    end = loop.time() + deadline_s
-    while True:
-        value = await read()
-        if ok(value):
-            return value
-        if loop.time() > end:
-            raise AssertionError(f"condition not met within {deadline_s} s (last value {value!r})")
-        await asyncio.sleep(0.05)  # polling interval with a deadline: these reads have no event
 
 
 def sse_payloads(raw: bytes) -> list[str]:
@@ -75,14 +57,6 @@ def sse_payloads(raw: bytes) -> list[str]:
 def is_content(payload: str) -> bool:
     """A content chunk (not the role chunk, the usage chunk, an error or `[DONE]`)."""
     return payload.startswith("{") and '"delta":{' in payload and '"role"' not in payload
-
-
-@dataclass(frozen=True)
-class LedgerRow:
-    status: str
-    prompt_tokens: int
-    completion_tokens: int
-    cost_microcredits: int
 
 
 @dataclass(frozen=True)
@@ -186,14 +160,7 @@ class AgentFleet:
             resp.close()
 
     async def ledger_row(self, request_id: str) -> LedgerRow | None:
-        async with self.pool.connection() as conn:
-            cur = await conn.execute(
-                "SELECT status::text, prompt_tokens, completion_tokens, cost_microcredits "
-                "FROM usage_ledger WHERE request_id = %s",
-                (request_id,),
-            )
-            row = await cur.fetchone()
-        return LedgerRow(str(row[0]), int(row[1]), int(row[2]), int(row[3])) if row else None
+        return await ledger_row(self.pool, request_id)
 
     async def final_row(self, request_id: str, deadline_s: float = 20.0) -> LedgerRow:
         """The row once it left `reserved` (the settle runs after the relay has ended)."""
@@ -288,28 +255,20 @@ async def agent_fleet(
     pool = AsyncConnectionPool(db_url, min_size=1, max_size=8, open=False)
     await pool.open()
     redis = Redis.from_url(redis_url)
-    store = NodeStore(pool, redis, SECRET.encode(), heartbeat_interval_s=HEARTBEAT_S)
-    ledger = PgLedger(pool, {engine.model: PRICES})
-    teams = TeamStore(pool)
-    team = await teams.create_team("conformance")
-    await teams.add_credits(team.id, CREDITS)
-    settings = OrchestratorSettings(
+    plane = await start_pg_orchestrator(
+        pool,
+        redis,
+        engine.model,
+        PRICES,
+        team="conformance",
+        credits=CREDITS,
         orchestrator_id=f"orch-conf-{uuid.uuid4().hex[:4]}",
         internal_token=TOKEN,
         secret_key=SECRET,
         heartbeat_interval_s=HEARTBEAT_S,
         missed_heartbeats=MISSED_BEATS,
-        fleet_refresh_s=0.05,
-        shutdown_grace_s=2.0,
     )
-    deps = OrchestratorDeps(
-        redis=redis,
-        node_store=store,
-        ledger=ledger,
-        settle=functools.partial(settle_usage, ledger, redis),
-        models={engine.model},
-    )
-    orch = await start_orchestrator(settings, deps)
+    store, ledger, orch = plane.store, plane.ledger, plane.orch
     token = await store.issue_token(NODE_ID, "onprem")
     agent = Agent(
         AgentSettings(
@@ -325,7 +284,7 @@ async def agent_fleet(
     )
     task = asyncio.create_task(agent.run(), name="conformance-agent")
     session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120))
-    fleet = AgentFleet(engine, pool, store, ledger, orch, agent, session, team.id)
+    fleet = AgentFleet(engine, pool, store, ledger, orch, agent, session, plane.team_id)
     try:
         async with asyncio.timeout(30):
             # Registered only after the engine's /health was 200 and its /v1/models read.

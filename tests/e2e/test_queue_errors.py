@@ -13,12 +13,10 @@ from openai.types.chat import ChatCompletionMessageParam
 
 from apps.core.protocol import node as proto
 from apps.gateway.dispatcher import HttpDispatcher
-from apps.orchestrator.app import PLANE, start_orchestrator
-from apps.orchestrator.plane import OrchestratorDeps
-from apps.orchestrator.settings import OrchestratorSettings
+from apps.orchestrator.app import PLANE
 from tests.fakes.fake_gateway import gateway_env
 from tests.fakes.fake_node import Auto, FakeNode
-from tests.integration.orchestrator_env import SECRET, TOKEN, Env, env, eventually
+from tests.integration.orchestrator_env import TOKEN, Env, env, eventually
 
 __all__ = ["env"]  # the fixture, imported for pytest
 
@@ -29,20 +27,9 @@ MSG: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hello"}]
 async def test_queue_full_and_queue_timeout_keep_their_codes(
     env: Env, migrated_db_url: str, redis_url: str
 ) -> None:
-    settings = OrchestratorSettings(
-        orchestrator_id="orch-queue",
-        internal_token=TOKEN,
-        secret_key=SECRET.decode(),
-        heartbeat_interval_s=0.5,
-        fleet_refresh_s=0.05,
-        shutdown_grace_s=2.0,
-        queue_max_per_model=1,
+    orch = await env.orchestrator(
+        models=frozenset({MODEL}), orchestrator_id="orch-queue", queue_max_per_model=1
     )
-    deps = OrchestratorDeps(
-        redis=env.redis, node_store=env.store, ledger=env.ledger, settle=env.ledger.settle, models={MODEL}
-    )
-    orch = await start_orchestrator(settings, deps)
-    env.orchestrators.append(orch)
     gate = asyncio.Event()
     node = FakeNode(
         orch.ws_url,

@@ -72,6 +72,12 @@ def _error_body(shape: str, status: int, message: str) -> dict[str, Any]:
     return {"error": {"message": message, "type": "BadRequestError", "param": "max_tokens", "code": status}}
 
 
+def _stream_error(message: str, error_type: str, code: int) -> bytes:
+    """vLLM's in-stream error event (the status is already 200), then `[DONE]`."""
+    err = json.dumps({"error": {"message": message, "type": error_type, "param": None, "code": code}})
+    return b"data: " + err.encode() + b"\n\n" + b"data: [DONE]\n\n"
+
+
 @dataclass
 class FakeEngine:
     model: str = MODEL
@@ -193,17 +199,7 @@ class FakeEngine:
         written = 0
         try:
             if mode == "stream_error" and after == 0:
-                err = json.dumps(
-                    {
-                        "error": {
-                            "message": "bad logprobs",
-                            "type": "BadRequestError",
-                            "param": None,
-                            "code": 400,
-                        }
-                    }
-                )
-                await resp.write(b"data: " + err.encode() + b"\n\n" + b"data: [DONE]\n\n")
+                await resp.write(_stream_error("bad logprobs", "BadRequestError", 400))
                 return resp
             role_usage = running_usage(prompt_tokens, 0) if continuous else None
             await resp.write(_chunk(rid, self.model, {"role": "assistant", "content": ""}, usage=role_usage))
@@ -226,17 +222,7 @@ class FakeEngine:
                 request.transport.abort()
                 return resp
             if mode == "stream_error":
-                err = json.dumps(
-                    {
-                        "error": {
-                            "message": "EngineCore died",
-                            "type": "InternalServerError",
-                            "param": None,
-                            "code": 500,
-                        }
-                    }
-                )
-                await resp.write(b"data: " + err.encode() + b"\n\n" + b"data: [DONE]\n\n")
+                await resp.write(_stream_error("EngineCore died", "InternalServerError", 500))
                 return resp
             if include_usage:
                 usage = {"usage": usage_block(prompt_tokens, written)}

@@ -231,6 +231,14 @@ def agent_settings(
     return AgentSettings(**values)
 
 
+async def stop_agent(agent: Agent, task: asyncio.Task[int]) -> None:
+    """Drain `agent` at once (a test's teardown) and wait, bounded, until its `run()` task ends."""
+    if not task.done():
+        agent.drain(0.0, reason="test teardown")
+    async with asyncio.timeout(15):
+        await task
+
+
 @asynccontextmanager
 async def running_agent(
     tmp_path: Path,
@@ -260,11 +268,8 @@ async def running_agent(
                 await agent.registered.wait()
         yield AgentRun(agent, engine, orch, task)
     finally:
-        if not task.done():
-            agent.drain(0.0, reason="test teardown")
         try:
-            async with asyncio.timeout(15):
-                await task
+            await stop_agent(agent, task)
         finally:
             await orch.stop()
             for other in more:

@@ -88,6 +88,27 @@ async def raw_server(handler: Handler) -> AsyncIterator[RawServer]:
         await listener.wait_closed()
 
 
+@contextlib.asynccontextmanager
+async def raw_pool(handler: Handler, limit: int | None = None) -> AsyncIterator[tuple[RawServer, HostPool]]:
+    """`raw_server(handler)` and a `HostPool` to it (with `limit` connections if given), closed after."""
+    async with raw_server(handler) as server:
+        pool = HostPool(server.url) if limit is None else HostPool(server.url, limit=limit)
+        try:
+            yield server, pool
+        finally:
+            await pool.aclose()
+
+
+async def read_acked(response: HttpResponse, acks: asyncio.Queue[None]) -> list[bytes]:
+    """Every piece of `response`'s body, one ack put on `acks` after each; then the response closed."""
+    got = []
+    async for data in response.chunks():
+        got.append(data)
+        acks.put_nowait(None)
+    await response.aclose()
+    return got
+
+
 async def poll_until(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
     """Poll with a deadline (for state that has no event to wait on)."""
     async with asyncio.timeout(timeout):

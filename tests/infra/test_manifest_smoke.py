@@ -25,6 +25,7 @@ import pytest
 
 from apps.cli.procs import free_port
 from infra.manifests.common import NAMESPACE
+from tests.fakes.procs import stop_processes
 from tests.infra.conftest import kube_objects
 from tests.infra.smoke_env import Cluster, build_image_venv, container_process, dockerfile_for
 
@@ -88,13 +89,7 @@ class Pods:
         _wait_ready(proc, _probe_url(container, self.cluster), log)
 
     def stop(self) -> None:
-        for proc in reversed(self.procs):
-            proc.terminate()
-        for proc in self.procs:
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        stop_processes(self.procs[::-1], 30)
 
 
 @pytest.fixture

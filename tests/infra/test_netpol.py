@@ -59,6 +59,18 @@ def _pods(kube: list[dict[str, Any]], name: str) -> dict[str, str]:
     raise AssertionError(f"no {name} Deployment")
 
 
+def _scraped_on(kube: list[dict[str, Any]], name: str, port: int) -> None:
+    """Prometheus scrapes the `metrics` port (the ServiceMonitor `name` names it), and the
+    Deployment `name`'s first container serves its metrics there (`LLMFLEET_METRICS_PORT`)."""
+    monitor = next(m for m in of_kind(kube, "ServiceMonitor") if m["metadata"]["name"] == name)
+    assert [e["port"] for e in monitor["spec"]["endpoints"]] == ["metrics"]
+    dep = next(d for d in of_kind(kube, "Deployment") if d["metadata"]["name"] == name)
+    container = dep["spec"]["template"]["spec"]["containers"][0]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["LLMFLEET_METRICS_PORT"] == str(port)
+    assert {"name": "metrics", "containerPort": port} in container["ports"]
+
+
 def test_only_the_gateway_reaches_the_dispatch_port_and_only_prometheus_the_metrics_port(
     kube: list[dict[str, Any]],
 ) -> None:
@@ -69,14 +81,7 @@ def test_only_the_gateway_reaches_the_dispatch_port_and_only_prometheus_the_metr
     assert allowed(kube, orchestrator, ORCHESTRATOR_METRICS_PORT, PROMETHEUS)
     for peer in (GATEWAY, AGENT, STRANGER):
         assert not allowed(kube, orchestrator, ORCHESTRATOR_METRICS_PORT, peer), peer
-    # Prometheus scrapes that port (the ServiceMonitor names it), and the replica serves it.
-    monitor = next(m for m in of_kind(kube, "ServiceMonitor") if m["metadata"]["name"] == "orchestrator")
-    assert [e["port"] for e in monitor["spec"]["endpoints"]] == ["metrics"]
-    orch = next(d for d in of_kind(kube, "Deployment") if d["metadata"]["name"] == "orchestrator")
-    container = orch["spec"]["template"]["spec"]["containers"][0]
-    env = {e["name"]: e.get("value") for e in container["env"]}
-    assert env["LLMFLEET_METRICS_PORT"] == str(ORCHESTRATOR_METRICS_PORT)
-    assert {"name": "metrics", "containerPort": ORCHESTRATOR_METRICS_PORT} in container["ports"]
+    _scraped_on(kube, "orchestrator", ORCHESTRATOR_METRICS_PORT)
 
 
 def test_nodes_still_reach_the_orchestrators_node_port(kube: list[dict[str, Any]]) -> None:
@@ -108,13 +113,7 @@ def test_only_prometheus_reaches_the_vllm_pods_and_anyone_the_gateway(kube: list
     assert allowed(kube, gateway, GATEWAY_METRICS_PORT, PROMETHEUS)
     for peer in (STRANGER, AGENT):
         assert not allowed(kube, gateway, GATEWAY_METRICS_PORT, peer), peer
-    monitor = next(m for m in of_kind(kube, "ServiceMonitor") if m["metadata"]["name"] == "gateway")
-    assert [e["port"] for e in monitor["spec"]["endpoints"]] == ["metrics"]
-    dep = next(d for d in of_kind(kube, "Deployment") if d["metadata"]["name"] == "gateway")
-    container = dep["spec"]["template"]["spec"]["containers"][0]
-    env = {e["name"]: e.get("value") for e in container["env"]}
-    assert env["LLMFLEET_METRICS_PORT"] == str(GATEWAY_METRICS_PORT)
-    assert {"name": "metrics", "containerPort": GATEWAY_METRICS_PORT} in container["ports"]
+    _scraped_on(kube, "gateway", GATEWAY_METRICS_PORT)
 
 
 def test_the_public_ingress_routes_only_the_api_admin_and_console(kube: list[dict[str, Any]]) -> None:

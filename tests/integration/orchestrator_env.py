@@ -7,26 +7,111 @@ The `env` fixture is registered in `tests/integration/conftest.py`.
 from __future__ import annotations
 
 import asyncio
+import functools
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, NamedTuple, TypeVar
 
 import aiohttp
 import pytest
 from psycopg_pool import AsyncConnectionPool
 from redis.asyncio import Redis
 
+from apps.core.ledger.pg import PgLedger
+from apps.core.ledger.teams import TeamStore
+from apps.core.metering import settle_usage
 from apps.core.nodes.store import NodeStore
 from apps.core.protocol import node as proto
 from apps.core.protocol.dispatch import DISPATCH_PATH
+from apps.core.spec import Prices
 from apps.orchestrator.app import RunningOrchestrator, start_orchestrator
 from apps.orchestrator.plane import OrchestratorDeps
 from apps.orchestrator.settings import OrchestratorSettings
 from tests.fakes.fake_ledger import FakeLedger
 from tests.fakes.fake_node import FakeNode
 
+T = TypeVar("T")
+
 TOKEN = "internal-test-token"
 SECRET = b"server-secret-for-tests"
+
+
+class LedgerRow(NamedTuple):
+    status: str
+    prompt_tokens: int
+    completion_tokens: int
+    cost_microcredits: int
+
+
+async def ledger_row(pool: AsyncConnectionPool, request_id: str) -> LedgerRow | None:
+    """The request's row in the PostgreSQL ledger (None: never reserved)."""
+    async with pool.connection() as conn:
+        cur = await conn.execute(
+            "SELECT status::text, prompt_tokens, completion_tokens, cost_microcredits "
+            "FROM usage_ledger WHERE request_id = %s",
+            (request_id,),
+        )
+        row = await cur.fetchone()
+    return LedgerRow(str(row[0]), int(row[1]), int(row[2]), int(row[3])) if row else None
+
+
+async def poll(read: Callable[[], Awaitable[T]], ok: Callable[[T], bool], deadline_s: float = 20.0) -> T:
+    """Read until `ok(value)` or the deadline (then AssertionError with the last value)."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + deadline_s
+    while True:
+        value = await read()
+        if ok(value):
+            return value
+        if loop.time() > end:
+            raise AssertionError(f"condition not met within {deadline_s} s (last value {value!r})")
+        await asyncio.sleep(0.05)  # polling interval with a deadline: these reads have no event
+
+
+@dataclass
+class PgPlane:
+    """An orchestrator replica that bills a real `PgLedger` (`start_pg_orchestrator`)."""
+
+    store: NodeStore
+    ledger: PgLedger
+    team_id: int
+    orch: RunningOrchestrator
+
+
+async def start_pg_orchestrator(
+    pool: AsyncConnectionPool,
+    redis: Redis,
+    model: str,
+    prices: Prices,
+    *,
+    team: str,
+    credits: int,
+    **settings: Any,
+) -> PgPlane:
+    """One replica serving `model`, settling through `settle_usage` on a `PgLedger` like
+    production, and a team `team` holding `credits`. `settings`: `OrchestratorSettings` fields
+    (`orchestrator_id`, `internal_token`, `secret_key`, `heartbeat_interval_s` at least)."""
+    store = NodeStore(
+        pool,
+        redis,
+        str(settings["secret_key"]).encode(),
+        heartbeat_interval_s=settings["heartbeat_interval_s"],
+    )
+    ledger = PgLedger(pool, {model: prices})
+    teams = TeamStore(pool)
+    created = await teams.create_team(team)
+    await teams.add_credits(created.id, credits)
+    values: dict[str, Any] = {"fleet_refresh_s": 0.05, "shutdown_grace_s": 2.0, **settings}
+    deps = OrchestratorDeps(
+        redis=redis,
+        node_store=store,
+        ledger=ledger,
+        settle=functools.partial(settle_usage, ledger, redis),
+        models={model},
+    )
+    orch = await start_orchestrator(OrchestratorSettings(**values), deps)
+    return PgPlane(store, ledger, created.id, orch)
 
 
 class Env:
@@ -44,9 +129,11 @@ class Env:
         deps_extra: dict[str, Any] | None = None,
         *,
         resume_models: frozenset[str] | None = None,
+        models: frozenset[str] = frozenset({"m", "big"}),
         **overrides: Any,
     ) -> RunningOrchestrator:
-        """A replica with settings `overrides`; `deps_extra`: more `OrchestratorDeps` fields (clocks...)."""
+        """A replica serving `models` with settings `overrides`; `deps_extra`: more
+        `OrchestratorDeps` fields (clocks...)."""
         values: dict[str, Any] = {
             "orchestrator_id": f"orch-{len(self.orchestrators)}-{uuid.uuid4().hex[:4]}",
             "internal_token": TOKEN,
@@ -61,7 +148,7 @@ class Env:
             node_store=self.store,
             ledger=self.ledger,
             settle=self.ledger.settle,
-            models={"m", "big"},
+            models=set(models),
             **(deps_extra or {}),
             resume_models=resume_models,
         )
@@ -86,6 +173,18 @@ class Env:
             ack = await node.connect()
             assert isinstance(ack, proto.RegisterAck), ack
         return node
+
+    async def assigned(
+        self,
+    ) -> tuple[RunningOrchestrator, FakeNode, asyncio.Task[tuple[int, dict[str, str], bytes]], proto.Assign]:
+        """A replica with one node n1, r1 dispatched and assigned to it: (replica, node, the
+        dispatch's task, the assignment)."""
+        orch = await self.orchestrator()
+        node = await self.node(orch, "n1")
+        self.ledger.add("r1")
+        task = asyncio.create_task(self.dispatch(orch, "r1"))
+        assign = await asyncio.wait_for(node.assigns.get(), 5)
+        return orch, node, task, assign
 
     async def dispatch(
         self, orch: RunningOrchestrator, request_id: str, *, model: str = "m", **kw: Any

@@ -5,22 +5,23 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import AsyncIterator
 
 import httpx
 import pytest
 
 from apps.gateway.slo import Reading, SloStatus, indicators
-from tests.fakes.fake_gateway import GatewayEnv, gateway_env
+from tests.fakes.fake_gateway import GatewayEnv
+from tests.integration.gateway_fixtures import gateway
+
+__all__ = ["gateway"]  # the fixture, imported for pytest
 
 MODEL = "llama-3.1-8b-instruct"
 MARKUP = '<script>alert("x")</script>&team'
 
 
 @pytest.fixture
-async def env(migrated_db_url: str, redis_url: str) -> AsyncIterator[GatewayEnv]:
-    async with gateway_env(migrated_db_url, redis_url) as e:
-        yield e
+def env(gateway: GatewayEnv) -> GatewayEnv:
+    return gateway
 
 
 def browser(env: GatewayEnv, scheme: str = "http") -> httpx.AsyncClient:

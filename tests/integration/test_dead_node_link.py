@@ -22,12 +22,11 @@ from apps.agent.telemetry import NoGpuProbe
 from apps.core.ledger.api import ReservationStatus
 from apps.core.nodes import keys
 from apps.core.protocol.dispatch import DISPATCH_PATH
-from apps.orchestrator.app import PLANE, SWEEPER, RunningOrchestrator, start_orchestrator
-from apps.orchestrator.plane import OrchestratorDeps
-from apps.orchestrator.settings import OrchestratorSettings
+from apps.orchestrator.app import PLANE, SWEEPER, RunningOrchestrator
 from tests.chaos.proxy import TcpProxy
 from tests.fakes.fake_engine import MODEL, FakeEngine
-from tests.integration.orchestrator_env import SECRET, TOKEN, Env, eventually
+from tests.fakes.fake_orchestrator import stop_agent
+from tests.integration.orchestrator_env import TOKEN, Env, eventually
 
 NODE = "n-silent"
 
@@ -38,22 +37,10 @@ async def _true(value: bool) -> bool:
 
 @pytest.fixture
 async def orch(env: Env) -> RunningOrchestrator:
-    settings = OrchestratorSettings(
-        orchestrator_id="orch-silent",
-        internal_token=TOKEN,
-        secret_key=SECRET.decode(),
-        heartbeat_interval_s=0.5,  # sent to the agent in register_ack: it beats every 0.5 s
-        missed_heartbeats=2,
-        fleet_refresh_s=0.05,
-        shutdown_grace_s=2.0,
-        max_request_s=60,
+    # The env's heartbeat interval (0.5 s) is sent to the agent in register_ack: it beats every 0.5 s.
+    return await env.orchestrator(
+        models=frozenset({MODEL}), orchestrator_id="orch-silent", missed_heartbeats=2, max_request_s=60
     )
-    deps = OrchestratorDeps(
-        redis=env.redis, node_store=env.store, ledger=env.ledger, settle=env.ledger.settle, models={MODEL}
-    )
-    running = await start_orchestrator(settings, deps)
-    env.orchestrators.append(running)
-    return running
 
 
 @pytest.fixture
@@ -83,10 +70,8 @@ async def proxied_agent(
         yield agent, proxy, engine
     finally:
         proxy.close()  # RST on every connection: the agent's socket ends, it can drain and stop
-        agent.drain(0.0, reason="test teardown")
         try:
-            async with asyncio.timeout(15):
-                await task
+            await stop_agent(agent, task)
         finally:
             await engine.stop()
 

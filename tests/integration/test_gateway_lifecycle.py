@@ -4,20 +4,20 @@ request that still reaches it is refused with 503 `shutting_down` before anythin
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 import httpx
 import pytest
 
-from tests.fakes.fake_gateway import GatewayEnv, gateway_env
+from tests.fakes.fake_gateway import GatewayEnv
+from tests.integration.gateway_fixtures import gateway
+
+__all__ = ["gateway"]  # the fixture, imported for pytest
 
 MODEL = "llama-3.1-8b-instruct"
 
 
 @pytest.fixture
-async def env(migrated_db_url: str, redis_url: str) -> AsyncIterator[GatewayEnv]:
-    async with gateway_env(migrated_db_url, redis_url) as e:
-        yield e
+def env(gateway: GatewayEnv) -> GatewayEnv:
+    return gateway
 
 
 async def test_a_stopping_gateway_is_not_ready_and_refuses_new_chats(env: GatewayEnv) -> None:

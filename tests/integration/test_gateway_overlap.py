@@ -5,14 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
 from typing import Any
 
-import httpx
 import pytest
 
 from apps.core.quota.admission import Limits
-from tests.fakes.fake_gateway import GatewayEnv, gateway_env
+from tests.fakes.fake_gateway import GatewayEnv
+from tests.integration.gateway_fixtures import client, gateway
+
+__all__ = ["gateway"]  # the fixture, imported for pytest
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -21,13 +22,8 @@ BODY = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_to
 
 
 @pytest.fixture
-async def env(migrated_db_url: str, redis_url: str) -> AsyncIterator[GatewayEnv]:
-    async with gateway_env(migrated_db_url, redis_url) as e:
-        yield e
-
-
-def client(env: GatewayEnv) -> httpx.AsyncClient:
-    return httpx.AsyncClient(transport=httpx.ASGITransport(app=env.app), base_url="http://gw")
+def env(gateway: GatewayEnv) -> GatewayEnv:
+    return gateway
 
 
 async def key_id(env: GatewayEnv) -> int:

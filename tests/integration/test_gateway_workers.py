@@ -15,6 +15,7 @@ import aiohttp
 import pytest
 
 from apps.cli.procs import free_port
+from tests.fakes.procs import stop_processes
 
 pytestmark = pytest.mark.slow  # several Python processes
 
@@ -151,9 +152,4 @@ async def test_metrics_are_served_on_the_metrics_port_only(
         assert await _status(port, "/metrics") == 404
         assert await _status(port, "/livez") == 200
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_processes([proc], 30)

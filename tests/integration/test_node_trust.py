@@ -11,19 +11,16 @@ not keep a real node out.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import functools
 import json
 import os
 import subprocess
 import sys
-import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import aiohttp
 from aiohttp import web
@@ -31,16 +28,14 @@ from psycopg_pool import AsyncConnectionPool
 from redis.asyncio import Redis
 
 from apps.core.ledger.pg import PgLedger
-from apps.core.ledger.teams import TeamStore
-from apps.core.metering import settle_usage
 from apps.core.nodes import keys
 from apps.core.nodes.store import NodeStore
 from apps.core.protocol.dispatch import DISPATCH_PATH, DispatchRequest
 from apps.core.protocol.node import PROTOCOL_VERSION
 from apps.core.spec import Prices
-from apps.orchestrator.app import RunningOrchestrator, start_orchestrator
-from apps.orchestrator.plane import OrchestratorDeps
-from apps.orchestrator.settings import OrchestratorSettings
+from apps.orchestrator.app import RunningOrchestrator
+from tests.fakes.procs import stop_processes
+from tests.integration.orchestrator_env import LedgerRow, ledger_row, poll, start_pg_orchestrator
 
 REPO = Path(__file__).resolve().parents[2]
 MODEL = "liar"
@@ -49,17 +44,6 @@ SECRET = "server-secret-for-trust"
 PRICES = Prices(prompt_per_million_microcredits=1_000_000, completion_per_million_microcredits=2_000_000)
 CREDITS = 10**9
 LIE = {"prompt_tokens": 50_000, "completion_tokens": 100_000, "total_tokens": 150_000}
-T = TypeVar("T")
-
-
-async def poll(read: Callable[[], Awaitable[T]], ok: Callable[[T], bool], deadline_s: float = 20.0) -> T:
-    end = time.monotonic() + deadline_s
-    while True:
-        value = await read()
-        if ok(value):
-            return value
-        assert time.monotonic() < end, f"condition not met within {deadline_s} s (last {value!r})"
-        await asyncio.sleep(0.05)  # polling with a deadline: these reads have no event
 
 
 def _sse(obj: dict[str, Any]) -> bytes:
@@ -160,15 +144,8 @@ class Trust:
             await resp.read()
             return resp.status
 
-    async def row(self, request_id: str) -> tuple[str, int, int, int] | None:
-        async with self.pool.connection() as conn:
-            cur = await conn.execute(
-                "SELECT status::text, prompt_tokens, completion_tokens, cost_microcredits "
-                "FROM usage_ledger WHERE request_id = %s",
-                (request_id,),
-            )
-            row = await cur.fetchone()
-        return (str(row[0]), int(row[1]), int(row[2]), int(row[3])) if row else None
+    async def row(self, request_id: str) -> LedgerRow | None:
+        return await ledger_row(self.pool, request_id)
 
 
 @contextlib.asynccontextmanager
@@ -187,41 +164,38 @@ async def trust_env(db_url: str, redis_url: str, work: Path, **overrides: Any) -
     pool = AsyncConnectionPool(db_url, min_size=1, max_size=6, open=False)
     await pool.open()
     redis = Redis.from_url(redis_url)
-    store = NodeStore(pool, redis, SECRET.encode(), heartbeat_interval_s=0.5)
-    ledger = PgLedger(pool, {MODEL: PRICES})
-    team = await TeamStore(pool).create_team("trust")
-    await TeamStore(pool).add_credits(team.id, CREDITS)
-    settings = OrchestratorSettings(
+    plane = await start_pg_orchestrator(
+        pool,
+        redis,
+        MODEL,
+        PRICES,
+        team="trust",
+        credits=CREDITS,
         orchestrator_id=f"orch-trust-{uuid.uuid4().hex[:4]}",
         internal_token=TOKEN,
         secret_key=SECRET,
         heartbeat_interval_s=0.5,
-        fleet_refresh_s=0.05,
-        shutdown_grace_s=2.0,
         queue_limit_s=1.0,
         **overrides,
     )
-    deps = OrchestratorDeps(
-        redis=redis,
-        node_store=store,
-        ledger=ledger,
-        settle=functools.partial(settle_usage, ledger, redis),
-        models={MODEL},
-    )
-    orch = await start_orchestrator(settings, deps)
+    orch = plane.orch
     session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60))
-    env = Trust(orch, store, ledger, pool, redis, team.id, f"http://127.0.0.1:{port}", work, session, [])
+    env = Trust(
+        orch,
+        plane.store,
+        plane.ledger,
+        pool,
+        redis,
+        plane.team_id,
+        f"http://127.0.0.1:{port}",
+        work,
+        session,
+        [],
+    )
     try:
         yield env
     finally:
-        for proc in env.agents:
-            proc.terminate()
-        for proc in env.agents:
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop_processes(env.agents, 15)
         await session.close()
         await orch.close()
         await redis.aclose()

@@ -124,11 +124,7 @@ async def test_dispatch_streams_chunks_usage_and_done_then_settles_and_acks(env:
 
 
 async def test_a_batched_message_is_relayed_in_order_then_settled_and_the_slot_freed(env: Env) -> None:
-    orch = await env.orchestrator()
-    node = await env.node(orch, "n1")
-    env.ledger.add("r1")
-    task = asyncio.create_task(env.dispatch(orch, "r1"))
-    assign = await asyncio.wait_for(node.assigns.get(), 5)
+    _, node, task, assign = await env.assigned()
     assert await env.redis.zcard(keys.node_inflight("n1")) == 1
     await node.send_batch(
         [
@@ -325,11 +321,7 @@ async def test_node_lost_mid_stream_gives_error_event_and_done_and_a_partial_rec
 
 
 async def test_engine_refusal_before_output_passes_the_status_through(env: Env) -> None:
-    orch = await env.orchestrator()
-    node = await env.node(orch, "n1")
-    env.ledger.add("r1")
-    task = asyncio.create_task(env.dispatch(orch, "r1"))
-    await asyncio.wait_for(node.assigns.get(), 5)
+    _, node, task, _ = await env.assigned()
     await node.error(
         "r1", 400, "max_tokens is too large", error_type="invalid_request_error", param="max_tokens"
     )

@@ -22,6 +22,8 @@ from tests.fakes.fake_node import FakeNode
 from tests.integration.orchestrator_env import Env, eventually
 from tests.integration.test_orchestrator_app import _done, events
 
+Dispatch = asyncio.Task[tuple[int, dict[str, str], bytes]]
+
 BODY: dict[str, Any] = {
     "model": "m",
     "messages": [{"role": "user", "content": "hi"}],
@@ -57,9 +59,7 @@ async def _continue_on(node: FakeNode, prompt: int) -> proto.Assign:
     return assign
 
 
-async def _start_and_deliver(
-    env: Env, orch: Any, first: FakeNode
-) -> asyncio.Task[tuple[int, dict[str, str], bytes]]:
+async def _start_and_deliver(env: Env, orch: Any, first: FakeNode) -> Dispatch:
     env.ledger.add("r1")
     task = asyncio.create_task(env.dispatch(orch, "r1", body=BODY, client_wants_usage=True))
     assign = await asyncio.wait_for(first.assigns.get(), 5)
@@ -93,35 +93,63 @@ def _resumes(orch: Any, reason: str, outcome: str) -> float:
     return float(value or 0.0)
 
 
+async def _two_nodes_first_delivering(env: Env, **orch_kw: Any) -> tuple[Any, FakeNode, FakeNode, Dispatch]:
+    """A replica with nodes n1 (on premises: picked first) and n2 (cloud); r1 started on n1, which
+    has delivered "A B"."""
+    orch = await env.orchestrator(**orch_kw)
+    first = await env.node(orch, "n1")
+    second = await env.node(orch, "n2", location="cloud")
+    return orch, first, second, await _start_and_deliver(env, orch, first)
+
+
+async def _engine_error(first: FakeNode) -> None:
+    """The engine's in-stream error after two tokens; its own count of the prompt is 7."""
+    await first.error("r1", 500, "engine died", chunks_sent=2, prompt_tokens=7, completion_tokens=2)
+
+
+async def _resumed_on(env: Env, task: Dispatch, second: FakeNode) -> tuple[proto.Assign, dict[str, str]]:
+    """`second` continues: one stream for the client, settled once for the prompt (7) and all five
+    tokens. Returns the continuation's assignment and the response headers."""
+    assign = await _continue_on(second, prompt=9)
+    status, headers, body = await task
+    assert status == 200
+    _check_client_stream(body, prompt=7)
+    await second.wait_for(lambda: "r1" in second.acks)
+    assert env.ledger.settle_calls == [("r1", 7, 5)]
+    return assign, headers
+
+
+async def _not_resumed(env: Env, task: Dispatch, second: FakeNode, message: str) -> None:
+    """The client gets the error event `message`, `second` no continuation, the team the partial
+    settle (7 prompt tokens, 2 delivered) once."""
+    status, _, body = await asyncio.wait_for(task, 10)
+    assert status == 200
+    assert json.loads(events(body)[-2])["error"]["message"] == message
+    assert second.assigns.empty()
+    await eventually(lambda: _done(env.ledger.status("r1") is ReservationStatus.SETTLED))
+    assert env.ledger.settle_calls == [("r1", 7, 2)]
+
+
 async def _engine_error_then_resumed_on(
     env: Env,
     relay: Any,
-    task: asyncio.Task[tuple[int, dict[str, str], bytes]],
+    task: Dispatch,
     first: FakeNode,
     second: FakeNode,
 ) -> None:
     """`first` fails after its two tokens (its prompt: 7) and `second` continues: one stream for the
     client, settled once for the prompt and all five tokens, counted by `relay`'s resume metric."""
-    await first.error("r1", 500, "engine died", chunks_sent=2, prompt_tokens=7, completion_tokens=2)
-    await _continue_on(second, prompt=9)
-    status, _, body = await task
-    assert status == 200
-    _check_client_stream(body, prompt=7)
-    await second.wait_for(lambda: "r1" in second.acks)
-    assert env.ledger.settle_calls == [("r1", 7, 5)]
+    await _engine_error(first)
+    await _resumed_on(env, task, second)
     assert _resumes(relay, "engine_error", "completed") == 1
 
 
 async def test_engine_error_mid_stream_continues_on_another_node_and_bills_once(env: Env) -> None:
-    orch = await env.orchestrator()
-    first = await env.node(orch, "n1")
-    second = await env.node(orch, "n2", location="cloud")
-    task = await _start_and_deliver(env, orch, first)
-    # The engine's in-stream error after two tokens; its own count of the prompt is 7.
-    await first.error("r1", 500, "engine died", chunks_sent=2, prompt_tokens=7, completion_tokens=2)
-    assign = await _continue_on(second, prompt=9)
-    status, headers, body = await task
-    assert status == 200
+    orch, first, second, task = await _two_nodes_first_delivering(env)
+    await _engine_error(first)
+    # One settle: the prompt once (the first node's count), every token received; the second
+    # node's prefill of prompt + delivered text (9) is platform cost.
+    assign, headers = await _resumed_on(env, task, second)
     assert headers["x-llmfleet-node"] == "n1"
     # The continuation request: the delivered text as the assistant message to continue.
     assert assign.request_id == "r1"
@@ -129,11 +157,6 @@ async def test_engine_error_mid_stream_continues_on_another_node_and_bills_once(
     assert assign.body["continue_final_message"] is True
     assert assign.body["add_generation_prompt"] is False
     assert assign.body["max_tokens"] == 3
-    _check_client_stream(body, prompt=7)
-    await second.wait_for(lambda: "r1" in second.acks)
-    # One settle: the prompt once (the first node's count), every token received; the second
-    # node's prefill of prompt + delivered text (9) is platform cost.
-    assert env.ledger.settle_calls == [("r1", 7, 5)]
     assert env.ledger.status("r1") is ReservationStatus.SETTLED
     assert env.ledger.resume_prompt_tokens == {"r1": 9}
     assert _resumes(orch, "engine_error", "completed") == 1
@@ -144,19 +167,11 @@ async def test_engine_error_mid_stream_continues_on_another_node_and_bills_once(
 
 
 async def test_socket_cut_mid_stream_continues_on_another_node(env: Env) -> None:
-    orch = await env.orchestrator()
-    first = await env.node(orch, "n1")
-    second = await env.node(orch, "n2", location="cloud")
-    task = await _start_and_deliver(env, orch, first)
+    orch, first, second, task = await _two_nodes_first_delivering(env)
     await eventually(lambda: _done(orch.plane.local["n1"].routes.get("r1") is not None))
     await first.abort()
-    await _continue_on(second, prompt=9)
-    status, _, body = await task
-    assert status == 200
     # The lost node never said how long the prompt was: 9 prefilled minus the 2 delivered tokens.
-    _check_client_stream(body, prompt=7)
-    await second.wait_for(lambda: "r1" in second.acks)
-    assert env.ledger.settle_calls == [("r1", 7, 5)]
+    await _resumed_on(env, task, second)
     assert env.ledger.resume_prompt_tokens == {"r1": 9}
     assert _resumes(orch, "node_lost", "completed") == 1
 
@@ -177,11 +192,8 @@ async def test_no_other_node_gives_the_error_event_and_the_partial_settle_once(e
 
 
 async def test_a_second_failure_ends_the_stream_and_settles_both_parts_once(env: Env) -> None:
-    orch = await env.orchestrator()
-    first = await env.node(orch, "n1")
-    second = await env.node(orch, "n2", location="cloud")
-    task = await _start_and_deliver(env, orch, first)
-    await first.error("r1", 500, "engine died", chunks_sent=2, prompt_tokens=7, completion_tokens=2)
+    orch, first, second, task = await _two_nodes_first_delivering(env)
+    await _engine_error(first)
     assign = await asyncio.wait_for(second.assigns.get(), 10)
     await second.chunk("r1", role("chatcmpl-second", 2) + text("chatcmpl-second", 2, " C"))
     await second.error("r1", 500, "died too", chunks_sent=2, prompt_tokens=9, completion_tokens=1)
@@ -199,24 +211,13 @@ async def test_a_second_failure_ends_the_stream_and_settles_both_parts_once(env:
 
 
 async def test_resume_off_for_the_model_keeps_the_error_event(env: Env) -> None:
-    orch = await env.orchestrator(resume_models=frozenset({"big"}))
-    first = await env.node(orch, "n1")
-    second = await env.node(orch, "n2", location="cloud")
-    task = await _start_and_deliver(env, orch, first)
-    await first.error("r1", 500, "engine died", chunks_sent=2, prompt_tokens=7, completion_tokens=2)
-    status, _, body = await asyncio.wait_for(task, 10)
-    assert status == 200
-    assert json.loads(events(body)[-2])["error"]["message"] == "engine died"
-    assert second.assigns.empty()
-    await eventually(lambda: _done(env.ledger.status("r1") is ReservationStatus.SETTLED))
-    assert env.ledger.settle_calls == [("r1", 7, 2)]
+    _, first, second, task = await _two_nodes_first_delivering(env, resume_models=frozenset({"big"}))
+    await _engine_error(first)
+    await _not_resumed(env, task, second, "engine died")
 
 
 async def test_a_stream_handed_off_by_a_drain_resumes_with_reason_drain(env: Env) -> None:
-    orch = await env.orchestrator()
-    first = await env.node(orch, "n1")
-    second = await env.node(orch, "n2", location="cloud")
-    task = await _start_and_deliver(env, orch, first)
+    orch, first, second, task = await _two_nodes_first_delivering(env)
     # The agent's drain budget (a spot notice) ran out with the stream unfinished.
     await first.error(
         "r1",
@@ -227,20 +228,12 @@ async def test_a_stream_handed_off_by_a_drain_resumes_with_reason_drain(env: Env
         prompt_tokens=7,
         completion_tokens=2,
     )
-    await _continue_on(second, prompt=9)
-    status, _, body = await task
-    assert status == 200
-    _check_client_stream(body, prompt=7)
-    await second.wait_for(lambda: "r1" in second.acks)
-    assert env.ledger.settle_calls == [("r1", 7, 5)]
+    await _resumed_on(env, task, second)
     assert _resumes(orch, "drain", "completed") == 1
 
 
 async def test_a_refusal_mid_stream_is_not_resumed_and_is_settled_once(env: Env) -> None:
-    orch = await env.orchestrator()
-    first = await env.node(orch, "n1")
-    second = await env.node(orch, "n2", location="cloud")
-    task = await _start_and_deliver(env, orch, first)
+    _, first, second, task = await _two_nodes_first_delivering(env)
     await first.error(
         "r1",
         400,
@@ -250,12 +243,7 @@ async def test_a_refusal_mid_stream_is_not_resumed_and_is_settled_once(env: Env)
         prompt_tokens=7,
         completion_tokens=2,
     )
-    status, _, body = await asyncio.wait_for(task, 10)
-    assert status == 200
-    assert json.loads(events(body)[-2])["error"]["message"] == "bad"
-    assert second.assigns.empty()
-    await eventually(lambda: _done(env.ledger.status("r1") is ReservationStatus.SETTLED))
-    assert env.ledger.settle_calls == [("r1", 7, 2)]
+    await _not_resumed(env, task, second, "bad")
 
 
 async def test_a_relay_on_another_replica_resumes_through_the_owners(env: Env) -> None:

@@ -21,11 +21,7 @@ from tests.integration.test_orchestrator_app import _done
 
 
 async def test_engine_error_mid_stream_settles_the_tokens_produced(env: Env) -> None:
-    orch = await env.orchestrator()
-    node = await env.node(orch, "n1")
-    env.ledger.add("r1")
-    task = asyncio.create_task(env.dispatch(orch, "r1"))
-    await asyncio.wait_for(node.assigns.get(), 5)
+    _, node, task, _ = await env.assigned()
     await node.chunk("r1", vllm_chunk("r1", "m", "a"))
     await node.error("r1", 500, "engine died", chunks_sent=1, prompt_tokens=9, completion_tokens=1)
     status, _, body = await task

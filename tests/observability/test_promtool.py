@@ -42,19 +42,20 @@ def test_rules_pass_promtool_check_and_every_alert_has_a_test(tmp_path: Path, st
     assert names == covered_alerts(plan)
 
 
+def _test_rules(work: Path) -> subprocess.CompletedProcess[str]:
+    """`promtool test rules tests.yaml` in `work` (where rules.yaml and tests.yaml are)."""
+    return subprocess.run(
+        [_promtool(), "test", "rules", "tests.yaml"], cwd=work, capture_output=True, text=True, check=False
+    )
+
+
 @pytest.mark.parametrize("stack", ["prod"])
 def test_every_alert_fires_and_stays_quiet(tmp_path: Path, stack: str) -> None:
     spec = load_spec(stack)
     plan = plan_fleet(spec)
     (tmp_path / "rules.yaml").write_text(yaml.safe_dump(rules_file(spec, plan, OfficeHours())))
     (tmp_path / "tests.yaml").write_text(yaml.safe_dump(promtool_tests(spec, plan, "rules.yaml")))
-    done = subprocess.run(
-        [_promtool(), "test", "rules", "tests.yaml"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    done = _test_rules(tmp_path)
     assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-3000:]
 
 
@@ -67,13 +68,7 @@ def test_promtool_catches_a_wrong_expectation(tmp_path: Path) -> None:
     (tmp_path / "tests.yaml").write_text(
         yaml.safe_dump(promtool_tests(spec, plan, "rules.yaml", only={"LlmfleetTtftP95High"}))
     )
-    done = subprocess.run(
-        [_promtool(), "test", "rules", "tests.yaml"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    done = _test_rules(tmp_path)
     assert done.returncode != 0
     assert "LlmfleetTtftP95High" in done.stdout + done.stderr
 

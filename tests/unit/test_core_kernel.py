@@ -5,11 +5,13 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
+import signal
 from datetime import UTC
 
 import pytest
 
-from apps.core.aio import first_of, shielded, until_first_ends, won
+from apps.core.aio import first_of, shielded, stop_on_signals, until_first_ends, won
 from apps.core.clock import SYSTEM
 from apps.core.logs import JsonFormatter, safe_extra
 
@@ -77,6 +79,19 @@ async def test_until_first_ends_cancels_the_other_parts() -> None:
 
     await until_first_ends(short(), long())
     assert cancelled.is_set()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+async def test_the_stop_event_is_set_by_sigterm_and_sigint(sig: signal.Signals) -> None:
+    loop = asyncio.get_running_loop()
+    try:
+        stop = stop_on_signals()
+        assert not stop.is_set()
+        os.kill(os.getpid(), sig)
+        await asyncio.wait_for(stop.wait(), 5)
+    finally:
+        for s in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(s)
 
 
 def test_one_json_line_with_iso_utc_time_and_the_extra_fields() -> None:

@@ -21,7 +21,9 @@ from tests.fakes.raw_http_server import (
     chunk,
     get,
     poll_until,
+    raw_pool,
     raw_server,
+    read_acked,
     streaming,
 )
 
@@ -37,19 +39,11 @@ async def test_chunked_body_arrives_piecewise_and_byte_identical() -> None:
         conn.writer.write(b"0\r\n\r\n")
         return True
 
-    async with raw_server(lockstep) as server:
-        pool = HostPool(server.url)
-        try:
-            response = await get(pool, b'{"a":1}')
-            assert response.status == 200
-            assert response.headers["content-type"] == "text/event-stream"
-            got = []
-            async for data in response.chunks():
-                got.append(data)
-                acks.put_nowait(None)
-            await response.aclose()
-        finally:
-            await pool.aclose()
+    async with raw_pool(lockstep) as (server, pool):
+        response = await get(pool, b'{"a":1}')
+        assert response.status == 200
+        assert response.headers["content-type"] == "text/event-stream"
+        got = await read_acked(response, acks)
     assert got == PIECES
     head = server.requests[0].head
     assert head.startswith(b"POST /x HTTP/1.1\r\n")
@@ -72,19 +66,15 @@ async def test_readany_returns_every_piece_buffered_so_far_as_one() -> None:
         sent.set()
         return True
 
-    async with raw_server(burst) as server:
-        pool = HostPool(server.url)
-        try:
-            response = await get(pool, b"{}")
-            assert await response.readany() == PIECES[0]
-            release.set()
-            await sent.wait()
-            await poll_until(lambda: len(response._conn.buf) == 2 if response._conn else False)  # type: ignore[attr-defined]
-            assert await response.readany() == b"".join(PIECES[1:])
-            assert await response.readany() == b""  # the end of the body
-            assert await response.readany() == b""
-        finally:
-            await pool.aclose()
+    async with raw_pool(burst) as (_, pool):
+        response = await get(pool, b"{}")
+        assert await response.readany() == PIECES[0]
+        release.set()
+        await sent.wait()
+        await poll_until(lambda: len(response._conn.buf) == 2 if response._conn else False)  # type: ignore[attr-defined]
+        assert await response.readany() == b"".join(PIECES[1:])
+        assert await response.readany() == b""  # the end of the body
+        assert await response.readany() == b""
 
 
 async def test_take_buffered_returns_what_came_with_the_head_without_waiting() -> None:
@@ -98,18 +88,14 @@ async def test_take_buffered_returns_what_came_with_the_head_without_waiting() -
         conn.writer.write(chunk(PIECES[2]) + b"0\r\n\r\n")
         return True
 
-    async with raw_server(head_with_chunk) as server:
-        pool = HostPool(server.url)
-        try:
-            response = await get(pool, b"{}")
-            await poll_until(lambda: len(response._conn.buf) == 2 if response._conn else False)  # type: ignore[attr-defined]
-            assert response.take_buffered() == PIECES[0] + PIECES[1]
-            assert response.take_buffered() == b""  # nothing more yet, and no wait
-            release.set()
-            assert b"".join([d async for d in response.chunks()]) == PIECES[2]
-            assert response.take_buffered() == b""  # finished: the connection went back to the pool
-        finally:
-            await pool.aclose()
+    async with raw_pool(head_with_chunk) as (_, pool):
+        response = await get(pool, b"{}")
+        await poll_until(lambda: len(response._conn.buf) == 2 if response._conn else False)  # type: ignore[attr-defined]
+        assert response.take_buffered() == PIECES[0] + PIECES[1]
+        assert response.take_buffered() == b""  # nothing more yet, and no wait
+        release.set()
+        assert b"".join([d async for d in response.chunks()]) == PIECES[2]
+        assert response.take_buffered() == b""  # finished: the connection went back to the pool
 
 
 async def test_content_length_body_and_keep_alive_reuse() -> None:
@@ -122,18 +108,14 @@ async def test_content_length_body_and_keep_alive_reuse() -> None:
         conn.writer.write(body[10:])
         return True
 
-    async with raw_server(answer) as server:
-        pool = HostPool(server.url)
-        try:
-            first = await get(pool)
-            assert (first.status, first.headers["retry-after"]) == (503, "3")
-            assert await first.read_body() == body
-            await first.aclose()
-            second = await get(pool)
-            assert b"".join([d async for d in second.chunks()]) == body
-            await second.aclose()
-        finally:
-            await pool.aclose()
+    async with raw_pool(answer) as (server, pool):
+        first = await get(pool)
+        assert (first.status, first.headers["retry-after"]) == (503, "3")
+        assert await first.read_body() == body
+        await first.aclose()
+        second = await get(pool)
+        assert b"".join([d async for d in second.chunks()]) == body
+        await second.aclose()
     assert [r.conn for r in server.requests] == [1, 1]  # two sequential requests, one connection
     assert len(server.conns) == 1
 
@@ -149,18 +131,14 @@ async def test_early_aclose_drops_the_connection_and_it_is_not_reused() -> None:
         seen_gone.set()
         return False
 
-    async with raw_server(endless) as server:
-        pool = HostPool(server.url)
-        try:
-            response = await get(pool)
-            assert await anext(response.chunks()) == PIECES[0]
-            await response.aclose()
-            async with asyncio.timeout(10):
-                await seen_gone.wait()  # the server saw the disconnect: the orchestrator cancels
-            again = await get(pool)
-            assert await again.read_body() == b"".join(PIECES)
-        finally:
-            await pool.aclose()
+    async with raw_pool(endless) as (server, pool):
+        response = await get(pool)
+        assert await anext(response.chunks()) == PIECES[0]
+        await response.aclose()
+        async with asyncio.timeout(10):
+            await seen_gone.wait()  # the server saw the disconnect: the orchestrator cancels
+        again = await get(pool)
+        assert await again.read_body() == b"".join(PIECES)
     assert [r.conn for r in server.requests] == [1, 2]
 
 
@@ -174,19 +152,15 @@ async def test_connection_lost_mid_body_is_a_connection_error(framing: str) -> N
         await conn.writer.drain()
         return False  # the server closes the connection mid-body
 
-    async with raw_server(dies) as server:
-        pool = HostPool(server.url)
-        try:
-            response = await get(pool)
-            chunks = response.chunks()
-            assert await anext(chunks) == PIECES[0]
-            with pytest.raises(ConnectionError):
-                await anext(chunks)
-            with pytest.raises(ConnectionError):  # and stays failed
-                await anext(chunks)
-            await response.aclose()
-        finally:
-            await pool.aclose()
+    async with raw_pool(dies) as (_, pool):
+        response = await get(pool)
+        chunks = response.chunks()
+        assert await anext(chunks) == PIECES[0]
+        with pytest.raises(ConnectionError):
+            await anext(chunks)
+        with pytest.raises(ConnectionError):  # and stays failed
+            await anext(chunks)
+        await response.aclose()
 
 
 async def test_body_until_close_ends_cleanly_and_connection_close_is_honoured() -> None:
@@ -195,14 +169,10 @@ async def test_body_until_close_ends_cleanly_and_connection_close_is_honoured() 
         await conn.writer.drain()
         return False
 
-    async with raw_server(close_delimited) as server:
-        pool = HostPool(server.url)
-        try:
-            for _ in range(2):
-                response = await get(pool)
-                assert await response.read_body() == PIECES[0]
-        finally:
-            await pool.aclose()
+    async with raw_pool(close_delimited) as (server, pool):
+        for _ in range(2):
+            response = await get(pool)
+            assert await response.read_body() == PIECES[0]
     assert [r.conn for r in server.requests] == [1, 2]
 
 
@@ -212,15 +182,11 @@ async def test_stale_pooled_connection_is_retried_once_on_a_fresh_one() -> None:
             return False  # closes the kept-alive connection instead of answering: nothing ran
         return await streaming(req, conn)
 
-    async with raw_server(idle_timeout) as server:
-        pool = HostPool(server.url)
-        try:
-            first = await get(pool, b"1")
-            assert await first.read_body() == b"".join(PIECES)
-            second = await get(pool, b"2")
-            assert await second.read_body() == b"".join(PIECES)
-        finally:
-            await pool.aclose()
+    async with raw_pool(idle_timeout) as (server, pool):
+        first = await get(pool, b"1")
+        assert await first.read_body() == b"".join(PIECES)
+        second = await get(pool, b"2")
+        assert await second.read_body() == b"".join(PIECES)
     assert [(r.conn, r.body) for r in server.requests] == [(1, b"1"), (1, b"2"), (2, b"2")]
 
 
@@ -228,14 +194,10 @@ async def test_stale_then_fresh_closed_is_unreachable_and_retried_only_once() ->
     async def closes_after_first(req: Request, conn: Conn) -> bool:
         return len(server.requests) == 1 and await streaming(req, conn)
 
-    async with raw_server(closes_after_first) as server:
-        pool = HostPool(server.url)
-        try:
-            assert await (await get(pool)).read_body() == b"".join(PIECES)
-            with pytest.raises(Unreachable):
-                await get(pool)
-        finally:
-            await pool.aclose()
+    async with raw_pool(closes_after_first) as (server, pool):
+        assert await (await get(pool)).read_body() == b"".join(PIECES)
+        with pytest.raises(Unreachable):
+            await get(pool)
     assert [r.conn for r in server.requests] == [1, 1, 2]
 
 
@@ -247,15 +209,11 @@ async def test_no_retry_once_a_response_byte_arrived() -> None:
         await conn.writer.drain()
         return False
 
-    async with raw_server(half_a_head) as server:
-        pool = HostPool(server.url)
-        try:
-            assert await (await get(pool)).read_body() == b"".join(PIECES)
-            with pytest.raises(ConnectionError) as info:
-                await get(pool)
-            assert not isinstance(info.value, Unreachable)
-        finally:
-            await pool.aclose()
+    async with raw_pool(half_a_head) as (server, pool):
+        assert await (await get(pool)).read_body() == b"".join(PIECES)
+        with pytest.raises(ConnectionError) as info:
+            await get(pool)
+        assert not isinstance(info.value, Unreachable)
     assert [r.conn for r in server.requests] == [1, 1]  # never sent again
 
 
@@ -269,16 +227,12 @@ async def test_malformed_response_is_a_connection_error_and_the_connection_is_dr
         gone.set()
         return False
 
-    async with raw_server(garbage) as server:
-        pool = HostPool(server.url)
-        try:
-            response = await get(pool)
-            with pytest.raises(ConnectionError):
-                await response.read_body()
-            async with asyncio.timeout(10):
-                await gone.wait()
-        finally:
-            await pool.aclose()
+    async with raw_pool(garbage) as (server, pool):
+        response = await get(pool)
+        with pytest.raises(ConnectionError):
+            await response.read_body()
+        async with asyncio.timeout(10):
+            await gone.wait()
     assert len(server.requests) == 1
 
 
@@ -297,25 +251,21 @@ async def test_flow_control_pauses_reading_and_resumes() -> None:
         sent_all.set()
         return True
 
-    async with raw_server(firehose) as server:
-        pool = HostPool(server.url)
-        try:
-            response = await get(pool)
-            conn = response._conn
-            assert conn is not None
-            await poll_until(lambda: conn.paused)
-            # The client stopped reading: the server's own buffer fills and its drain() blocks.
-            await poll_until(lambda: writers[0].transport.get_write_buffer_size() > 0)
-            assert HIGH_WATER < conn.buffered <= HIGH_WATER + 512 * 1024
-            assert not sent_all.is_set()
-            received = 0
-            async for data in response.chunks():
-                received += len(data)
-            assert conn.paused is False
-            async with asyncio.timeout(10):
-                await sent_all.wait()
-        finally:
-            await pool.aclose()
+    async with raw_pool(firehose) as (_, pool):
+        response = await get(pool)
+        conn = response._conn
+        assert conn is not None
+        await poll_until(lambda: conn.paused)
+        # The client stopped reading: the server's own buffer fills and its drain() blocks.
+        await poll_until(lambda: writers[0].transport.get_write_buffer_size() > 0)
+        assert HIGH_WATER < conn.buffered <= HIGH_WATER + 512 * 1024
+        assert not sent_all.is_set()
+        received = 0
+        async for data in response.chunks():
+            received += len(data)
+        assert conn.paused is False
+        async with asyncio.timeout(10):
+            await sent_all.wait()
     assert received == total
 
 
@@ -327,12 +277,8 @@ async def test_the_limit_bounds_connections_in_use() -> None:
         finally:
             await response.aclose()
 
-    async with raw_server(streaming) as server:
-        pool = HostPool(server.url, limit=1)
-        try:
-            bodies = await asyncio.gather(*(read(pool) for _ in range(5)))
-        finally:
-            await pool.aclose()
+    async with raw_pool(streaming, limit=1) as (server, pool):
+        bodies = await asyncio.gather(*(read(pool) for _ in range(5)))
     assert bodies == [b"".join(PIECES)] * 5
     assert len(server.conns) == 1  # unbounded, the five would have opened five connections at once
 

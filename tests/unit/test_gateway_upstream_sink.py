@@ -7,8 +7,8 @@ import asyncio
 
 import pytest
 
-from apps.netio.http_client import HostPool, HttpResponse
-from tests.fakes.raw_http_server import HEAD_CHUNKED, Conn, Request, chunk, get, raw_server
+from apps.netio.http_client import HttpResponse
+from tests.fakes.raw_http_server import HEAD_CHUNKED, Conn, Request, chunk, get, raw_pool, read_acked
 
 
 async def test_a_sink_takes_pieces_in_order_and_declined_ones_come_out_of_chunks() -> None:
@@ -35,19 +35,11 @@ async def test_a_sink_takes_pieces_in_order_and_declined_ones_come_out_of_chunks
         acks.put_nowait(None)
         return True
 
-    async with raw_server(lockstep) as server:
-        pool = HostPool(server.url)
-        try:
-            response = await get(pool)
-            response.set_sink(sink)
-            acks.put_nowait(None)
-            got = []
-            async for data in response.chunks():
-                got.append(data)
-                acks.put_nowait(None)
-            await response.aclose()
-        finally:
-            await pool.aclose()
+    async with raw_pool(lockstep) as (server, pool):
+        response = await get(pool)
+        response.set_sink(sink)
+        acks.put_nowait(None)
+        got = await read_acked(response, acks)
     assert taken == [pieces[0], pieces[1], pieces[3]]
     assert got == [pieces[2], pieces[4], pieces[5]]
     assert len(server.requests) == 1
@@ -81,27 +73,23 @@ async def test_a_sink_is_not_offered_pieces_while_the_consumer_is_busy() -> None
             while len(conn.buf) < n:
                 await asyncio.sleep(0.001)
 
-    async with raw_server(lockstep) as server:
-        pool = HostPool(server.url)
-        try:
-            response = await get(pool)
-            response.set_sink(sink)
-            it = response.chunks()
-            acks.put_nowait(None)
-            await queued(response, 1)  # nobody waiting in chunks(): queued, not sunk
-            got = [await anext(it)]
-            acks.put_nowait(None)  # the consumer is busy with piece 0 (not waiting)
-            await queued(response, 1)
-            assert taken == []
-            got.append(await anext(it))
-            waiting = asyncio.ensure_future(anext(it))  # now it waits: the next piece is sunk
-            await asyncio.sleep(0)
-            acks.put_nowait(None)
-            acks.put_nowait(None)  # and the end of the body
-            with pytest.raises(StopAsyncIteration):
-                await waiting
-            await response.aclose()
-        finally:
-            await pool.aclose()
+    async with raw_pool(lockstep) as (_, pool):
+        response = await get(pool)
+        response.set_sink(sink)
+        it = response.chunks()
+        acks.put_nowait(None)
+        await queued(response, 1)  # nobody waiting in chunks(): queued, not sunk
+        got = [await anext(it)]
+        acks.put_nowait(None)  # the consumer is busy with piece 0 (not waiting)
+        await queued(response, 1)
+        assert taken == []
+        got.append(await anext(it))
+        waiting = asyncio.ensure_future(anext(it))  # now it waits: the next piece is sunk
+        await asyncio.sleep(0)
+        acks.put_nowait(None)
+        acks.put_nowait(None)  # and the end of the body
+        with pytest.raises(StopAsyncIteration):
+            await waiting
+        await response.aclose()
     assert got == pieces[:2]
     assert taken == [pieces[2]]

@@ -6,13 +6,12 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-import boto3
 import pytest
-from moto import mock_aws
 
 from apps.cli.main import main
 from apps.modelsync.s3 import Boto3ObjectStore
 from apps.modelsync.sync import MARKER, STALE_PARTIAL_S, ModelSyncError, RemoteObject, SyncOutcome, sync_model
+from tests.unit.s3_mock import mock_bucket
 
 BUCKET = "llmfleet-models"
 FILES = {
@@ -25,12 +24,7 @@ FILES = {
 
 @pytest.fixture
 def s3(monkeypatch: pytest.MonkeyPatch) -> Iterator[object]:
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
-    with mock_aws():
-        client = boto3.client("s3", region_name="us-east-1")
-        client.create_bucket(Bucket=BUCKET)
+    with mock_bucket(monkeypatch, BUCKET) as client:
         for rel, body in FILES.items():
             client.put_object(Bucket=BUCKET, Key=f"llama/rev1/{rel}", Body=body)
         client.put_object(Bucket=BUCKET, Key="llama/rev2/config.json", Body=b"other")
@@ -118,18 +112,12 @@ def test_unsafe_names_are_refused(s3: object, tmp_path: Path, name: str, revisio
         sync_model(Boto3ObjectStore(s3), BUCKET, name, revision, tmp_path)  # type: ignore[arg-type]
 
 
+def _sync_argv(revision: str, dest: Path) -> list[str]:
+    return ["model-sync", "--bucket", BUCKET, "--model", "llama", "--revision", revision, "--dest", str(dest)]
+
+
 def test_cli_copies_then_skips(s3: object, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    argv = [
-        "model-sync",
-        "--bucket",
-        BUCKET,
-        "--model",
-        "llama",
-        "--revision",
-        "rev1",
-        "--dest",
-        str(tmp_path),
-    ]
+    argv = _sync_argv("rev1", tmp_path)
     assert main(argv) == 0
     assert '"outcome": "copied"' in capsys.readouterr().out
     assert main(argv) == 0
@@ -139,17 +127,7 @@ def test_cli_copies_then_skips(s3: object, tmp_path: Path, capsys: pytest.Captur
 def test_cli_error_is_one_line_and_exit_2(
     s3: object, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    argv = [
-        "model-sync",
-        "--bucket",
-        BUCKET,
-        "--model",
-        "llama",
-        "--revision",
-        "nope",
-        "--dest",
-        str(tmp_path),
-    ]
+    argv = _sync_argv("nope", tmp_path)
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0

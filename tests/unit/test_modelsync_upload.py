@@ -8,15 +8,14 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
-import boto3
 import pytest
-from moto import mock_aws
 
 from apps.cli.main import main
 from apps.core.spec import load_spec
 from apps.modelsync.s3 import Boto3ObjectStore
 from apps.modelsync.sync import MARKER, ModelSyncError, SyncOutcome, sync_model
 from apps.modelsync.upload import RemoteFile, UploadResult, upload_model
+from tests.unit.s3_mock import mock_bucket
 
 BUCKET = "llmfleet-models"
 MODEL = "llama-3.1-8b-instruct"
@@ -31,14 +30,9 @@ FILES = {
 
 @pytest.fixture
 def s3(monkeypatch: pytest.MonkeyPatch) -> Iterator[object]:
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
     monkeypatch.delenv("LLMFLEET_MODEL_BUCKET", raising=False)
     monkeypatch.delenv("LLMFLEET_S3_ENDPOINT_URL", raising=False)
-    with mock_aws():
-        client = boto3.client("s3", region_name="us-east-1")
-        client.create_bucket(Bucket=BUCKET)
+    with mock_bucket(monkeypatch, BUCKET) as client:
         yield client
 
 
