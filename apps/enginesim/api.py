@@ -18,6 +18,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import ValidationError
 
+from apps.core.batching.prefix_cache import block_hashes
 from apps.enginesim import chat, textgen
 from apps.enginesim.engine import Engine, OutputStream
 from apps.enginesim.faults import FaultBox, Faults
@@ -88,6 +89,8 @@ class SimState:
     faults: FaultBox
     seed: int
     timing: TimingLog | None = None  # `--timing-log`: None costs nothing per request
+    prefix_caching: bool = True  # vLLM's `--enable-prefix-caching` (its default)
+    prompt_details: bool = False  # `--enable-prompt-tokens-details`
 
 
 STATE_KEY = web.AppKey("enginesim_state", SimState)
@@ -100,6 +103,12 @@ def _error(exc: chat.VllmError) -> web.Response:
 def _submit(state: SimState, job: chat.ChatJob) -> tuple[OutputStream, dict[str, chat.Choice]]:
     sink = OutputStream(job.request_id)
     by_seq: dict[str, chat.Choice] = {}
+    hashes = (
+        block_hashes(job.prompt_token_ids, state.profile.block_size, job.cache_salt)
+        if state.prefix_caching
+        else ()
+    )
+    job.prompt_details = state.prompt_details
     for choice in job.choices:
         seq_id = f"{job.request_id}-{choice.index}"
         by_seq[seq_id] = choice
@@ -110,8 +119,15 @@ def _submit(state: SimState, job: chat.ChatJob) -> tuple[OutputStream, dict[str,
             choice.finish_reason,
             sink=sink,
             priority=job.priority,
+            block_hashes=hashes,
         )
     return sink, by_seq
+
+
+def _note_cache(job: chat.ChatJob, sink: OutputStream) -> None:
+    """The request's prefix-cache numbers, for its usage (known once it was first scheduled)."""
+    job.cached_tokens = sink.cached_tokens or 0
+    job.created_cache_tokens = sink.created_cache_tokens or 0
 
 
 def _abort_all(state: SimState, by_seq: dict[str, chat.Choice]) -> None:
@@ -164,6 +180,7 @@ async def _complete(state: SimState, job: chat.ChatJob) -> web.Response:
                     remaining -= 1
     finally:
         _abort_all(state, by_seq)
+    _note_cache(job, sink)
     return json_response(chat.completion_body(job))
 
 
@@ -213,6 +230,7 @@ async def _stream(
                     await resp.write(chat.error_event(faults.fail_message) + b"data: [DONE]\n\n")
                     return resp
         tail = b""
+        _note_cache(job, sink)
         if job.include_usage:
             tail += chat.usage_chunk(job, sum(c.target_tokens for c in job.choices))
         await resp.write(tail + b"data: [DONE]\n\n")

@@ -75,6 +75,7 @@ class ChatRequest(BaseModel):
     continue_final_message: bool = False
     user: str | None = None  # OpenAI's end-user id; enginesim only echoes it into the timing log
     priority: int = 0  # vLLM's per-request priority (lower first; non-zero needs the priority policy)
+    cache_salt: str | None = None  # vLLM's: only requests with the same salt share cached prompt blocks
 
 
 def _validation_error(exc: ValidationError) -> VllmError:
@@ -121,6 +122,12 @@ class ChatJob:
     choices: list[Choice] = field(default_factory=list)
     user: str | None = None  # the body's `user` (benchmarks tag requests with it to join timings)
     priority: int = 0
+    prompt_token_ids: tuple[int, ...] = ()  # what prefix caching hashes
+    cache_salt: str | None = None
+    # `--enable-prompt-tokens-details`: usage carries `prompt_tokens_details` with these two.
+    prompt_details: bool = False
+    cached_tokens: int = 0
+    created_cache_tokens: int = 0
 
 
 def plan_chat(
@@ -136,9 +143,10 @@ def plan_chat(
     stops = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
     if any(s == "" for s in stops):
         raise bad_request("stop cannot contain an empty string.", "stop")
-    prompt = textgen.chat_prompt_tokens(
+    pieces = textgen.chat_prompt_pieces(
         req.messages, req.add_generation_prompt, continue_final=req.continue_final_message
     )
+    prompt = len(pieces)
     limit = _completion_limit(req, prompt, max_model_len)
     job = ChatJob(
         request_id=f"chatcmpl-{uuid.uuid4().hex[:16]}",
@@ -156,6 +164,8 @@ def plan_chat(
         ),
         user=req.user,
         priority=req.priority,
+        prompt_token_ids=tuple(textgen.token_ids(pieces)),
+        cache_salt=req.cache_salt,
     )
     n = req.n if req.n is not None else 1
     for index in range(n):
@@ -330,8 +340,23 @@ def usage(job: ChatJob, completion_tokens: int) -> dict[str, int]:
     return usage_block(job.prompt_tokens, completion_tokens)
 
 
+def prompt_tokens_details(job: ChatJob, streaming: bool) -> dict[str, Any] | None:
+    """vLLM 0.32 with `--enable-prompt-tokens-details` (measured: the stream leaves out the null
+    `multimodal_tokens` that the JSON body has); None without the flag."""
+    if not job.prompt_details:
+        return None
+    details: dict[str, Any] = {
+        "cached_tokens": job.cached_tokens,
+        "created_cache_tokens": job.created_cache_tokens,
+    }
+    return details if streaming else {**details, "multimodal_tokens": None}
+
+
 def usage_chunk(job: ChatJob, completion_tokens: int) -> bytes:
-    return chunk(job, [], {"usage": usage(job, completion_tokens), "system_fingerprint": fingerprint()})
+    body: dict[str, Any] = usage(job, completion_tokens)
+    if job.prompt_details:
+        body = {**body, "prompt_tokens_details": prompt_tokens_details(job, streaming=True)}
+    return chunk(job, [], {"usage": body, "system_fingerprint": fingerprint()})
 
 
 def error_event(message: str, type_: str = "InternalServerError", code: int = 500) -> bytes:
@@ -369,7 +394,7 @@ def completion_body(job: ChatJob) -> dict[str, Any]:
         ],
         "service_tier": None,
         "system_fingerprint": fingerprint(),
-        "usage": {**usage(job, total), "prompt_tokens_details": None},
+        "usage": {**usage(job, total), "prompt_tokens_details": prompt_tokens_details(job, streaming=False)},
         "prompt_logprobs": None,
         "prompt_token_ids": None,
         "kv_transfer_params": None,

@@ -28,10 +28,27 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--max-model-len", type=int)
     parser.add_argument("--num-blocks", type=int, help="override the KV-block budget of the profile")
+    parser.add_argument("--max-num-batched-tokens", type=int, help="as vLLM's: the token budget of one step")
     parser.add_argument(
         "--timing-log",
         metavar="PATH",
         help="append per streamed request {user, arrived, first_content} (monotonic s) as JSON lines",
+    )
+    parser.add_argument(
+        "--enable-prefix-caching",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="as vLLM's (default on): full prompt blocks are cached and shared between requests",
+    )
+    parser.add_argument(
+        "--enable-prompt-tokens-details",
+        action="store_true",
+        help="as vLLM's: usage carries prompt_tokens_details (cached_tokens, created_cache_tokens)",
+    )
+    parser.add_argument(
+        "--dev-mode",
+        action="store_true",
+        help="serve vLLM's dev-mode routes POST /pause, POST /resume, GET /is_paused (VLLM_SERVER_DEV_MODE=1)",
     )
     faults = parser.add_argument_group("fault injection (also at run time: POST /_sim/faults)")
     faults.add_argument("--loading-s", type=float, default=0.0, help="refuse connections for T s at start")
@@ -79,10 +96,14 @@ def run(args: argparse.Namespace) -> int:
         scheduling_policy=args.scheduling_policy,
         max_model_len=args.max_model_len,
         num_blocks=args.num_blocks,
+        max_num_batched_tokens=args.max_num_batched_tokens,
         stack=args.stack,
         loading_s=args.loading_s,
         faults=faults,
         timing_log=args.timing_log,
+        enable_prefix_caching=args.enable_prefix_caching,
+        enable_prompt_tokens_details=args.enable_prompt_tokens_details,
+        dev_mode=args.dev_mode,
     )
     setup_logging()
     try:

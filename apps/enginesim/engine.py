@@ -6,7 +6,13 @@ accumulate), then hand each produced token to its request's `OutputStream` and u
 metrics. Idle time passes in simulated time too, so latencies are measured from arrival.
 
 Client disconnects call `abort()`, which removes the request from the scheduler and frees its KV
-blocks at once. As in real vLLM, an aborted request is NOT counted in `request_success_total`
+blocks at once.
+
+Pause and resume follow vLLM's dev-mode `/pause` and `/resume` (`pause()`, `resume()`): "keep"
+schedules nothing until resumed, "wait" lets the running requests finish but admits none (vLLM's
+"abort" mode is not simulated). As in vLLM, the scheduler gauges are a snapshot of the last step, and a
+paused engine takes no step, except the one an abort makes; so while paused, `/metrics` shows the
+requests that arrived only after an abort. As in real vLLM, an aborted request is NOT counted in `request_success_total`
 nor in the per-request histograms, but its tokens stay in `prompt_tokens_total` /
 `generation_tokens_total`.
 """
@@ -22,6 +28,7 @@ from apps.core.batching.scheduler import Scheduler, Sequence, StepResult, TokenO
 from apps.enginesim.metrics import EngineMetrics
 
 CATCH_UP_WALL_S = 0.05
+PAUSE_MODES = ("keep", "wait")
 
 
 class OutputStream:
@@ -34,6 +41,9 @@ class OutputStream:
         self.request_id = request_id
         self._pending: deque[TokenOut] = deque()
         self._ready = asyncio.Event()
+        # Prefix caching, from the request's first scheduling (the first of its choices to get there).
+        self.cached_tokens: int | None = None
+        self.created_cache_tokens: int | None = None
 
     def push(self, token: TokenOut) -> None:
         self._pending.append(token)
@@ -72,6 +82,8 @@ class Engine:
         # `num_preemptions_total` only then (the event rides on the request's next output).
         self._preempted: dict[str, int] = {}
         self.dead = False  # the loop crashed: /health answers 503, as vLLM with a dead engine
+        self._drained = asyncio.Event()  # a "wait" pause: set once nothing runs
+        self._prefix_counted = (0, 0)  # the scheduler's prefix-cache (queries, hits) already in metrics
 
     def sim_now(self) -> float:
         if self._t0 is None:
@@ -90,6 +102,7 @@ class Engine:
         finish_reason: str,
         sink: OutputStream | None = None,
         priority: int = 0,
+        block_hashes: tuple[int, ...] = (),
     ) -> OutputStream:
         seq = Sequence(
             request_id=request_id,
@@ -98,13 +111,40 @@ class Engine:
             finish_reason=finish_reason,
             arrival_s=self.sim_now(),
             priority=priority,
+            block_hashes=block_hashes,
         )
         self.scheduler.add(seq)
         stream = sink or OutputStream(request_id)
         self._streams[request_id] = stream
-        self._update_gauges()
+        if not self.paused:  # a paused engine takes no step: its gauges stay as they were
+            self._update_gauges()
         self._wake.set()
         return stream
+
+    @property
+    def paused(self) -> bool:
+        return self.scheduler.paused_all or self.scheduler.paused_new
+
+    async def pause(self, mode: str, clear_cache: bool) -> None:
+        """vLLM's `pause_generation` in mode "keep" or "wait" ("wait" returns once nothing runs);
+        `clear_cache` puts the running requests back into the waiting queue and forgets the prefix
+        cache, as vLLM's does."""
+        if mode not in PAUSE_MODES:
+            raise ValueError(f"pause mode {mode!r} is not simulated (known: {', '.join(PAUSE_MODES)})")
+        sched = self.scheduler
+        sched.paused_all = mode == "keep"
+        sched.paused_new = mode != "keep"
+        if mode == "wait" and sched.running:
+            self._drained.clear()
+            await self._drained.wait()
+        if clear_cache:
+            for request_id in sched.reset_prefix_cache(reset_running=True):
+                self._preempted[request_id] = self._preempted.get(request_id, 0) + 1
+        self._update_gauges()
+
+    def resume(self) -> None:
+        self.scheduler.paused_all = self.scheduler.paused_new = False
+        self._wake.set()
 
     def abort(self, request_id: str) -> None:
         """Client went away: drop the request and free its blocks now (idempotent)."""
@@ -115,9 +155,14 @@ class Engine:
 
     def _update_gauges(self) -> None:
         m = self.metrics
-        m.running.set(len(self.scheduler.running))
-        m.waiting.set(len(self.scheduler.waiting))
-        m.kv_usage.set(self.scheduler.kv_cache_usage)
+        sched = self.scheduler
+        m.running.set(len(sched.running))
+        m.waiting.set(len(sched.waiting))
+        m.kv_usage.set(sched.kv_cache_usage)
+        queries, hits = self._prefix_counted
+        m.prefix_cache_queries.inc(sched.prefix.queries - queries)
+        m.prefix_cache_hits.inc(sched.prefix.hits - hits)
+        self._prefix_counted = (sched.prefix.queries, sched.prefix.hits)
 
     async def run(self) -> None:
         try:
@@ -134,6 +179,8 @@ class Engine:
         assert self._t0 is not None
         while True:
             if not sched.has_work():
+                if not sched.running:
+                    self._drained.set()
                 self._wake.clear()
                 await self._wake.wait()
                 continue
@@ -159,6 +206,10 @@ class Engine:
         for seq in result.first_tokens:
             # vLLM counts the whole prompt when the first token comes out.
             m.prompt_tokens.inc(seq.prompt_tokens)
+            out = self._streams.get(seq.request_id)
+            if out is not None and out.cached_tokens is None:
+                out.cached_tokens = seq.num_cached_tokens or 0
+                out.created_cache_tokens = self.scheduler.created_cache_tokens(seq)
             if seq.first_token_s is not None:
                 m.ttft.observe(seq.first_token_s - seq.arrival_s)
         now = self.scheduler.now_s

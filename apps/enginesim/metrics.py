@@ -39,7 +39,14 @@ def _one_two_five(limit: int) -> tuple[float, ...]:
 
 
 class EngineMetrics:
-    def __init__(self, model_name: str, max_model_len: int, num_blocks: int, block_size: int) -> None:
+    def __init__(
+        self,
+        model_name: str,
+        max_model_len: int,
+        num_blocks: int,
+        block_size: int,
+        prefix_caching: bool = True,
+    ) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
         lv = (model_name, "0")
@@ -61,6 +68,18 @@ class EngineMetrics:
         ).labels(*lv)
         self.generation_tokens = Counter(
             "vllm:generation_tokens", "Number of generation tokens processed.", LABELS, registry=r
+        ).labels(*lv)
+        self.prefix_cache_queries = Counter(
+            "vllm:prefix_cache_queries",
+            "Prefix cache queries, in terms of number of queried tokens.",
+            LABELS,
+            registry=r,
+        ).labels(*lv)
+        self.prefix_cache_hits = Counter(
+            "vllm:prefix_cache_hits",
+            "Prefix cache hits, in terms of number of cached tokens.",
+            LABELS,
+            registry=r,
         ).labels(*lv)
         success = Counter(
             "vllm:request_success",
@@ -123,4 +142,4 @@ class EngineMetrics:
             "Information of the LLMEngine CacheConfig",
             ("block_size", "cache_dtype", "enable_prefix_caching", "engine", "num_gpu_blocks"),
             registry=r,
-        ).labels(str(block_size), "auto", "False", "0", str(num_blocks)).set(1)
+        ).labels(str(block_size), "auto", str(prefix_caching), "0", str(num_blocks)).set(1)

@@ -21,6 +21,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from apps.core.aio import stop_on_signals
 from apps.core.logs import setup_json_logging
 from apps.enginesim.api import STATE_KEY, SimState, TimingLog, add_routes
+from apps.enginesim.devmode import add_dev_routes
 from apps.enginesim.engine import Engine
 from apps.enginesim.faults import FaultBox, Faults
 from apps.enginesim.metrics import EngineMetrics
@@ -41,6 +42,7 @@ class EngineSimSettings(BaseSettings):
     max_num_seqs: int | None = None
     max_model_len: int | None = None
     num_blocks: int | None = None
+    max_num_batched_tokens: int | None = None  # vLLM's: the token budget of one step
     stack: str = "prod"  # where the catalog profiles come from
     # vLLM's `--scheduling-policy`: `fcfs` (its default) refuses a non-zero request `priority`.
     scheduling_policy: Literal["fcfs", "priority"] = "fcfs"
@@ -49,6 +51,11 @@ class EngineSimSettings(BaseSettings):
     # Append one JSON line per streamed request (its `user`, arrival and first-content monotonic
     # times) to this file: benchmarks subtract the engine's own TTFT from the client's.
     timing_log: str | None = None
+    # vLLM's `--enable-prefix-caching` (on by default), `--enable-prompt-tokens-details`, and its
+    # dev-mode routes (`VLLM_SERVER_DEV_MODE=1`: `/pause`, `/resume`, `/is_paused`).
+    enable_prefix_caching: bool = True
+    enable_prompt_tokens_details: bool = False
+    dev_mode: bool = False
 
 
 @dataclass
@@ -72,6 +79,7 @@ def resolve_profile(settings: EngineSimSettings, deps: EngineSimDeps) -> EngineP
         max_num_seqs=settings.max_num_seqs,
         max_model_len=settings.max_model_len,
         num_blocks=settings.num_blocks,
+        max_num_batched_tokens=settings.max_num_batched_tokens,
     )
 
 
@@ -88,7 +96,13 @@ def create_app(settings: EngineSimSettings, deps: EngineSimDeps | None = None) -
     if settings.speed <= 0:
         raise ValueError(f"speed must be greater than 0, got {settings.speed}")
     profile = resolve_profile(settings, deps)
-    metrics = EngineMetrics(settings.model, profile.max_model_len, profile.num_blocks, profile.block_size)
+    metrics = EngineMetrics(
+        settings.model,
+        profile.max_model_len,
+        profile.num_blocks,
+        profile.block_size,
+        prefix_caching=settings.enable_prefix_caching,
+    )
     engine = Engine(profile, metrics, speed=settings.speed, scheduling_policy=settings.scheduling_policy)
     state = SimState(
         served_model=settings.model,
@@ -98,10 +112,14 @@ def create_app(settings: EngineSimSettings, deps: EngineSimDeps | None = None) -
         faults=FaultBox(settings.faults),
         seed=settings.seed,
         timing=TimingLog(settings.timing_log) if settings.timing_log else None,
+        prefix_caching=settings.enable_prefix_caching,
+        prompt_details=settings.enable_prompt_tokens_details,
     )
     app = web.Application()
     app[STATE_KEY] = state
     add_routes(app)
+    if settings.dev_mode:
+        add_dev_routes(app)
 
     async def engine_ctx(app: web.Application) -> AsyncIterator[None]:
         task = asyncio.create_task(engine.run(), name="enginesim-engine")

@@ -2,7 +2,10 @@
 
 Both are started once per session as processes serving the model `tiny` with
 `--max-model-len 2048 --max-num-seqs 8 --scheduling-policy priority` (the Deployments' policy: the
-orchestrator passes each request's class as `priority`). The real one needs the vLLM venv's python in
+orchestrator passes each request's class as `priority`), `--enable-prompt-tokens-details` (usage
+says how much of the prompt was cached) and vLLM's dev-mode routes (`VLLM_SERVER_DEV_MODE=1`,
+enginesim `--dev-mode`: `/pause`, `/resume`), which the priority checks use to hold requests still
+(`slots.py`). The real one needs the vLLM venv's python in
 `LLMFLEET_VLLM_PYTHON` (see `tools/install-vllm.sh`); when it is missing or cannot `import vllm`
 the stage is skipped loudly, or FAILS when `LLMFLEET_REQUIRE_REAL_VLLM=1` (CI).
 """
@@ -61,7 +64,7 @@ def serve_enginesim(work: Path, *extra: str) -> Iterator[EngineUnderTest]:
     argv = [
         sys.executable, "-m", "apps.cli.main", "enginesim", "--model", MODEL, "--profile", "tiny",
         "--port", str(port), "--max-model-len", str(MAX_MODEL_LEN), "--max-num-seqs", str(MAX_NUM_SEQS),
-        "--scheduling-policy", "priority", *extra,
+        "--scheduling-policy", "priority", "--enable-prompt-tokens-details", "--dev-mode", *extra,
     ]  # fmt: skip
     proc = _start("enginesim", argv, work / "enginesim.log", port, 30.0, cwd=REPO)
     try:
@@ -116,7 +119,12 @@ def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path]:
 
 
 def serve_vllm(
-    python: str, model_dir: Path, work: Path, kv_cache_bytes: str, max_model_len: int = MAX_MODEL_LEN
+    python: str,
+    model_dir: Path,
+    work: Path,
+    kv_cache_bytes: str,
+    max_model_len: int = MAX_MODEL_LEN,
+    extra: tuple[str, ...] = (),
 ) -> Iterator[EngineUnderTest]:
     for sub in ("tmpdir", "cache"):
         (work / sub).mkdir()
@@ -130,6 +138,7 @@ def serve_vllm(
         VLLM_HOST_IP="127.0.0.1",
         VLLM_NO_USAGE_STATS="1",
         DO_NOT_TRACK="1",
+        VLLM_SERVER_DEV_MODE="1",  # /pause and /resume (slots.py)
     )
     proc: ServerProcess | None = None
     last_error: Exception | None = None
@@ -140,7 +149,7 @@ def serve_vllm(
             "--served-model-name", MODEL, "--host", "127.0.0.1", "--port", str(port),
             "--max-model-len", str(max_model_len), "--max-num-seqs", str(MAX_NUM_SEQS),
             "--enforce-eager", "--dtype", "float32", "--kv-cache-memory-bytes", kv_cache_bytes,
-            "--scheduling-policy", "priority",
+            "--scheduling-policy", "priority", "--enable-prompt-tokens-details", *extra,
         ]  # fmt: skip
         log_path = work / f"vllm-{attempt}.log"
         try:

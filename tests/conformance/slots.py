@@ -1,14 +1,27 @@
-"""Engine slots held and freed on purpose, and the engine's own scheduler state: what the priority
-checks need to observe vLLM's scheduler without depending on timing.
+"""Requests queued in a paused engine, then let go at once: the priority checks' harness. Nothing in
+it depends on how fast the engine or the machine is.
 
-A `Held` request is a streamed chat completion running as a task: it notes when its first content
-chunk arrived (the engine scheduled it), then stops reading; cancelling it closes its connection,
-which makes the engine abort the request and free its slot (the engine's next step admits the head
-of its waiting queue). `EngineState` is read from the engine's `/metrics`: the scheduler's running
-and waiting counts after its last step, and how many requests finished by themselves
-(`vllm:request_success_total`, stop + length: aborts are not in it). So "these requests all wait
-at the same moment" and "no slot freed except the one we freed" are the engine's own statements,
-not inferred from when HTTP responses arrived.
+Why a pause: a check of the engine's scheduler needs several requests waiting together at the
+moment the scheduler chooses. Holding engine slots with long answers and hoping they are still
+running when the check looks raced the engine (a quiet machine finished them first). Instead the
+engine is paused through its documented interface, vLLM 0.32's dev-mode routes
+(`VLLM_SERVER_DEV_MODE=1`: `POST /pause?mode=keep`, `POST /resume`; enginesim serves the same with
+`--dev-mode`): in mode "keep" the scheduler schedules nothing, so no request runs, ends or is
+admitted until the check resumes it, however long the check takes.
+
+Knowing a request arrived: the scheduler gauges (`vllm:num_requests_waiting`) are a snapshot of the
+engine's last step, and a paused engine steps only when a request is aborted. So after starting a
+request the check sends "pokes" (a one-token request whose connection is closed as soon as its
+headers arrive: either it reached the engine and its abort makes a step, or it never reached the
+engine and changes nothing) until the engine's own snapshot counts the request as waiting.
+
+Reading the verdict afterwards, not while it happens: with the requests released together the
+engine runs them to their end on its own; what it did is read from each request's own usage.
+`prompt_tokens_details.cached_tokens` (`--enable-prompt-tokens-details`) is how much of the
+prompt the engine found in its prefix cache when it first scheduled the request, so with prompts
+that share a prefix, a request that found the prefix cached was scheduled after the one that
+computed it (the pause cleared the cache: `clear_cache=true`). `iteration_tokens_total` (tokens
+per engine step, summed) shows how many tokens the engine computed again after a preemption.
 """
 
 from __future__ import annotations
@@ -16,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,199 +37,241 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-# Long enough to hold a slot through a whole check (the tiny model makes one token per engine step:
-# 1,000 steps took ~1.8 s on enginesim, 9 s on the real vLLM on a loaded 2-core VM, and under 3 s on a
-# quiet one, which made the checks inconclusive: hence 2,000), short enough to fit max-model-len 2048
-# with the chat template around a one-word prompt.
-HOLD_TOKENS = 2000
-
-
-class Inconclusive(Exception):
-    """A request ended by itself during a check: a slot freed that the check did not free."""
+# A queue of a few requests shows up within a few pokes on a quiet machine (measured: 1-2 pokes,
+# 40-130 ms each); the deadline only bounds a broken engine.
+QUEUE_DEADLINE_S = 120.0
+POKE_PRIORITY = 1000  # behind everything, should a poke ever reach the scheduler unaborted
 
 
 @dataclass(frozen=True)
 class EngineState:
     running: int
     waiting: int
-    finished: int  # requests that ended by themselves so far (not aborted)
+    finished: int  # requests that ended by themselves so far (aborts are not in it)
     preemptions: int = 0  # vllm:num_preemptions_total
+    step_tokens: float = 0.0  # vllm:iteration_tokens_total's sum: tokens computed in all steps
 
 
 @dataclass
-class Held:
+class Outcome:
+    """One request run to its end: its status and its final usage."""
+
     name: str
-    streaming: bool = False  # its first content chunk arrived: the engine has scheduled it
+    status: int | None = None
+    usage: dict[str, Any] | None = None
+    content_chunks: int = 0
+    ended: bool = False  # its `[DONE]` arrived
     task: asyncio.Task[None] | None = field(default=None, repr=False)
 
-    def release(self) -> None:
-        """Close the connection: the engine aborts the request and frees its slot."""
-        assert self.task is not None
-        self.task.cancel()
+    @property
+    def cached_tokens(self) -> int:
+        assert self.usage is not None, f"{self.name}: no usage chunk"
+        details = self.usage.get("prompt_tokens_details")
+        assert details is not None, f"{self.name}: usage without prompt_tokens_details: {self.usage}"
+        return int(details["cached_tokens"])
 
 
-async def _hold(held: Held, response: Awaitable[httpx.Response]) -> None:
-    """Read up to the first content chunk, then hold the connection without reading until cancelled.
-
-    Not reading keeps the test process idle (eight streams of the tiny model are thousands of
-    chunks a second); both engines go on generating into their own per-request buffers."""
-    resp = await response
+async def read_to_end(resp: httpx.Response, outcome: Outcome) -> None:
+    """Read a streamed chat completion to `[DONE]`, noting its usage chunk."""
     try:
-        assert resp.status_code == 200, (held.name, resp.status_code, (await resp.aread())[:500])
-        # Stepped by hand and kept referenced: leaving an `async for` early would close the
-        # iterator, and with it the connection (an abort).
-        lines = resp.aiter_lines()
-        while not held.streaming:
-            line = await anext(lines)
-            if line.startswith("data:") and line[5:].strip() != "[DONE]":
-                choice = (json.loads(line[5:]).get("choices") or [{}])[0]
-                held.streaming = bool(choice.get("delta", {}).get("content"))
-        await asyncio.Event().wait()  # until released (cancelled)
-        del lines
+        outcome.status = resp.status_code
+        if resp.status_code != 200:
+            raise AssertionError(f"{outcome.name}: {resp.status_code} {(await resp.aread())[:500]!r}")
+        async for line in resp.aiter_lines():
+            if not line.startswith("data:"):
+                continue
+            payload = line[5:].strip()
+            if payload == "[DONE]":
+                outcome.ended = True
+                continue
+            chunk = json.loads(payload)
+            assert "error" not in chunk, (outcome.name, chunk)
+            if chunk.get("usage") and not chunk.get("choices"):
+                outcome.usage = chunk["usage"]
+            elif any(c.get("delta", {}).get("content") for c in chunk.get("choices") or []):
+                outcome.content_chunks += 1
     finally:
-        await resp.aclose()  # unread: the connection is closed, not pooled
+        await resp.aclose()
 
 
-class Holder:
-    """Starts `Held` requests against one engine and cancels every one still open on exit.
+def chat_body(model: str, content: str, priority: int, max_tokens: int) -> dict[str, Any]:
+    return {
+        "model": model,
+        "messages": [{"role": "user", "content": content}],
+        "max_tokens": max_tokens,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "priority": priority,
+    }
 
-    One client for all (a new httpx client costs ~0.1 s of CPU on a loaded VM); no keep-alive,
-    so each request has its own connection and closing it is that request's abort."""
 
-    def __init__(self, url: str) -> None:
-        self.url = url  # the engine's
-        self.held: list[Held] = []
+def words(tag: str, count: int) -> str:
+    """`count` words unique to this run (a prompt prefix no earlier request can have cached)."""
+    return " ".join(f"{tag}{i}" for i in range(count))
+
+
+def run_tag() -> str:
+    return uuid.uuid4().hex[:8]
+
+
+class PausedEngine:
+    """One engine, paused: queue requests in a known order, then `release()` them all at once.
+
+    One client for the requests (no keep-alive: each request its own connection, so closing it is
+    that request's abort) and one for `/metrics` and the control routes."""
+
+    def __init__(self, url: str, model: str) -> None:
+        self.url = url
+        self.model = model
         self.client = httpx.AsyncClient(
-            timeout=httpx.Timeout(120.0),
+            timeout=httpx.Timeout(300.0),
             limits=httpx.Limits(max_connections=None, max_keepalive_connections=0),
         )
-        self.reader = httpx.AsyncClient(timeout=httpx.Timeout(60.0))  # /metrics, kept alive
-        self.baseline: int | None = None  # finished requests when the check began
+        self.control = httpx.AsyncClient(timeout=httpx.Timeout(60.0))
+        self.outcomes: list[Outcome] = []
+        self.pokes = 0
+        self.paused = False
 
-    async def begin(self) -> None:
-        """Wait for an idle engine (earlier tests' aborts land) and note its finished count: from
-        now on a request ending by itself makes the check `Inconclusive`."""
-        self.baseline = (await self.until_state(0, 0)).finished
+    # -- the engine's own state ---------------------------------------------------------------
 
-    def run(self, name: str, work: Callable[[Held], Awaitable[None]]) -> Held:
-        """A held request whose task is `work(held)` (cancelled on exit)."""
-        held = Held(name)
-        held.task = asyncio.create_task(work(held), name=name)  # type: ignore[arg-type]
-        self.held.append(held)
-        return held
-
-    def start(self, name: str, request: Callable[[httpx.AsyncClient], Awaitable[httpx.Response]]) -> Held:
-        """Send `request` on the shared client and hold it (`_hold`)."""
-        return self.run(name, lambda held: _hold(held, request(self.client)))
-
-    def chat(self, body: dict[str, Any], name: str) -> Held:
-        """A streamed `POST /v1/chat/completions` straight to the engine."""
-        req = self.client.build_request("POST", f"{self.url}/v1/chat/completions", json=body)
-        return self.start(name, lambda client: client.send(req, stream=True))
-
-    def failed(self) -> list[str]:
-        """Requests whose task ended with an error (a refused request, a broken stream)."""
-        return [
-            f"{h.name}: {h.task.exception()!r}"
-            for h in self.held
-            if h.task is not None and h.task.done() and not h.task.cancelled() and h.task.exception()
-        ]
-
-    async def engine_state(self) -> EngineState:
-        text = (await self.reader.get(f"{self.url}/metrics")).text
+    async def state(self) -> EngineState:
+        text = (await self.control.get(f"{self.url}/metrics")).text
         found = dict.fromkeys(
-            (
-                "vllm:num_requests_running",
-                "vllm:num_requests_waiting",
-                "vllm:num_preemptions_total",
-                "finished",
-            ),
-            0.0,
+            ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:num_preemptions_total"), 0.0
         )
+        finished = step_tokens = 0.0
         for family in text_string_to_metric_families(text):
             for s in family.samples:
                 if s.name in found:
                     found[s.name] += s.value
                 elif s.name == "vllm:request_success_total" and s.labels.get("finished_reason") != "abort":
-                    found["finished"] += s.value
-        state = EngineState(
+                    finished += s.value
+                elif s.name == "vllm:iteration_tokens_total_sum":
+                    step_tokens += s.value
+        return EngineState(
             int(found["vllm:num_requests_running"]),
             int(found["vllm:num_requests_waiting"]),
-            int(found["finished"]),
+            int(finished),
             int(found["vllm:num_preemptions_total"]),
+            step_tokens,
         )
-        if self.baseline is not None and state.finished != self.baseline:
-            raise Inconclusive(f"{state.finished - self.baseline} request(s) ended by themselves: {state}")
-        return state
 
-    async def until_state(self, running: int, waiting: int, deadline_s: float = 60.0) -> EngineState:
-        """Poll the engine until it reports `running` and `waiting` (AssertionError at the deadline,
-        or at once when one of the held requests failed)."""
+    async def _control(self, path: str, **params: str) -> None:
+        resp = await self.control.post(f"{self.url}{path}", params=params)
+        assert resp.status_code == 200, (path, resp.status_code, resp.text)
+
+    # -- pause, queue, release -------------------------------------------------------------------
+
+    async def pause(self) -> None:
+        """Pause an idle engine ("keep": nothing is scheduled) and empty its prefix cache."""
+        await self.until(lambda s: (s.running, s.waiting) == (0, 0), "an idle engine")
+        await self._control("/pause", mode="keep", clear_cache="true")
+        self.paused = True
+
+    async def freeze(self) -> None:
+        """Pause the engine as it is ("keep", cache kept): running requests stay running, waiting
+        ones waiting, and nothing moves until `release()`."""
+        await self._control("/pause", mode="keep", clear_cache="false")
+        self.paused = True
+
+    async def release(self) -> None:
+        await self._control("/resume")
+        self.paused = False
+
+    def start(self, name: str, send: Callable[[httpx.AsyncClient], Awaitable[httpx.Response]]) -> Outcome:
+        """A request sent with `send` on the request client and read to its end in a task."""
+        outcome = Outcome(name)
+
+        async def run() -> None:
+            await read_to_end(await send(self.client), outcome)
+
+        outcome.task = asyncio.create_task(run(), name=name)
+        self.outcomes.append(outcome)
+        return outcome
+
+    def chat(self, name: str, content: str, priority: int, max_tokens: int) -> Outcome:
+        """A streamed `POST /v1/chat/completions` straight to the engine."""
+        req = self.client.build_request(
+            "POST",
+            f"{self.url}/v1/chat/completions",
+            json=chat_body(self.model, content, priority, max_tokens),
+        )
+        return self.start(name, lambda client: client.send(req, stream=True))
+
+    async def queued(self, outcome: Outcome) -> EngineState:
+        """Return once the paused engine's own snapshot counts every request started so far as
+        waiting (the last one, `outcome`, included), poking it for snapshots."""
+        assert self.paused, "queue requests in a paused engine"
+        want = len(self.outcomes)
+        return await self.until(
+            lambda s: (s.running, s.waiting) == (0, want),
+            f"{outcome.name} queued as request {want}",
+            poke=True,
+        )
+
+    async def _poke(self) -> None:
+        self.pokes += 1
+        body = chat_body(self.model, "poke", POKE_PRIORITY, 1)
+        async with self.client.stream("POST", f"{self.url}/v1/chat/completions", json=body) as resp:
+            assert resp.status_code == 200, (resp.status_code, await resp.aread())
+        # Leaving the block closes the connection unread: the engine aborts the poke.
+
+    async def until(
+        self, predicate: Callable[[EngineState], bool], what: str, poke: bool = False
+    ) -> EngineState:
+        """Read the engine's state until `predicate` holds (AssertionError at the deadline, or at
+        once when a started request failed)."""
         loop = asyncio.get_running_loop()
-        end = loop.time() + deadline_s
+        end = loop.time() + QUEUE_DEADLINE_S
         last: EngineState | None = None
-        while loop.time() < end:
-            assert not self.failed(), self.failed()
-            last = await self.engine_state()
-            if (last.running, last.waiting) == (running, waiting):
+        while True:
+            self.raise_failures()
+            last = await self.state()
+            if predicate(last):
                 return last
-            await asyncio.sleep(0.01)  # polling interval with a deadline: the engine state has no event
-        raise AssertionError(
-            f"engine never had {running} running, {waiting} waiting within {deadline_s} s: {last}"
-        )
-
-    async def until(self, predicate: Callable[[], bool], what: str, deadline_s: float = 60.0) -> None:
-        loop = asyncio.get_running_loop()
-        end = loop.time() + deadline_s
-        while not predicate():
-            assert not self.failed(), self.failed()
             if loop.time() > end:
-                raise AssertionError(f"{what}: not within {deadline_s} s")
-            await asyncio.sleep(0.01)  # polling interval with a deadline: stream progress has no event
+                raise AssertionError(
+                    f"{what}: not within {QUEUE_DEADLINE_S} s (engine: {last}, pokes: {self.pokes})"
+                )
+            if poke:
+                await self._poke()
+            else:
+                await asyncio.sleep(0.01)  # polling interval with a deadline: the engine state has no event
+
+    def raise_failures(self) -> None:
+        for o in self.outcomes:
+            if o.task is not None and o.task.done() and not o.task.cancelled() and o.task.exception():
+                raise AssertionError(f"{o.name} failed: {o.task.exception()!r}")
+
+    async def all_ended(self, deadline_s: float = 300.0) -> None:
+        """Every started request read to its `[DONE]` (its failure, if one failed)."""
+        tasks = [o.task for o in self.outcomes if o.task is not None]
+        _, pending = await asyncio.wait(tasks, timeout=deadline_s)
+        self.raise_failures()
+        assert not pending, f"not ended within {deadline_s} s: {[t.get_name() for t in pending]}"
 
     async def close(self) -> None:
-        tasks = [h.task for h in self.held if h.task is not None]
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        for o in self.outcomes:
+            if o.task is not None:
+                o.task.cancel()
+        for o in self.outcomes:
+            if o.task is not None:
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await o.task
+        if self.paused:  # a failed check must not leave the session's engine paused
+            with contextlib.suppress(Exception):
+                await self._control("/resume")
         await self.client.aclose()
-        await self.reader.aclose()
+        await self.control.aclose()
 
 
 @contextlib.asynccontextmanager
-async def holder(url: str) -> AsyncIterator[Holder]:
-    h = Holder(url)
+async def paused_engine(url: str, model: str) -> AsyncIterator[PausedEngine]:
+    """A `PausedEngine` paused on entry; resumed and its requests cancelled on exit."""
+    engine = PausedEngine(url, model)
     try:
-        yield h
+        await engine.pause()
+        yield engine
     finally:
-        await h.close()
-
-
-async def conclusively(url: str, check: Callable[[Holder], Awaitable[None]], attempts: int = 3) -> None:
-    """Run `check` until one run is conclusive (none of its held requests ended by itself, which a
-    machine slow enough to let 1,000 engine steps pass during a check could cause); every run
-    starts from an idle engine. A failed assertion fails at once: only `Inconclusive` is retried."""
-    reasons = []
-    for _ in range(attempts):
-        async with holder(url) as held:
-            try:
-                await held.begin()
-                await check(held)
-                return
-            except Inconclusive as exc:
-                reasons.append(str(exc))
-                print(f"inconclusive run, repeated: {exc}")  # shown with the test's output
-    raise AssertionError(f"no conclusive run in {attempts}: {reasons}")
-
-
-def hold_body(model: str, name: str, priority: int, max_tokens: int = HOLD_TOKENS) -> dict[str, Any]:
-    return {
-        "model": model,
-        "messages": [{"role": "user", "content": name}],
-        "max_tokens": max_tokens,
-        "ignore_eos": True,
-        "stream": True,
-        "priority": priority,
-    }
+        await engine.close()

@@ -57,6 +57,7 @@ class EngineProfile:
         max_num_seqs: int | None = None,
         max_model_len: int | None = None,
         num_blocks: int | None = None,
+        max_num_batched_tokens: int | None = None,
     ) -> EngineProfile:
         """A copy with CLI overrides applied; the same validation as vLLM's start-up."""
         prof = replace(
@@ -64,7 +65,13 @@ class EngineProfile:
             max_num_seqs=max_num_seqs or self.max_num_seqs,
             max_model_len=max_model_len or self.max_model_len,
             num_blocks=num_blocks or self.num_blocks,
+            max_num_batched_tokens=max_num_batched_tokens or self.max_num_batched_tokens,
         )
+        if prof.max_num_batched_tokens < 1:
+            raise SpecError(
+                f"max_num_batched_tokens must be at least 1, got {prof.max_num_batched_tokens}",
+                param="max_num_batched_tokens",
+            )
         if prof.num_blocks < 2:
             raise SpecError(f"num_blocks must be at least 2, got {prof.num_blocks}", param="num_blocks")
         if (prof.num_blocks - 1) * prof.block_size < prof.max_model_len:

@@ -18,6 +18,13 @@ Rules followed:
   0 (recompute, no swap) and it goes back to the FRONT of the waiting queue;
 - waiting requests are admitted only if nothing was preempted in this step, while fewer than
   `max_num_seqs` run and blocks for their first chunk are free;
+- automatic prefix caching (`prefix_cache.py`): a request admitted with `block_hashes` starts with
+  the longest cached run of its prompt's full blocks computed (`num_cached_tokens`), and the full
+  prompt blocks it computes are cached for later requests; cached blocks nobody holds count as
+  free and are reused oldest first;
+- pause (vLLM's `pause_scheduler`): `paused_all` ("keep") schedules nothing, `paused_new`
+  ("wait") only the running requests; `reset_prefix_cache(reset_running=True)` puts every running
+  request back into the waiting queue (a preemption) and forgets the free cached blocks;
 - `--scheduling-policy priority` (`policy="priority"`): the waiting queue is ordered by
   `(priority, arrival)` (lower first; a preempted request goes back in that order, not to the
   front), and the preemption victim is the running request with the highest `(priority, arrival)`
@@ -33,6 +40,7 @@ import enum
 from collections import deque
 from dataclasses import dataclass, field
 
+from apps.core.batching.prefix_cache import PrefixCache
 from apps.core.batching.profile import EngineProfile
 
 
@@ -58,6 +66,9 @@ class Sequence:
     last_token_s: float | None = None
     preemptions: int = 0
     priority: int = 0  # vLLM's per-request `priority` (lower first; used by the priority policy)
+    block_hashes: tuple[int, ...] = ()  # chain hashes of the prompt's full blocks (prefix caching)
+    cached: list[int] = field(default_factory=list)  # the hashes of the cached blocks it holds
+    num_cached_tokens: int | None = None  # prompt tokens found cached at its first scheduling
 
     @property
     def num_tokens(self) -> int:
@@ -99,6 +110,9 @@ class Scheduler:
         self.by_id: dict[str, Sequence] = {}
         self.num_preemptions = 0
         self.now_s = 0.0  # simulated time: the sum of step durations
+        self.prefix = PrefixCache()
+        self.paused_all = False  # vLLM's PAUSED_ALL (pause mode "keep"): nothing is scheduled
+        self.paused_new = False  # PAUSED_NEW ("wait", "abort"): running requests go on, none admitted
 
     # -- queue management -------------------------------------------------------------
 
@@ -133,7 +147,28 @@ class Scheduler:
         return seq
 
     def has_work(self) -> bool:
+        if self.paused_all:
+            return False
+        if self.paused_new:
+            return bool(self.running)
         return bool(self.running or self.waiting)
+
+    def created_cache_tokens(self, seq: Sequence) -> int:
+        """Prompt tokens `seq` computed into full cacheable blocks (vLLM's `created_cache_tokens`)."""
+        bs = self.profile.block_size
+        full = min(len(seq.block_hashes), seq.prompt_tokens // bs) * bs
+        return max(0, full - (seq.num_cached_tokens or 0))
+
+    def reset_prefix_cache(self, reset_running: bool) -> list[str]:
+        """Forget the free cached blocks; with `reset_running`, first put every running request back
+        into the waiting queue (preempted, newest first, so they queue in their old order). Returns
+        the preempted request ids."""
+        preempted = StepResult(duration_s=0.0)
+        if reset_running:
+            for seq in reversed(list(self.running)):
+                self._preempt(seq, preempted)
+        self.prefix.clear()
+        return preempted.preempted
 
     @property
     def used_blocks(self) -> int:
@@ -149,16 +184,54 @@ class Scheduler:
         return -(-tokens // self.profile.block_size)
 
     def _free(self, seq: Sequence) -> None:
-        self.free_blocks += seq.blocks
+        self.free_blocks += seq.blocks - len(seq.cached) + self.prefix.release(seq.cached)
+        seq.cached = []
         seq.blocks = 0
+
+    def _take_free(self, count: int) -> None:
+        """Use `count` free blocks: empty ones first, then cached ones nobody holds, oldest first."""
+        empty = self.free_blocks - len(self.prefix.evictable)
+        if count > empty:
+            self.prefix.evict(count - empty)
+        self.free_blocks -= count
 
     def _allocate(self, seq: Sequence, new_tokens: int) -> bool:
         need = self._blocks_for(seq.computed + new_tokens) - seq.blocks
         if need > self.free_blocks:
             return False
-        self.free_blocks -= need
+        self._take_free(need)
         seq.blocks += need
+        if seq.block_hashes:
+            self._cache_full_blocks(seq, seq.computed + new_tokens)
         return True
+
+    def _cache_full_blocks(self, seq: Sequence, tokens: int) -> None:
+        """The prompt blocks that `tokens` fill become cached, as vLLM caches them at allocation."""
+        full = min(min(tokens, seq.prompt_tokens) // self.profile.block_size, len(seq.block_hashes))
+        for i in range(len(seq.cached), full):
+            if not self.prefix.register(seq.block_hashes[i]):
+                return  # that content is cached in another block: this copy stays the request's own
+            seq.cached.append(seq.block_hashes[i])
+
+    def _hit(self, seq: Sequence, budget: int) -> int | None:
+        """Admit `seq` onto its cached prefix if blocks for it and its first chunk are free: the
+        tokens to compute in this step, or None (nothing changed)."""
+        bs = self.profile.block_size
+        hashes = seq.block_hashes[: self.prefix.match(seq.block_hashes, (seq.num_tokens - 1) // bs)]
+        hit = len(hashes) * bs
+        new = min(seq.num_tokens - hit, budget)
+        need = self._blocks_for(hit + new) - len(hashes) + self.prefix.free_needed(hashes)
+        if need > self.free_blocks:
+            return None
+        self.free_blocks -= self.prefix.take(hashes)
+        seq.cached = list(hashes)
+        seq.blocks = len(hashes)
+        seq.computed = hit
+        if seq.num_cached_tokens is None:
+            seq.num_cached_tokens = hit
+            if seq.block_hashes:
+                self.prefix.record_lookup(seq.num_tokens, hit)
+        return new
 
     def _preempt(self, seq: Sequence, result: StepResult) -> None:
         self.running.remove(seq)
@@ -180,9 +253,11 @@ class Scheduler:
 
     def step(self) -> StepResult:
         result = StepResult(duration_s=0.0)
+        if self.paused_all:
+            return result
         scheduled: list[tuple[Sequence, int]] = []
         budget = self._schedule_running(self.profile.max_num_batched_tokens, scheduled, result)
-        if not result.preempted:
+        if not result.preempted and not self.paused_new:
             self._admit_waiting(budget, scheduled)
         self._advance(scheduled, result)
         return result
@@ -220,8 +295,8 @@ class Scheduler:
         prof = self.profile
         while self.waiting and len(self.running) < prof.max_num_seqs and budget > 0:
             seq = self.waiting[0]
-            new = min(seq.num_tokens - seq.computed, budget)
-            if not self._allocate(seq, new):
+            new = self._hit(seq, budget)
+            if new is None or not self._allocate(seq, new):
                 break
             self.waiting.popleft()
             seq.state = SeqState.RUNNING
@@ -337,7 +412,7 @@ class Scheduler:
             if need > 0:
                 if need > self.free_blocks:
                     raise RuntimeError("fast_forward beyond the free KV blocks; call decode_run() first")
-                self.free_blocks -= need
+                self._take_free(need)
                 seq.blocks += need
             seq.computed = computed
             seq.generated += steps
