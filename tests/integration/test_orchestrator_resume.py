@@ -16,10 +16,11 @@ from typing import Any
 
 from apps.core.ledger.api import ReservationStatus
 from apps.core.protocol import node as proto
+from apps.core.protocol.dispatch import DISPATCH_PATH
 from apps.core.protocol.openai import sse_event
 from apps.core.protocol.vllm import chunk_payload, delta_choice, usage_block
 from tests.fakes.fake_node import FakeNode
-from tests.integration.orchestrator_env import Env, eventually
+from tests.integration.orchestrator_env import TOKEN, Env, eventually
 from tests.integration.test_orchestrator_app import _done, events
 
 Dispatch = asyncio.Task[tuple[int, dict[str, str], bytes]]
@@ -112,11 +113,15 @@ async def _resumed_on(env: Env, task: Dispatch, second: FakeNode) -> tuple[proto
     tokens. Returns the continuation's assignment and the response headers."""
     assign = await _continue_on(second, prompt=9)
     status, headers, body = await task
+    await _check_resumed(env, status, body, second)
+    return assign, headers
+
+
+async def _check_resumed(env: Env, status: int, body: bytes, second: FakeNode) -> None:
     assert status == 200
     _check_client_stream(body, prompt=7)
     await second.wait_for(lambda: "r1" in second.acks)
     assert env.ledger.settle_calls == [("r1", 7, 5)]
-    return assign, headers
 
 
 async def _not_resumed(env: Env, task: Dispatch, second: FakeNode, message: str) -> None:
@@ -167,11 +172,41 @@ async def test_engine_error_mid_stream_continues_on_another_node_and_bills_once(
 
 
 async def test_socket_cut_mid_stream_continues_on_another_node(env: Env) -> None:
-    orch, first, second, task = await _two_nodes_first_delivering(env)
-    await eventually(lambda: _done(orch.plane.local["n1"].routes.get("r1") is not None))
+    # The cut comes once the client has "A B". Frames the orchestrator received but had not yet
+    # handled when the socket dropped go with it (it runs with aiohttp's `handler_cancellation`: a
+    # lost connection cancels the node socket's handler, whatever aiohttp had buffered), so cutting
+    # right after the node *sent* them left the delivered text to timing: on a loaded machine the
+    # orchestrator's reader was still on an earlier frame (a heartbeat's Redis write), nothing had
+    # reached the client, and the request started over on the second node instead of resuming.
+    orch = await env.orchestrator()
+    first = await env.node(orch, "n1")
+    second = await env.node(orch, "n2", location="cloud")
+    env.ledger.add("r1")
+    request = {
+        "request_id": "r1", "team_id": 1, "key_id": 1, "model": "m", "body": BODY, "client_wants_usage": True,
+    }  # fmt: skip
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    received = bytearray()
+    has_a_b = asyncio.Event()
+
+    async def client() -> int:
+        async with env.session.post(orch.url + DISPATCH_PATH, json=request, headers=headers) as resp:
+            while data := await resp.content.readany():
+                received.extend(data)
+                if b'"content":" B"' in received:
+                    has_a_b.set()
+            return resp.status
+
+    task = asyncio.create_task(client())
+    assign = await asyncio.wait_for(first.assigns.get(), 5)
+    await first.chunk(assign.request_id, role("chatcmpl-first", 1) + text("chatcmpl-first", 1, "A"))
+    await first.chunk(assign.request_id, text("chatcmpl-first", 1, " B"))
+    await asyncio.wait_for(has_a_b.wait(), 10)
     await first.abort()
     # The lost node never said how long the prompt was: 9 prefilled minus the 2 delivered tokens.
-    await _resumed_on(env, task, second)
+    await _continue_on(second, prompt=9)
+    status = await asyncio.wait_for(task, 10)
+    await _check_resumed(env, status, bytes(received), second)
     assert env.ledger.resume_prompt_tokens == {"r1": 9}
     assert _resumes(orch, "node_lost", "completed") == 1
 

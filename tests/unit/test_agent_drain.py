@@ -7,6 +7,7 @@ import asyncio
 import os
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import aiohttp
@@ -145,18 +146,75 @@ async def test_an_orchestrator_that_does_not_close_after_drained_is_closed_on_af
     assert clock.sleeps == [5.0]  # the bounded wait for the orchestrator's close, then the node closed
 
 
+class _GatedClock:
+    """The agent's clock: its sleeps (the reconnect backoff) last until `gate` is set; `sleeping` is
+    set by the first one."""
+
+    def __init__(self) -> None:
+        self.gate = asyncio.Event()
+        self.sleeping = asyncio.Event()
+
+    def monotonic(self) -> float:
+        return time.monotonic()
+
+    async def sleep(self, seconds: float) -> None:
+        self.sleeping.set()
+        await self.gate.wait()
+
+
+class _NoJitter:
+    """Backoff jitter of 0: the agent dials again at once after a lost connection."""
+
+    def random(self) -> float:
+        return 0.0
+
+
+async def _until(check: Callable[[], bool], timeout: float = 10.0) -> None:
+    async with asyncio.timeout(timeout):
+        while not check():
+            await asyncio.sleep(0.01)  # polling a condition with a deadline
+
+
 async def test_lost_connection_aborts_in_flight_and_replays_its_done(tmp_path: Path) -> None:
-    async with running_agent(tmp_path) as run:
+    # The reconnect waits (on the agent's clock) until the aborted request has reported: the order
+    # this test checks is forced, not left to the backoff's jitter (a draw near 0 s on a loaded
+    # machine used to re-register while the abort was still reporting: `in_flight == ['cut1']`).
+    clock = _GatedClock()
+    async with running_agent(tmp_path, deps=AgentDeps(gpu_probe=NoGpuProbe(), clock=clock)) as run:
         await run.orch.send(run.assign("cut1", {"mode": "infinite", "pace_s": 0.005}))
         await run.orch.wait_for(lambda _: run.chunks("cut1").count("data: ") >= 3)
         await run.orch.cut()
         assert await run.engine.wait_aborted(1)  # nobody to relay to: stop the GPU work
+        async with asyncio.timeout(10):
+            await clock.sleeping.wait()  # backing off, not connected
+        await _until(lambda: not run.agent.in_flight)  # reported: its done is in the journal
+        assert run.orch.connections == 1
+        clock.gate.set()
         await run.orch.wait_for(lambda fs: any(c == 2 and isinstance(f, proto.Done) for c, f in fs))
         (done,) = run.orch.of_type(proto.Done, conn=2)
         assert isinstance(done, proto.Done)
         assert done.finish_reason == "abort"
         assert done.completion_tokens >= 2
         assert run.orch.registrations[1].in_flight == []  # aborted before re-registering
+
+
+async def test_a_reconnect_while_the_abort_still_reports_replays_its_done(tmp_path: Path) -> None:
+    # The agent dials again at once: the aborted request may not have reported yet. Either way its
+    # `done` reaches the new connection (the journal's replay, or sent live), and a registration
+    # that lists it as still in flight is answered `unknown_requests` without losing it.
+    async with running_agent(tmp_path, deps=AgentDeps(gpu_probe=NoGpuProbe(), rng=_NoJitter())) as run:
+        await run.orch.send(run.assign("cut1", {"mode": "infinite", "pace_s": 0.005}))
+        await run.orch.wait_for(lambda _: run.chunks("cut1").count("data: ") >= 3)
+        await run.orch.cut()
+        assert await run.engine.wait_aborted(1)
+        await run.orch.wait_for(lambda fs: any(c == 2 and isinstance(f, proto.Done) for c, f in fs))
+        assert run.orch.registrations[1].in_flight in ([], ["cut1"])
+        dones = run.orch.of_type(proto.Done, conn=2)
+        assert {d.request_id for d in dones} == {"cut1"}
+        assert len(set(dones)) == 1  # resent (journal replay and live send) maybe, never different
+        assert dones[0].finish_reason == "abort"
+        assert dones[0].completion_tokens >= 2
+        await _until(lambda: not run.agent.journal.pending())  # acknowledged: nothing left to replay
 
 
 async def test_sigterm_drains_and_exits_zero(tmp_path: Path) -> None:
