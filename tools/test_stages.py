@@ -170,9 +170,11 @@ def run_stages(
     runner: Runner,
     clock: Callable[[], float] = time.monotonic,
     out: Callable[[str], None] = print,
+    results: list[Result] | None = None,
 ) -> list[Result]:
-    """Run `stages` in order until one is red; print a line after each."""
-    results: list[Result] = []
+    """Run `stages` in order until one is red; print a line after each. Each result is appended
+    to `results` (a new list by default) as soon as its stage ends."""
+    results = [] if results is None else results
     for stage in stages:
         out(f"== stage {stage.name} ==")
         result = run_stage(stage, make, junit_dir, runner, clock)
@@ -207,7 +209,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     junit_dir = opts.junit_dir.resolve()
     junit_dir.mkdir(parents=True, exist_ok=True)
     make = [opts.make, "--no-print-directory", *make_vars]
-    results = run_stages(stages, make, junit_dir, _run, out=lambda line: print(line, flush=True))
+    results: list[Result] = []
+    try:
+        run_stages(stages, make, junit_dir, _run, out=lambda line: print(line, flush=True), results=results)
+    except KeyboardInterrupt:
+        print("\n" + table(results, stages) + "\n\nmake test: interrupted", flush=True)
+        return 130
     print("\n" + table(results, stages), flush=True)
     failed = [r for r in results if not r.ok]
     if failed:

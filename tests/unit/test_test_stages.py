@@ -221,3 +221,18 @@ def test_the_stages_are_the_makefiles_and_every_pytest_stage_writes_its_report()
 def test_a_result_without_counts_shows_dashes() -> None:
     rendered = table([Result(Stage("lint"), True, True, 2.0, None)], [Stage("lint")])
     assert rendered.splitlines()[1].split() == ["lint", "ok", "-", "-", "-", "-", "2.0"]
+
+
+def test_results_are_kept_as_each_stage_ends(tmp_path: Path) -> None:
+    """`main` prints the stages done so far when interrupted: they are in its list already."""
+    kept: list[Result] = []
+
+    def interrupted(argv: Sequence[str]) -> int:
+        if argv[-2] == "unit":
+            raise KeyboardInterrupt
+        return 0
+
+    with pytest.raises(KeyboardInterrupt):
+        run_stages(STAGES_UNDER_TEST, ["make"], tmp_path, interrupted, lambda: 0.0, lambda _: None, kept)
+    assert [r.stage.name for r in kept] == ["lint"]
+    assert table(kept, STAGES_UNDER_TEST).splitlines()[2].split() == ["unit", "not", "run"]
