@@ -11,7 +11,19 @@ from pathlib import Path
 
 import pytest
 
-from tools.test_stages import STAGES, Counts, Result, Skip, Stage, judge, main, read_junit, run_stages, table
+from tools.test_stages import (
+    STAGES,
+    Counts,
+    Result,
+    Skip,
+    Stage,
+    dry_run,
+    judge,
+    main,
+    read_junit,
+    run_stages,
+    table,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -236,3 +248,16 @@ def test_results_are_kept_as_each_stage_ends(tmp_path: Path) -> None:
         run_stages(STAGES_UNDER_TEST, ["make"], tmp_path, interrupted, lambda: 0.0, lambda _: None, kept)
     assert [r.stage.name for r in kept] == ["lint"]
     assert table(kept, STAGES_UNDER_TEST).splitlines()[2].split() == ["unit", "not", "run"]
+
+
+@pytest.mark.parametrize(
+    ("makeflags", "dry"),
+    [("n -- PY=python3.11", True), ("kn", True), (" -- PY=python3.11", False), ("", False), ("k", False),
+     ("--no-print-directory", False)],
+)  # fmt: skip
+def test_a_dry_run_is_recognised_from_makeflags(makeflags: str, dry: bool) -> None:
+    assert dry_run(makeflags) is dry
+
+
+def test_a_dry_run_needs_no_report() -> None:
+    assert judge(Stage("unit", pytest=True), 0, None, dry=True) == (True, "")
