@@ -6,10 +6,10 @@ it at once whether anyone owns the node now (0 -> retry elsewhere, nothing was s
 Frames for a forwarded request go back on the origin replica's own channel
 `orch:{replica}`, published in the order the node sent them (one reader task per node,
 sequential awaits). Both names carry the platform's channel namespace (`apps.core.nodes.keys`:
-pub/sub is server-wide, not per Redis DB). The node channel follows the node when it reconnects to another
-replica, so a forwarder never needs to know who owns the node. Lost pub/sub messages
-(a replica restarting) are caught by the relay's first-token and idle deadlines and by
-the fleet view noticing the owner's heartbeats stopped.
+pub/sub is server-wide, not per Redis DB). The node channel follows the node when it
+reconnects to another replica, so a forwarder never needs to know who owns the node. Lost
+pub/sub messages (a replica restarting) are caught by the relay's first-token and idle
+deadlines and by the fleet view noticing the owner's heartbeats stopped.
 """
 
 from __future__ import annotations
