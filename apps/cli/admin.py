@@ -144,9 +144,9 @@ async def _register_node_pool(
         raise InvalidRequest("LLMFLEET_NODE_TOKEN must be set to the pool's token")
     redis = Redis.from_url(os.environ.get("LLMFLEET_REDIS_URL", DEFAULT_REDIS))
     try:
-        result = await NodeStore(pool, redis, secret_key.encode()).register_pool(
-            args.pool, args.location, token, models=args.model
-        )
+        namespace = os.environ.get("LLMFLEET_CHANNEL_NAMESPACE", "")
+        store = NodeStore(pool, redis, secret_key.encode(), channel_namespace=namespace)
+        result = await store.register_pool(args.pool, args.location, token, models=args.model)
     finally:
         await redis.aclose()
     if result.status is PoolStatus.REVOKED:

@@ -374,7 +374,9 @@ class LocalPlatform:
         redis = Redis.from_url(self.redis_url)
         try:
             async with AsyncConnectionPool(self.database_url, min_size=1, max_size=2, open=False) as pool:
-                store = NodeStore(pool, redis, secret)
+                # Issues tokens only (publishes nothing); the children read the namespace themselves.
+                namespace = os.environ.get("LLMFLEET_CHANNEL_NAMESPACE", "")
+                store = NodeStore(pool, redis, secret, channel_namespace=namespace)
                 for spec in self.config.nodes:
                     self.node_tokens[spec.node_id] = await store.issue_token(spec.node_id, spec.location)
                 teams = TeamStore(pool)

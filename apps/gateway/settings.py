@@ -5,6 +5,8 @@ from __future__ import annotations
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from apps.core.nodes.keys import NAMESPACE_PATTERN
+
 
 class GatewaySettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="LLMFLEET_", extra="ignore")
@@ -16,6 +18,8 @@ class GatewaySettings(BaseSettings):
     metrics_port: int | None = Field(default=None, gt=0, lt=65536)
     database_url: str = "postgresql://postgres@127.0.0.1:5432/postgres"
     redis_url: str = "redis://127.0.0.1:6379/0"
+    # The orchestrators' `channel_namespace` (node drains and revocations are published there).
+    channel_namespace: str = Field(default="", pattern=NAMESPACE_PATTERN)
     orchestrator_url: str = "http://127.0.0.1:8081"  # comma-separated replicas allowed
     internal_token: str = ""
     secret_key: str = ""

@@ -49,8 +49,8 @@ class StoreHealth:
             return False
 
 
-def node_admin(pool: AsyncConnectionPool, redis: Any, secret_key: bytes) -> NodeAdmin:
-    return NodeStore(pool, redis, secret_key)
+def node_admin(pool: AsyncConnectionPool, redis: Any, secret_key: bytes, channel_namespace: str) -> NodeAdmin:
+    return NodeStore(pool, redis, secret_key, channel_namespace=channel_namespace)
 
 
 async def pg_pools(settings: GatewaySettings) -> tuple[AsyncConnectionPool, AsyncConnectionPool]:
@@ -132,7 +132,7 @@ async def build_deps(settings: GatewaySettings) -> GatewayDeps:
         keys=KeyStore(pool, secret, cache_ttl_s=settings.key_cache_ttl_s),
         quota=QuotaStore(redis, lease_s=settings.stream_lease_s),
         dispatcher=dispatcher,
-        nodes=node_admin(node_pool, redis, secret),
+        nodes=node_admin(node_pool, redis, secret, settings.channel_namespace),
         health=StoreHealth(pool, redis),
         resolver=SystemResolver(),
         jwt=jwt,

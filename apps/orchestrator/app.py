@@ -61,6 +61,7 @@ def _settler(settings: OrchestratorSettings, deps: OrchestratorDeps, plane: Cont
         plane.metrics,
         queue_size=settings.settle_queue,
         record_ttl_s=settings.done_record_ttl_s,
+        channel_namespace=settings.channel_namespace,
         on_slot_freed=plane.queues.notify,
         on_overreport=plane.quarantine,
     )
@@ -146,6 +147,7 @@ async def build_deps(settings: OrchestratorSettings) -> tuple[OrchestratorDeps, 
         redis,
         settings.secret_key.get_secret_value().encode(),
         heartbeat_interval_s=settings.heartbeat_interval_s,
+        channel_namespace=settings.channel_namespace,
     )
     deps = OrchestratorDeps(
         redis=redis,

@@ -18,7 +18,6 @@ from redis.asyncio import Redis
 
 from apps.core.clock import SYSTEM
 from apps.core.ledger.api import Ledger, SettleResult
-from apps.core.nodes import keys
 from apps.core.nodes.state import NodeState
 from apps.core.nodes.store import NodeStore, as_text
 from apps.core.protocol import bus as msgs
@@ -111,7 +110,13 @@ class ControlPlane:
             wall_clock=deps.wall_clock,
             grace_s=settings.cold_start_grace_s,
         )
-        self.bus = Bus(deps.redis, self.id, self.on_node_message, self.on_replica_message)
+        self.bus = Bus(
+            deps.redis,
+            self.id,
+            self.on_node_message,
+            self.on_replica_message,
+            namespace=settings.channel_namespace,
+        )
         self.local: dict[str, NodeConnection] = {}
         self.remote_streams: dict[str, RequestStream] = {}
         self.stopping = False
@@ -209,10 +214,10 @@ class ControlPlane:
         pinned = {s.owner for s in self.remote_streams.values() if s.owner_pinned and s.owner}
         if not pinned:
             return
-        counts = await self.deps.redis.pubsub_numsub(*(keys.replica_channel(o) for o in pinned))
+        counts = await self.deps.redis.pubsub_numsub(*(self.bus.replica_channel(o) for o in pinned))
         alive = {as_text(channel) for channel, listeners in counts if int(listeners) > 0}
         for stream in list(self.remote_streams.values()):
-            if stream.owner_pinned and keys.replica_channel(stream.owner) not in alive:
+            if stream.owner_pinned and self.bus.replica_channel(stream.owner) not in alive:
                 stream.deliver(LostEv(LostReason.OWNER_GONE))
 
     # -- owner side: frames from a node socket -----------------------------------------

@@ -9,6 +9,8 @@ import uuid
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from apps.core.nodes.keys import NAMESPACE_PATTERN
+
 
 def default_orchestrator_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
@@ -26,6 +28,9 @@ class OrchestratorSettings(BaseSettings):
     orchestrator_id: str = Field(default_factory=default_orchestrator_id)
     database_url: str = "postgresql://postgres@127.0.0.1:5432/postgres"
     redis_url: str = "redis://127.0.0.1:6379/0"
+    # Prefixes this platform's Redis pub/sub channels (server-wide, not per DB); the gateway's must
+    # match. Empty: today's names. Set when platforms or test runs share one Redis server.
+    channel_namespace: str = Field(default="", pattern=NAMESPACE_PATTERN)
     internal_token: SecretStr = SecretStr("")
     secret_key: SecretStr = SecretStr("")
     stack: str = "dev"

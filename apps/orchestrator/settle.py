@@ -105,6 +105,7 @@ class Settler:
         *,
         queue_size: int,
         record_ttl_s: int,
+        channel_namespace: str,
         on_slot_freed: Callable[[], None] = lambda: None,
         on_overreport: Callable[[str], Awaitable[None]] | None = None,
     ) -> None:
@@ -116,6 +117,7 @@ class Settler:
         self._metrics = metrics
         self._queue: asyncio.Queue[SettleJob] = asyncio.Queue(maxsize=queue_size)
         self._ttl = record_ttl_s
+        self._namespace = channel_namespace
         self._record_done = redis.register_script(_RECORD_DONE_LUA)
         self.idle = asyncio.Event()
         self.idle.set()
@@ -200,7 +202,8 @@ class Settler:
         origin = await self._redis.hget(keys.request_key(job.request_id), "origin")
         if not origin:
             return False
-        channel = keys.replica_channel(origin.decode() if isinstance(origin, bytes) else str(origin))
+        replica = origin.decode() if isinstance(origin, bytes) else str(origin)
+        channel = keys.replica_channel(replica, namespace=self._namespace)
         [(_, listeners)] = await self._redis.pubsub_numsub(channel)
         return int(listeners) > 0
 

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tests.ids import CHANNEL_NAMESPACE
+
 ROOT = Path(__file__).resolve().parents[2]
 VAR_REF = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
 
@@ -154,6 +156,8 @@ def container_process(
 ) -> tuple[list[str], dict[str, str]]:
     """argv and environment of `container` run from `env_dir` as its image would run it."""
     env = {"PATH": f"{env_dir / 'bin'}:/usr/bin:/bin", "HOME": str(env_dir), **df.runtime_env}
+    # Not from the object: the test run's pub/sub namespace (Redis channels are server-wide).
+    env["LLMFLEET_CHANNEL_NAMESPACE"] = CHANNEL_NAMESPACE
     for entry in container.get("env", []):
         value = _map(_env_value(entry, cluster, pod_name), cluster)
         if entry["name"].endswith("_PORT") and value.isdigit() and int(value) in cluster.ports:

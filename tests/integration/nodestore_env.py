@@ -9,6 +9,7 @@ from psycopg_pool import AsyncConnectionPool
 from redis.asyncio import Redis
 
 from apps.core.nodes.store import NodeStore
+from tests.ids import CHANNEL_NAMESPACE
 
 SECRET = b"k" * 32
 
@@ -21,7 +22,11 @@ async def node_store(db_url: str, redis_url: str) -> AsyncIterator[Store]:
     await pool.open()
     redis = Redis.from_url(redis_url)
     try:
-        yield NodeStore(pool, redis, SECRET, heartbeat_interval_s=5.0), pool, redis
+        yield (
+            NodeStore(pool, redis, SECRET, channel_namespace=CHANNEL_NAMESPACE, heartbeat_interval_s=5.0),
+            pool,
+            redis,
+        )
     finally:
         await redis.aclose()
         await pool.close()

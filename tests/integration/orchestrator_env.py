@@ -30,6 +30,7 @@ from apps.orchestrator.plane import OrchestratorDeps
 from apps.orchestrator.settings import OrchestratorSettings
 from tests.fakes.fake_ledger import FakeLedger
 from tests.fakes.fake_node import FakeNode
+from tests.ids import CHANNEL_NAMESPACE
 
 T = TypeVar("T")
 
@@ -96,6 +97,7 @@ async def start_pg_orchestrator(
         pool,
         redis,
         str(settings["secret_key"]).encode(),
+        channel_namespace=settings.get("channel_namespace", CHANNEL_NAMESPACE),
         heartbeat_interval_s=settings["heartbeat_interval_s"],
     )
     ledger = PgLedger(pool, {model: prices})
@@ -115,11 +117,13 @@ async def start_pg_orchestrator(
 
 
 class Env:
-    def __init__(self, pool: AsyncConnectionPool, redis: Redis) -> None:
+    def __init__(self, pool: AsyncConnectionPool, redis: Redis, namespace: str = CHANNEL_NAMESPACE) -> None:
+        """`namespace`: the pub/sub channel namespace of its store and replicas (`tests/ids.py`)."""
         self.pool = pool
         self.redis = redis
+        self.namespace = namespace
         self.ledger = FakeLedger()
-        self.store = NodeStore(pool, redis, SECRET, heartbeat_interval_s=0.5)
+        self.store = NodeStore(pool, redis, SECRET, channel_namespace=namespace, heartbeat_interval_s=0.5)
         self.orchestrators: list[RunningOrchestrator] = []
         self.nodes: list[FakeNode] = []
         self.session = aiohttp.ClientSession()
@@ -141,6 +145,7 @@ class Env:
             "heartbeat_interval_s": 0.5,
             "fleet_refresh_s": 0.05,
             "shutdown_grace_s": 2.0,
+            "channel_namespace": self.namespace,
             **overrides,
         }
         deps = OrchestratorDeps(

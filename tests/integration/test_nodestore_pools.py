@@ -12,6 +12,7 @@ from apps.core.nodes import keys
 from apps.core.nodes.ids import parse_node_id, pool_of
 from apps.core.nodes.store import PoolStatus
 from apps.core.secrets import hash_secret
+from tests.ids import CHANNEL_NAMESPACE
 from tests.integration.nodestore_env import SECRET, Store, node_store
 
 POOL_TOKEN = "p" * 48
@@ -120,7 +121,9 @@ async def test_revoking_a_pool_revokes_every_member_and_signals_their_owners(sto
     await nodes.issue_token("eksx", "cloud")  # a prefix look-alike is not a member
     await nodes.record_registration(node_id="eksx", location="cloud", gpus=1, models=[], orchestrator_id="o")
     pubsub = redis.pubsub()
-    channels = [keys.node_channel(n) for n in ("eks", "eks/pod-a", "eks/pod-b", "eksx")]
+    channels = [
+        keys.node_channel(n, namespace=CHANNEL_NAMESPACE) for n in ("eks", "eks/pod-a", "eks/pod-b", "eksx")
+    ]
     await pubsub.subscribe(*channels)
     try:
         assert not await nodes.revoke("eks/pod-a")  # members have no token of their own
@@ -131,7 +134,9 @@ async def test_revoking_a_pool_revokes_every_member_and_signals_their_owners(sto
             msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=0.5)
             if msg is not None:
                 got.add(msg["channel"].decode())
-        assert got == {keys.node_channel(n) for n in ("eks", "eks/pod-a", "eks/pod-b")}
+        assert got == {
+            keys.node_channel(n, namespace=CHANNEL_NAMESPACE) for n in ("eks", "eks/pod-a", "eks/pod-b")
+        }
     finally:
         await pubsub.aclose()  # type: ignore[no-untyped-call]
     assert not await nodes.verify("eks/pod-c", token)

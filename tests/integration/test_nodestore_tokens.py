@@ -10,6 +10,7 @@ import pytest
 
 from apps.core.errors import InvalidRequest
 from apps.core.nodes import keys
+from tests.ids import CHANNEL_NAMESPACE
 from tests.integration.nodestore_env import Store, node_store
 
 
@@ -113,7 +114,7 @@ async def test_request_drain_reports_whether_any_replica_owns_the_node(
     nodes, _, redis = store
     assert not await nodes.request_drain("gpu-1")
     pubsub = redis.pubsub()
-    await pubsub.subscribe(keys.node_channel("gpu-1"))
+    await pubsub.subscribe(keys.node_channel("gpu-1", namespace=CHANNEL_NAMESPACE))
     try:
         assert await nodes.request_drain("gpu-1")
     finally:

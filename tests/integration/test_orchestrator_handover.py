@@ -210,7 +210,7 @@ async def test_a_relay_pinned_to_a_handing_over_replica_that_dies_ends_at_once(e
     await _register_elsewhere(env, node, c, ["r7"])
     # What b sees of a kill -9: nobody listens on a's channel any more (a itself lives on in this
     # process, so that the test can end it cleanly).
-    await a.plane.bus._pubsub.unsubscribe(keys.replica_channel(a.plane.id))
+    await a.plane.bus._pubsub.unsubscribe(a.plane.bus.replica_channel(a.plane.id))
     status, _, body = await asyncio.wait_for(stream, 10)
     evs = events(body)
     assert status == 200

@@ -13,6 +13,7 @@ from apps.core.protocol import bus as msgs
 from apps.core.protocol import node as proto
 from apps.core.protocol.dispatch import DISPATCH_PATH
 from tests.fakes.fake_node import Auto, FakeNode, vllm_chunk
+from tests.ids import CHANNEL_NAMESPACE
 from tests.integration.orchestrator_env import TOKEN, Env, eventually
 from tests.integration.test_orchestrator_app import _done, events
 
@@ -184,7 +185,10 @@ async def test_relaying_replica_gone_mid_stream_cancels_on_the_node_and_settles_
     node = await env.node(a, "n1", auto=Auto(tokens=50, prompt_tokens=2, gate=never))
     env.ledger.add("r1")
     assign = msgs.AssignMsg(origin="orch-killed", request_id="r1", model="m", body={"messages": []})
-    assert await env.redis.publish(keys.node_channel("n1"), msgs.encode(assign)) == 1
+    assert (
+        await env.redis.publish(keys.node_channel("n1", namespace=CHANNEL_NAMESPACE), msgs.encode(assign))
+        == 1
+    )
     await node.wait_for(lambda: "r1" in node.cancels)
     await node.wait_for(lambda: "r1" in node.acks)
     assert env.ledger.settle_calls == [("r1", 2, 1)]

@@ -10,6 +10,11 @@
                          request's worst case (cleared for a node when its token is re-issued).
 - `nodech:{id}`          pub/sub channel of the replica that owns node `id` (assign, cancel, drain, revoke).
 - `orch:{replica}`       pub/sub channel of one orchestrator replica (frames relayed back to it).
+                         Pub/sub channels are server-wide, not per logical DB: a non-empty channel
+                         namespace (`LLMFLEET_CHANNEL_NAMESPACE`, the same in every gateway and
+                         replica of a platform) prefixes both, `{namespace}:nodech:{id}`, so that
+                         platforms (or test runs) sharing one Redis server in different DBs never
+                         hear each other. Empty (the default): the names above.
 - `req:{request_id}`     HASH of the current assignment (node, origin replica, attempt, and the usage
                          bound `max_prompt`/`max_completion` the settle caps a report at), TTL max request time.
 - `done:{request_id}`    the usage a node reported (JSON), kept for the sweeper; TTL 24 h.
@@ -18,6 +23,9 @@
 """
 
 from __future__ import annotations
+
+# What a channel namespace may be (settings validate it): no `:` so that a channel's kind stays readable.
+NAMESPACE_PATTERN = r"^[A-Za-z0-9_.-]{0,64}$"
 
 NODES_INDEX = "nodes:index"
 NODES_REVOKED = "nodes:revoked"
@@ -33,12 +41,21 @@ def node_inflight(node_id: str) -> str:
     return f"node:{node_id}:inflight"
 
 
-def node_channel(node_id: str) -> str:
-    return f"nodech:{node_id}"
+def _channel_prefix(namespace: str) -> str:
+    return f"{namespace}:" if namespace else ""
 
 
-def replica_channel(orchestrator_id: str) -> str:
-    return f"orch:{orchestrator_id}"
+def node_channel(node_id: str, *, namespace: str) -> str:
+    return f"{_channel_prefix(namespace)}nodech:{node_id}"
+
+
+def node_channel_prefix(namespace: str) -> str:
+    """What every node channel of `namespace` starts with (the node id follows)."""
+    return node_channel("", namespace=namespace)
+
+
+def replica_channel(orchestrator_id: str, *, namespace: str) -> str:
+    return f"{_channel_prefix(namespace)}orch:{orchestrator_id}"
 
 
 def request_key(request_id: str) -> str:

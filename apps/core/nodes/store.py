@@ -110,12 +110,16 @@ class NodeStore:
         redis: Redis,
         secret_key: bytes,
         *,
+        channel_namespace: str,
         heartbeat_interval_s: float = 5.0,
         clock: Callable[[], float] = time.time,
     ) -> None:
+        """`channel_namespace`: the platform's (`apps.core.nodes.keys`), where drains and
+        revocations are published for the replicas."""
         self._pool = pool
         self._redis = redis
         self._key = secret_key
+        self._namespace = channel_namespace
         self._interval = heartbeat_interval_s
         self._clock = clock
 
@@ -232,7 +236,7 @@ class NodeStore:
         message = bus.encode(bus.RevokeMsg())
         pipe = self._redis.pipeline(transaction=False)
         for target in [node_id, *members]:
-            pipe.publish(keys.node_channel(target), message)
+            pipe.publish(keys.node_channel(target, namespace=self._namespace), message)
         await pipe.execute()
         return True
 
@@ -263,7 +267,8 @@ class NodeStore:
 
     async def request_drain(self, node_id: str) -> bool:
         """Ask the replica owning the node's socket to drain it; False if no replica owns it."""
-        receivers = await self._redis.publish(keys.node_channel(node_id), bus.encode(bus.DrainMsg()))
+        channel = keys.node_channel(node_id, namespace=self._namespace)
+        receivers = await self._redis.publish(channel, bus.encode(bus.DrainMsg()))
         return int(receivers) > 0
 
     # -- registry events (orchestrator) -------------------------------------------
