@@ -208,8 +208,7 @@ class AdminApi:
         name = body.get("name")
         if name is not None and not isinstance(name, str):
             raise InvalidRequest("'name' must be a string.", param="name")
-        if name is not None:
-            checked_text(name, "name")
+        name = checked_text(name, "name") if name is not None else None
         secret, record = await self.deps.keys.create(
             team=team,
             model_allowlist=allow,

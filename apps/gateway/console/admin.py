@@ -110,9 +110,7 @@ class AdminView:
             return to_signin()
         try:
             form = await self.console.checked_form(request, session)
-            team = parse_id(
-                first(form, "team")
-            )  # ASCII digits only: `²`, `\u0661` (Arabic-Indic one) are no team
+            team = parse_id(first(form, "team"))  # ASCII digits only (apps.gateway.inputs)
             if team is None:
                 raise Problem("Pick a team.")
             try:

@@ -90,7 +90,7 @@ def positive_int(form: Mapping[str, list[str]], name: str) -> int | None:
     raw = first(form, name)
     if not raw:
         return None
-    value = parse_id(raw)  # ASCII digits only: `²` and `\u0661` (Arabic-Indic one) are not numbers here
+    value = parse_id(raw)  # ASCII digits only (apps.gateway.inputs)
     maximum = FIELD_MAX.get(name, INT_MAX)
     if value is None or value > maximum:
         raise Problem(f"'{name}' must be a whole number from 1 to {maximum} (or empty for no limit).")
