@@ -211,6 +211,7 @@ def _checked_request(body: Any, served_model: str, priority_scheduling: bool) ->
         raise bad_request(
             "Cannot apply chat template to an empty conversation. Provide at least one message."
         )
+    _check_contents(req.messages)
     n = req.n if req.n is not None else 1
     if n < 1:
         raise bad_request(f"n must be at least 1, got {n}.", "n", n)
@@ -223,6 +224,28 @@ def _checked_request(body: Any, served_model: str, priority_scheduling: bool) ->
     if req.priority != 0 and not priority_scheduling:  # vLLM's processor, word for word
         raise bad_request(f"Got priority {req.priority} but Priority scheduling is not enabled.")
     return req
+
+
+def _check_contents(messages: list[dict[str, Any]]) -> None:
+    """vLLM's request model types `content` (a string, a list of parts, or null): anything else is
+    its pydantic 400 ("Bad Request"), not a crash of the chat template."""
+    for i, message in enumerate(messages):
+        content = message.get("content")
+        bad: str | None = None
+        if content is not None and not isinstance(content, str | list):
+            bad = f"body.messages.{i}.content"
+        elif isinstance(content, list):
+            bad = next(
+                (
+                    f"body.messages.{i}.content.{j}"
+                    for j, p in enumerate(content)
+                    if not isinstance(p, dict | str)
+                ),
+                None,
+            )
+        if bad is not None:
+            message_text = f"1 validation error:\n  {{'type': 'string_type', 'loc': {bad!r}, 'msg': 'Input should be a valid string'}}"
+            raise VllmError(400, "Bad Request", message_text, bad)
 
 
 def _completion_limit(req: ChatRequest, prompt: int, max_model_len: int) -> int:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from datetime import datetime
 from decimal import Decimal, DecimalException
-from typing import Any
+from typing import Any, TypeGuard
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse
@@ -16,11 +16,28 @@ from apps.core.errors import InvalidRequest, NotFound, Unavailable
 from apps.core.sharing import priority_class, team_weight
 from apps.gateway.auth import require_admin
 from apps.gateway.deps import GatewayDeps
+from apps.gateway.inputs import checked_text, only_params, parse_id, shown
 from apps.gateway.settings import GatewaySettings
 from apps.gateway.usage import parse_time
 from apps.gateway.validate import parse_json_object
 
 NODE_ID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.")
+
+
+def valid_node_id(node_id: object) -> TypeGuard[str]:
+    """1-128 of [A-Za-z0-9._-]: what `POST /admin/nodes` issues tokens for (anything else, a NUL
+    included, names no node and never reaches the store)."""
+    return isinstance(node_id, str) and 0 < len(node_id) <= 128 and set(node_id) <= NODE_ID_CHARS
+
+
+def _key_id(request: Request) -> int:
+    """The key id in the path: ASCII digits (`apps.gateway.inputs.parse_id`), else a 404 like any id
+    that names no key."""
+    raw = str(request.path_params["key_id"])
+    key_id = parse_id(raw)
+    if key_id is None:
+        raise NotFound(f"key {shown(raw, 20)} does not exist", param="id", code="key_not_found")
+    return key_id
 
 
 async def _json(request: Request, fields: frozenset[str]) -> dict[str, Any]:
@@ -79,14 +96,8 @@ def team_ref(values: Mapping[str, Any], *, query: bool = False) -> int | str | N
     if team_id is not None and name is not None:
         raise InvalidRequest("Give either 'team_id' (id) or 'team' (name), not both.", param="team_id")
     if team_id is not None:
-        if (
-            query
-            and isinstance(team_id, str)
-            and team_id.isascii()
-            and team_id.isdigit()
-            and len(team_id) < 19
-        ):
-            team_id = int(team_id)
+        if query and isinstance(team_id, str):
+            team_id = parse_id(team_id) or 0  # ASCII digits only (apps.gateway.inputs)
         if isinstance(team_id, bool) or not isinstance(team_id, int) or not 0 < team_id < 2**63:
             raise InvalidRequest("'team_id' must be a positive integer (a team's id).", param="team_id")
         return team_id
@@ -95,7 +106,7 @@ def team_ref(values: Mapping[str, Any], *, query: bool = False) -> int | str | N
             raise InvalidRequest(
                 "'team' must be a team's name (a string); use 'team_id' for its id.", param="team"
             )
-        return name
+        return checked_text(name, "team")
     return None
 
 
@@ -163,12 +174,16 @@ class AdminApi:
             if body.get("weight") is not None
             else self.deps.spec.sharing.default_weight
         )
-        team = await self.deps.teams.create_team(name, weight)
-        if body.get("credits") is not None:
-            await self.deps.teams.add_credits(
-                team.id, amount_microcredits({"amount": body["credits"]}), "initial"
-            )
-            team = await self.deps.teams.get_team(team.id)
+        credits = 0
+        if body.get("credits") is not None:  # parsed before anything is written
+            try:
+                credits = amount_microcredits({"amount": body["credits"]})
+            except InvalidRequest as exc:
+                raise InvalidRequest(exc.message.replace("'amount'", "'credits'"), param="credits") from None
+            if credits < 0:
+                raise InvalidRequest("'credits' must not be negative.", param="credits")
+        # The team and its initial credits in one transaction: a refusal leaves no team behind.
+        team = await self.deps.teams.create_team(name, weight, credits)
         return JSONResponse(team.as_json(), status_code=201)
 
     async def list_teams(self, request: Request) -> JSONResponse:
@@ -191,6 +206,9 @@ class AdminApi:
         if body.get("expires_at") is not None:
             expires = parse_time(body["expires_at"], "expires_at")
         name = body.get("name")
+        if name is not None and not isinstance(name, str):
+            raise InvalidRequest("'name' must be a string.", param="name")
+        name = checked_text(name, "name") if name is not None else None
         secret, record = await self.deps.keys.create(
             team=team,
             model_allowlist=allow,
@@ -208,15 +226,13 @@ class AdminApi:
     async def update_key(self, request: Request) -> JSONResponse:
         """Change a key's limits: each field given is set (null clears it), the others stay."""
         await require_admin(request, self.deps, self.settings)
-        raw = request.path_params["key_id"]
-        if not str(raw).isdigit() or len(str(raw)) > 18:
-            raise NotFound(f"key {raw} does not exist", param="id", code="key_not_found")
+        key_id = _key_id(request)
         body = await _json(request, KEY_PATCH_FIELDS)
         if not body:
             raise InvalidRequest(
                 f"Nothing to change; give one of: {', '.join(sorted(KEY_PATCH_FIELDS))}.", param=None
             )
-        record = await self.deps.keys.update(int(raw), {name: _opt_int(body, name) for name in body})
+        record = await self.deps.keys.update(key_id, {name: _opt_int(body, name) for name in body})
         return JSONResponse(record.as_json())
 
     async def set_sharing(self, request: Request) -> JSONResponse:
@@ -242,23 +258,25 @@ class AdminApi:
 
     async def list_keys(self, request: Request) -> JSONResponse:
         await require_admin(request, self.deps, self.settings)
+        # A parameter it does not take is a 400: `team[]=2` ignored would list every team's keys.
+        only_params(request.query_params, ("team", "team_id"))
         keys = await self.deps.keys.list_keys(team_ref(request.query_params, query=True))
         return JSONResponse({"object": "list", "data": [k.as_json() for k in keys]})
 
     async def revoke_key(self, request: Request) -> JSONResponse:
         await require_admin(request, self.deps, self.settings)
-        raw = request.path_params["key_id"]
-        if not str(raw).isdigit():
-            raise NotFound(f"key {raw} does not exist", param="id", code="key_not_found")
-        changed = await self.deps.keys.revoke(int(raw))
-        return JSONResponse({"id": int(raw), "revoked": True, "changed": changed})
+        key_id = _key_id(request)
+        changed = await self.deps.keys.revoke(key_id)
+        return JSONResponse({"id": key_id, "revoked": True, "changed": changed})
 
     async def add_credits(self, request: Request) -> JSONResponse:
         await require_admin(request, self.deps, self.settings)
         body = await _json(request, CREDIT_FIELDS)
         team = _required_team(body)
         reason = body.get("reason") if isinstance(body.get("reason"), str) else "admin"
-        entry = await self.deps.teams.add_credits(team, amount_microcredits(body), str(reason))
+        entry = await self.deps.teams.add_credits(
+            team, amount_microcredits(body), checked_text(str(reason), "reason")
+        )
         return JSONResponse(entry, status_code=201)
 
     async def list_nodes(self, request: Request) -> JSONResponse:
@@ -269,12 +287,7 @@ class AdminApi:
         await require_admin(request, self.deps, self.settings)
         body = await _json(request, NODE_FIELDS)
         node_id, location = body.get("node_id"), body.get("location", "onprem")
-        if (
-            not isinstance(node_id, str)
-            or not node_id
-            or not set(node_id) <= NODE_ID_CHARS
-            or len(node_id) > 128
-        ):
+        if not valid_node_id(node_id):
             raise InvalidRequest("'node_id' must be 1-128 of [A-Za-z0-9._-].", param="node_id")
         if location not in ("onprem", "cloud"):
             raise InvalidRequest("'location' must be onprem or cloud.", param="location")
@@ -303,6 +316,8 @@ class AdminApi:
     async def revoke_node(self, request: Request) -> JSONResponse:
         await require_admin(request, self.deps, self.settings)
         node_id = request.path_params["node_id"]
-        if not await self.deps.nodes.revoke(node_id):
-            raise NotFound(f"node {node_id} does not exist", param="node_id", code="node_not_found")
+        if not valid_node_id(node_id) or not await self.deps.nodes.revoke(node_id):
+            raise NotFound(
+                f"node {shown(node_id, 128)} does not exist", param="node_id", code="node_not_found"
+            )
         return JSONResponse({"node_id": node_id, "revoked": True})

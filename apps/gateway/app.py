@@ -3,16 +3,25 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+import psycopg
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
-from apps.core.errors import ForwardedError, LlmfleetError, NotFound, Unavailable, unknown_route
+from apps.core.errors import (
+    ForwardedError,
+    InvalidRequest,
+    LlmfleetError,
+    NotFound,
+    Unavailable,
+    unknown_route,
+)
 from apps.gateway.admin_routes import AdminApi
 from apps.gateway.auth import authenticate
 from apps.gateway.chat import ChatHandler
@@ -23,6 +32,8 @@ from apps.gateway.metrics import GatewayMetrics
 from apps.gateway.settings import GatewaySettings
 from apps.gateway.usage import usage_route
 from apps.netio.uvicorn_writer import GatewayApp
+
+log = logging.getLogger("llmfleet.gateway")
 
 
 def model_object(name: str) -> dict[str, object]:
@@ -102,6 +113,19 @@ async def on_http_error(request: Request, exc: Exception) -> Response:
     return error_response(error, exc.headers)
 
 
+async def on_data_error(request: Request, exc: Exception) -> Response:
+    """The last line of the input checks: a value PostgreSQL refuses to store or compare (a NUL in
+    text, a number past its column) is the request's fault, so a 400 in the OpenAI envelope on a
+    connection that stays open, never a 500 that drops it. The routes check their inputs first
+    (`apps.gateway.inputs`); reaching this is a gap to close there, hence the warning."""
+    log.warning(
+        "database refused a request value on %s %s: %s", request.method, request.url.path, type(exc).__name__
+    )
+    return error_response(
+        InvalidRequest("A value in the request cannot be stored (out of range or not text).", param=None)
+    )
+
+
 def create_app(settings: GatewaySettings, deps: GatewayDeps) -> GatewayApp:
     @asynccontextmanager
     async def lifespan(app: GatewayApp) -> AsyncIterator[None]:
@@ -116,5 +140,5 @@ def create_app(settings: GatewaySettings, deps: GatewayDeps) -> GatewayApp:
         *AdminApi(settings, deps).routes(),
         console_mount(settings, deps),
     ]
-    handlers = {LlmfleetError: on_error, HTTPException: on_http_error}
+    handlers = {LlmfleetError: on_error, HTTPException: on_http_error, psycopg.DataError: on_data_error}
     return GatewayApp(routes=routes, exception_handlers=handlers, lifespan=lifespan)

@@ -76,8 +76,8 @@ class ChatHandler:
         self._speculation = Speculation()
 
     async def handle(self, request: Request) -> Response:
-        client_id = request_id_for(request)
-        ex = Exchange(client_id, time.monotonic(), client_id)
+        client_id, chosen = request_id_for(request)
+        ex = Exchange(client_id, time.monotonic(), client_id, id_chosen=chosen)
         try:
             return await self._handle(request, ex)
         except LlmfleetError as exc:
@@ -109,7 +109,7 @@ class ChatHandler:
         principal = await authenticate(request, self._d, self._s)
         ex.principal = principal
         team_id = require_team(principal)
-        ex.request_id = scoped_request_id(team_id, ex.client_id)
+        ex.request_id = scoped_request_id(team_id, ex.client_id, chosen=ex.id_chosen)
         body = parse_body(await self._read_body(request))
         chat = validate_chat(body, self._d.spec, KeyCaps(principal.max_tokens, principal.max_context))
         ex.model = chat.model

@@ -22,15 +22,21 @@ REQUEST_ID_RE = re.compile(r"^[A-Za-z0-9._:-]{8,128}$")
 NOTHING_RAN = frozenset({400, 404, 409, 413, 422, 429, 503})
 
 
-def request_id_for(request: Request) -> str:
+def request_id_for(request: Request) -> tuple[str, bool]:
+    """(the request's `x-request-id`, whether the client chose it): the client's when it is
+    well-formed, else a generated `chatcmpl-<uuid4 hex>`."""
     sent = request.headers.get("x-request-id", "")
-    return sent if REQUEST_ID_RE.match(sent) else f"chatcmpl-{uuid.uuid4().hex}"
+    if REQUEST_ID_RE.match(sent):
+        return sent, True
+    return f"chatcmpl-{uuid.uuid4().hex}", False
 
 
-def scoped_request_id(team_id: int, client_id: str) -> str:
-    """The internal id of a client-chosen `x-request-id`: one namespace per team (`/` never occurs
-    in a client's id), so no team can see or pre-claim another's ids. Generated ids are unique."""
-    return client_id if client_id.startswith("chatcmpl-") else f"t{team_id}/{client_id}"
+def scoped_request_id(team_id: int, client_id: str, *, chosen: bool = True) -> str:
+    """The internal id (ledger row, stream slot, dispatch) of a request: a client-chosen
+    `x-request-id` lives in its team's namespace, `t<team>/<id>` (`/` never occurs in a client's id),
+    whatever it looks like (`chatcmpl-...` included), so no team can see or pre-claim another's ids;
+    only an id the gateway generated (a random uuid4) is used as it is."""
+    return f"t{team_id}/{client_id}" if chosen else client_id
 
 
 def _duration(seconds: float) -> str:
@@ -106,6 +112,7 @@ class Exchange:
     request_id: str  # internal: the ledger row, the stream slot, the dispatch (scoped per team)
     started: float
     client_id: str = ""  # what the client sent (or was given) as `x-request-id`, echoed back
+    id_chosen: bool = True  # the client sent `client_id` (else the gateway generated it)
     principal: Principal | None = None
     model: str = "-"
     status: int = 0

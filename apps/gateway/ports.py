@@ -125,7 +125,7 @@ class Keys(Protocol):
 class Teams(Protocol):
     """Teams and credits (`apps.core.ledger.teams.TeamStore`)."""
 
-    async def create_team(self, name: str, weight: float = 1.0) -> Team: ...
+    async def create_team(self, name: str, weight: float = 1.0, credits_microcredits: int = 0) -> Team: ...
 
     async def set_sharing(
         self,

@@ -1,12 +1,14 @@
-"""The SSRF guard: no URL in a request body may point the engine (or anything it calls) inward.
+"""The SSRF guard: no URL the engine fetches may point it (or anything it calls) inward.
 
-Checked, at any depth of the body:
-* every string that is a URL (`scheme://...` or `data:...`, the whole string), wherever it is;
-* every value under a URL-ish key (`url`, `*_url`, `*Url`, `uri`, `href`, `src`, `image`,
-  `$ref`, case-insensitive), whatever its shape: a string must be a URL, a list or an object is
-  walked and each of its strings checked the same way.
-The one exemption is prompt text (a message's string `content`, a `text` part): no part of the
-platform fetches it, and refusing a prompt that is just a URL would only get in users' way.
+Checked exactly where vLLM fetches media: in every message's `content` array, the parts that carry
+a URL, by vLLM's own parsing (`vllm/entrypoints/chat_utils.py`, `MM_PARSER_MAP` and the parts
+without a `type`): `image_url`, `audio_url` and `video_url` (an object's `url`, or the string
+itself), and the Responses-style `input_image` part's `image_url` string. `input_audio` carries
+base64 data (vLLM makes it a `data:` URL) and is fetched by no one. Nothing else in a body is
+fetched by the engine: a tool's JSON schema (parameters named `url`, `image`, `src`, `href`, a
+`$ref`), a `response_format` schema, prompt text or metadata are never inspected, so legitimate
+tool definitions are not refused. A fetched part whose URL is neither a string nor absent is a 400
+(vLLM would refuse it too, after the money and the slot were taken).
 
 A URL passes if it is `data:`, or `http(s)` to a public address. Refused rather than parsed one
 way (parsers disagree on them: `http://127.0.0.1\\@8.8.8.8/` is 8.8.8.8 to `urlsplit` and
@@ -30,9 +32,10 @@ from urllib.parse import urlsplit
 from apps.core.errors import InvalidRequest
 from apps.gateway.ports import Resolver
 
-MAX_WALK_DEPTH = 32
-URLISH_KEYS = frozenset({"url", "uri", "href", "src", "image", "$ref"})
-URL_RE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]{0,31}://")
+MAX_WALK_DEPTH = 32  # the deepest JSON body accepted at all (`apps.gateway.validate`)
+# The keys of a content part under which vLLM finds a URL to fetch: `{"url": ...}` or the URL itself
+# (`input_image` and the parts without a `type` give it as a string).
+FETCHED_PARTS = ("image_url", "audio_url", "video_url")
 SAFE_URL_CHARS = re.compile(r"^[\x21-\x7e]*$")  # printable ASCII, no space
 # Every label a number (decimal, octal or 0x-hex): what inet_aton reads as an IPv4 address.
 NUMERIC_HOST = re.compile(r"^(0[xX][0-9a-fA-F]*|[0-9]+)(\.(0[xX][0-9a-fA-F]*|[0-9]+))*\.?$")
@@ -42,48 +45,40 @@ TUNNEL_NETS = tuple(
 )
 
 
-def _urlish_key(key: str) -> bool:
-    lowered = key.lower()
-    return (
-        lowered in URLISH_KEYS or lowered.endswith("_url") or key.endswith("Url") or lowered.endswith("_uri")
-    )
-
-
-def _is_url(text: str) -> bool:
-    stripped = text.strip()
-    return bool(URL_RE.match(stripped)) or stripped[:5].lower() == "data:"
-
-
-def url_values(
-    node: Any, path: str = "", depth: int = 0, *, under_url_key: bool = False
-) -> list[tuple[str, str]]:
-    """(param path, string) of every string to check as a URL."""
-    if depth > MAX_WALK_DEPTH:
-        raise InvalidRequest("The request body is nested too deeply.", param=path or None)
+def _part_urls(part: dict[str, Any], path: str) -> list[tuple[str, str]]:
+    """(param path, URL) of what the engine would fetch for one content part."""
     found: list[tuple[str, str]] = []
-    if isinstance(node, str):
-        if under_url_key or _is_url(node):
-            found.append((path, node))
-    elif isinstance(node, dict):
-        for key, value in node.items():
-            sub = f"{path}.{key}" if path else str(key)
-            if _is_prompt_text(str(key), value, node):
-                continue
-            found.extend(
-                url_values(value, sub, depth + 1, under_url_key=under_url_key or _urlish_key(str(key)))
-            )
-    elif isinstance(node, list):
-        for i, value in enumerate(node):
-            found.extend(url_values(value, f"{path}.{i}", depth + 1, under_url_key=under_url_key))
+    for key in FETCHED_PARTS:
+        if key not in part:
+            continue
+        value = part[key]
+        if isinstance(value, dict):
+            value, sub = value.get("url"), f"{path}.{key}.url"
+        else:
+            sub = f"{path}.{key}"
+        if value is None:
+            continue
+        if not isinstance(value, str):
+            raise InvalidRequest(f"'{sub}' must be a URL (a string).", param=sub)
+        found.append((sub, value))
     return found
 
 
-def _is_prompt_text(key: str, value: Any, parent: dict[str, Any]) -> bool:
-    if not isinstance(value, str):
-        return False
-    return (key == "content" and isinstance(parent.get("role"), str)) or (
-        key == "text" and parent.get("type") == "text"
-    )
+def url_values(body: dict[str, Any]) -> list[tuple[str, str]]:
+    """(param path, URL) of every URL the engine fetches for this body: the media parts of every
+    message's content array."""
+    messages = body.get("messages")
+    if not isinstance(messages, list):
+        return []
+    found: list[tuple[str, str]] = []
+    for i, message in enumerate(messages):
+        content = message.get("content") if isinstance(message, dict) else None
+        if not isinstance(content, list):
+            continue
+        for j, part in enumerate(content):
+            if isinstance(part, dict):
+                found.extend(_part_urls(part, f"messages.{i}.content.{j}"))
+    return found
 
 
 def is_public_ip(text: str) -> bool:
@@ -137,7 +132,7 @@ def _host(url: str, param: str) -> str:
 
 async def check_ssrf(body: dict[str, Any], resolver: Resolver, timeout_s: float = 2.0) -> None:
     for param, url in url_values(body):
-        if url.strip()[:5].lower() == "data:":
+        if url[:5].lower() == "data:":
             continue
         host = _host(url, param)
         try:

@@ -53,41 +53,66 @@ class ChatRequest:
 
 
 def parse_json_object(raw: bytes) -> dict[str, Any]:
-    """A JSON object, or a 400: not JSON, nested too deeply for the parser, not an object, or a
-    string that is not valid Unicode (a lone surrogate such as `"\\ud800"`, which no UTF-8
-    encoder can write and which used to surface later as a 500)."""
+    """A JSON object, or a 400: not UTF-8 (CESU-8's encoded surrogates `ED A0 80` included, which
+    `json.loads` on bytes would let through as a lone surrogate), not JSON, nested too deeply, not an
+    object, or a string or key that is not valid Unicode (a lone surrogate such as `"\\ud800"`,
+    which no UTF-8 encoder can write and which used to surface later as a 500)."""
     try:
-        body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InvalidRequest(
+            f"The request body is not valid UTF-8 (at byte {exc.start}).", param=None
+        ) from None
+    try:
+        body = json.loads(text)
+    except ValueError:
         raise InvalidRequest("We could not parse the JSON body of your request.", param=None) from None
     except RecursionError:
         raise InvalidRequest("The request body is nested too deeply.", param=None) from None
     if not isinstance(body, dict):
         raise InvalidRequest("The request body must be a JSON object.", param=None)
-    if b"\\u" in raw:  # only an escape can smuggle a lone surrogate past the UTF-8 decoder
-        bad = _lone_surrogate_path(body, "", 0)
-        if bad is not None:
-            raise InvalidRequest(
-                "The request body contains invalid Unicode (a lone surrogate).", param=bad or None
-            )
+    # One walk: the depth bound always, and, only when an escape could have smuggled one past the
+    # UTF-8 decoder, a lone surrogate in any string or key.
+    bad = _lone_surrogate_path(body, "", 0, strings="\\u" in text)
+    if bad is not None:
+        raise InvalidRequest(
+            "The request body contains invalid Unicode (a lone surrogate).", param=_printable(bad) or None
+        )
     return body
 
 
-def _lone_surrogate_path(node: Any, path: str, depth: int) -> str | None:
+def _printable(path: str) -> str:
+    """`path` with what UTF-8 cannot encode escaped: the error answer itself must be writable."""
+    return path.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _lone_surrogate_path(node: Any, path: str, depth: int, *, strings: bool) -> str | None:
+    """The path of the first string or key that is not valid Unicode (when `strings`), or None; a
+    400 when the body is nested deeper than `MAX_WALK_DEPTH`."""
     if depth > MAX_WALK_DEPTH:
-        raise InvalidRequest("The request body is nested too deeply.", param=path or None)
+        raise InvalidRequest("The request body is nested too deeply.", param=_printable(path) or None)
     if isinstance(node, str):
-        try:
-            node.encode("utf-8")
-        except UnicodeEncodeError:
-            return path
+        if strings:
+            try:
+                node.encode("utf-8")
+            except UnicodeEncodeError:
+                return path
         return None
-    items: Any = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
-    for key, value in items:
-        sub = f"{path}.{key}" if path else str(key)
-        found = _lone_surrogate_path(key, sub, depth + 1) or _lone_surrogate_path(value, sub, depth + 1)
-        if found is not None:
-            return found
+    if isinstance(node, dict):
+        for key, value in node.items():
+            sub = f"{path}.{key}" if path else key
+            if strings and _lone_surrogate_path(key, sub, depth, strings=True) is not None:
+                return sub
+            if isinstance(value, dict | list | str):
+                found = _lone_surrogate_path(value, sub, depth + 1, strings=strings)
+                if found is not None:
+                    return found
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            if isinstance(value, dict | list | str):
+                found = _lone_surrogate_path(value, f"{path}.{i}", depth + 1, strings=strings)
+                if found is not None:
+                    return found
     return None
 
 
@@ -124,6 +149,25 @@ class KeyCaps:
 NO_CAPS = KeyCaps()
 
 
+def _check_content(content: Any, i: int) -> None:
+    """A message's `content`: a string, an array of content parts (objects; vLLM also takes bare
+    strings), or null (an assistant message with tool calls). Anything else, such as a number, is a
+    400 here rather than an engine error after the money and the slot were taken."""
+    if content is None or isinstance(content, str):
+        return
+    if not isinstance(content, list):
+        raise InvalidRequest(
+            f"'messages.{i}.content' must be a string or an array of content parts.",
+            param=f"messages.{i}.content",
+        )
+    for j, part in enumerate(content):
+        if not isinstance(part, dict | str):
+            raise InvalidRequest(
+                f"'messages.{i}.content.{j}' must be a content part (an object).",
+                param=f"messages.{i}.content.{j}",
+            )
+
+
 def validate_chat(body: dict[str, Any], spec: StackSpec, caps: KeyCaps = NO_CAPS) -> ChatRequest:
     model = body.get("model")
     if not isinstance(model, str) or not model:
@@ -136,6 +180,7 @@ def validate_chat(body: dict[str, Any], spec: StackSpec, caps: KeyCaps = NO_CAPS
     for i, message in enumerate(messages):
         if not isinstance(message, dict) or not isinstance(message.get("role"), str):
             raise InvalidRequest(f"'messages.{i}' must be an object with a 'role'.", param=f"messages.{i}")
+        _check_content(message.get("content"), i)
     stream = body.get("stream", False)
     if stream is None:
         stream = False

@@ -22,6 +22,7 @@ from apps.core.identity.local_issuer import LocalIssuer
 from apps.core.ledger.pg import PgLedger
 from apps.core.ledger.rollups import UsageRollups
 from apps.core.ledger.teams import TeamStore
+from apps.core.nodes.store import NodeStore
 from apps.core.quota.admission import QuotaStore
 from apps.core.quota.refusals import RefusalStore
 from apps.core.spec import load_spec
@@ -78,6 +79,7 @@ async def gateway_env(
     serve: bool = False,
     dispatcher_factory: Callable[[PgLedger, Any], FakeDispatcher] | None = None,
     resolver: StaticResolver | None = None,
+    real_nodes: bool = False,
     **overrides: Any,
 ) -> AsyncIterator[GatewayEnv]:
     settings = GatewaySettings(
@@ -100,7 +102,8 @@ async def gateway_env(
         keys=KeyStore(pool, SECRET, cache_ttl_s=settings.key_cache_ttl_s),
         quota=QuotaStore(redis, lease_s=settings.stream_lease_s),
         dispatcher=dispatcher,
-        nodes=FakeNodeAdmin(),
+        # The real node store (PostgreSQL and Redis) when a test needs what it refuses.
+        nodes=NodeStore(pool, redis, SECRET) if real_nodes else FakeNodeAdmin(),
         health=StoreHealth(pool, redis),
         resolver=resolver or StaticResolver(),
         jwt=JwtVerifier(jwks_url, issuer=issuer.issuer, audience=issuer.audience),

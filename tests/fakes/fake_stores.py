@@ -73,8 +73,8 @@ class FakeKeys:
 class FakeTeams:
     teams: dict[int, Team] = field(default_factory=dict)
 
-    async def create_team(self, name: str, weight: float = 1.0) -> Team:
-        team = Team(len(self.teams) + 1, name, 0, weight)
+    async def create_team(self, name: str, weight: float = 1.0, credits_microcredits: int = 0) -> Team:
+        team = Team(len(self.teams) + 1, name, credits_microcredits, weight)
         self.teams[team.id] = team
         return team
 

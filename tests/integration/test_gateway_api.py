@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 
@@ -43,6 +45,12 @@ async def test_non_streaming_completion_settles_and_reports_usage(env: GatewayEn
         body = r.json()
         assert body["object"] == "chat.completion"
         assert body["choices"][0]["message"]["content"] == "t0 t1 t2 t3 "
+        # OpenAI's schema requires `refusal` in a message (issue 27 item 10); vLLM sends it null.
+        assert body["choices"][0]["message"] == {
+            "role": "assistant",
+            "content": "t0 t1 t2 t3 ",
+            "refusal": None,
+        }
         assert body["usage"] == {"prompt_tokens": 11, "completion_tokens": 4, "total_tokens": 15}
         assert r.headers["x-ratelimit-limit-requests"] == "100"
         assert r.headers["x-ratelimit-remaining-requests"] == "99"
@@ -112,8 +120,31 @@ async def test_client_request_id_is_honoured(env: GatewayEnv) -> None:
             400,
             "messages.0.content.0.image_url.url",
         ),
-        (json.dumps(chat(tools_url="http://internal.example/a")).encode(), 400, "tools_url"),
-        (json.dumps(chat(x={"url": "file:///etc/passwd"})).encode(), 400, "x.url"),
+        (
+            json.dumps(
+                chat(
+                    messages=[
+                        {"role": "user", "content": [{"audio_url": {"url": "http://internal.example/a"}}]}
+                    ]
+                )
+            ).encode(),
+            400,
+            "messages.0.content.0.audio_url.url",
+        ),
+        (
+            json.dumps(
+                chat(
+                    messages=[
+                        {
+                            "role": "user",
+                            "content": [{"type": "video_url", "video_url": "file:///etc/passwd"}],
+                        }
+                    ]
+                )
+            ).encode(),
+            400,
+            "messages.0.content.0.video_url",
+        ),
     ],
 )
 async def test_bad_requests(env: GatewayEnv, body: bytes, status: int, param: str | None) -> None:
@@ -310,3 +341,47 @@ async def test_node_admin_routes(env: GatewayEnv) -> None:
         assert [n["node_id"] for n in listed] == ["gpu-1", "eks"]
         assert (await c.delete("/admin/nodes/gpu-1", headers=h)).status_code == 200
         assert (await c.delete("/admin/nodes/gpu-1", headers=h)).status_code == 404
+
+
+@pytest.mark.parametrize("limit", ["key", "team"])
+async def test_max_streams_retry_after_is_when_a_slot_may_free_not_a_minute(
+    migrated_db_url: str, redis_url: str, limit: str
+) -> None:
+    """Issue 27 item 10: a `max_streams` 429 said `Retry-After: 60` (the slot lease, capped) even
+    when the running stream ended two seconds later. A slot frees whenever a stream ends, so the
+    hint is 1 s, and a retry after it succeeds once the stream has ended."""
+    gate = asyncio.Event()
+    async with gateway_env(
+        migrated_db_url,
+        redis_url,
+        serve=True,
+        dispatcher_factory=lambda lg, rd: FakeDispatcher(lg, rd, gate=gate),
+    ) as e:
+        team_id, key = await e.team_with_key("a", **({"max_streams": 1} if limit == "key" else {}))
+        if limit == "team":
+            await e.deps.teams.set_sharing(team_id, max_streams=1)
+        async with httpx.AsyncClient(base_url=e.base_url, timeout=30) as c:
+            first = asyncio.create_task(
+                c.post("/v1/chat/completions", json=chat(stream=True), headers=auth(key))
+            )
+            deadline = time.monotonic() + 10
+            while e.dispatcher.running == 0:  # the first stream holds the slot, held at the gate
+                assert time.monotonic() < deadline, "the first stream never started"
+                assert not first.done(), first.result().text
+                await asyncio.sleep(0.01)
+            refused = await c.post("/v1/chat/completions", json=chat(), headers=auth(key))
+            assert refused.status_code == 429
+            assert refused.json()["error"]["code"] == (
+                "max_streams" if limit == "key" else "team_max_streams"
+            )
+            assert refused.headers["retry-after"] == "1"
+            gate.set()
+            assert (await first).status_code == 200
+            deadline = time.monotonic() + 10
+            while True:  # the slot is released as the first stream's cleanup ends
+                again = await c.post("/v1/chat/completions", json=chat(), headers=auth(key))
+                if again.status_code == 200:
+                    break
+                assert again.status_code == 429, again.text
+                assert time.monotonic() < deadline, "the slot was never released"
+                await asyncio.sleep(0.05)

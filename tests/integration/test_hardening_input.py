@@ -96,3 +96,43 @@ async def test_admin_bodies_nested_too_deeply_are_400(env: GatewayEnv) -> None:
             "/admin/teams", content=b'{"a":' * 100_000 + b"1" + b"}" * 100_000, headers=env.admin_headers()
         )
     assert r.status_code == 400, r.text
+
+
+async def test_tool_schemas_pass_and_inward_image_urls_are_refused(env: GatewayEnv) -> None:
+    """Issue 27 item 8, through the gateway: a tool whose parameters are named `url`, `image`,
+    `src`, `href` with a `$ref` is served; an image part pointing inward is a 400 before anything is
+    reserved or dispatched."""
+    schema = {
+        "type": "object",
+        "properties": {
+            "url": {"type": "string"},
+            "image": {"type": "string"},
+            "src": {"type": "string"},
+            "href": {"type": "string"},
+            "where": {"$ref": "#/$defs/point"},
+        },
+        "$defs": {"point": {"type": "object"}},
+    }
+    tools = [{"type": "function", "function": {"name": "fetch", "parameters": schema}}]
+    team_id, key = await env.team_with_key("a")
+    auth = {"Authorization": f"Bearer {key}"}
+    inward = [{"type": "image_url", "image_url": {"url": "http://169.254.169.254/latest/"}}]
+    async with client(env) as c:
+        ok = await c.post(
+            "/v1/chat/completions",
+            json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "tools": tools},
+            headers=auth,
+        )
+        refused = await c.post(
+            "/v1/chat/completions",
+            json={"model": MODEL, "messages": [{"role": "user", "content": inward}], "tools": tools},
+            headers=auth,
+        )
+    assert ok.status_code == 200, ok.text
+    assert refused.status_code == 400
+    assert refused.json()["error"]["param"] == "messages.0.content.0.image_url.url"
+    assert len(env.dispatcher.requests) == 1
+    assert env.dispatcher.requests[0].body["tools"] == tools
+    async with env.pool.connection() as conn:
+        cur = await conn.execute("SELECT count(*) FROM usage_ledger WHERE team_id = %s", (team_id,))
+        assert await cur.fetchone() == (1,)

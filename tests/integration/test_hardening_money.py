@@ -202,16 +202,27 @@ async def test_team_names_are_unique_regardless_of_case(env: GatewayEnv) -> None
     assert again.json()["error"]["param"] == "name"
 
 
-async def test_client_request_ids_are_scoped_per_team(env: GatewayEnv) -> None:
-    _, key_a = await env.team_with_key("team-a")
-    _, key_b = await env.team_with_key("team-b")
-    rid = {"x-request-id": "shared-req-0001"}
+@pytest.mark.parametrize(
+    "shared",
+    # Issue 27 item 6: an id shaped like a generated one (`chatcmpl-...`) was not scoped, so team b's
+    # 400 `duplicate_request_id` told it that team a had used the id.
+    ["shared-req-0001", "chatcmpl-shared0001", "chatcmpl-0123456789abcdef0123456789abcdef"],
+)
+async def test_client_request_ids_are_scoped_per_team(env: GatewayEnv, shared: str) -> None:
+    team_a, key_a = await env.team_with_key("team-a")
+    team_b, key_b = await env.team_with_key("team-b")
+    rid = {"x-request-id": shared}
     async with client(env) as c:
         a = await c.post("/v1/chat/completions", json=chat(max_tokens=4), headers={**auth(key_a), **rid})
         b = await c.post("/v1/chat/completions", json=chat(max_tokens=4), headers={**auth(key_b), **rid})
         again = await c.post("/v1/chat/completions", json=chat(max_tokens=4), headers={**auth(key_a), **rid})
     assert (a.status_code, b.status_code) == (200, 200), b.text  # b learns nothing about a's id
-    assert a.headers["x-request-id"] == b.headers["x-request-id"] == "shared-req-0001"
+    assert a.headers["x-request-id"] == b.headers["x-request-id"] == shared
     assert again.status_code == 400  # within one team an id is still used once
     assert again.json()["error"]["code"] == "duplicate_request_id"
     assert len({r.request_id for r in env.dispatcher.requests}) == 2
+    async with env.pool.connection() as conn:
+        cur = await conn.execute("SELECT team_id, request_id FROM usage_ledger ORDER BY team_id")
+        rows = await cur.fetchall()
+    # One ledger row per team, each in its team's namespace: billed once each, never twice.
+    assert rows == [(team_a, f"t{team_a}/{shared}"), (team_b, f"t{team_b}/{shared}")]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 
+import aiohttp
 import pytest
 from redis.asyncio import Redis
 
@@ -54,6 +55,26 @@ async def test_unknown_protocol_version_is_closed_with_4001(env: Env) -> None:
     assert isinstance(answer, proto.RegisterRefused)
     assert "version" in answer.reason
     assert node.close_code == proto.CLOSE_UNSUPPORTED_VERSION
+
+
+async def test_a_node_serving_no_model_is_refused_with_4002(env: Env) -> None:
+    """Issue 27 item 10: `models: []` was registered (a node counted in the fleet that no request
+    can be routed to); now the register frame is invalid: closed with 4002, nothing recorded."""
+    orch = await env.orchestrator()
+    token = await env.store.issue_token("n1", "onprem")
+    frame = {"type": "register", "node_id": "n1", "token": token, "version": proto.PROTOCOL_VERSION}
+    async with env.session.ws_connect(orch.ws_url) as ws:
+        await ws.send_str(json.dumps({**frame, "gpus": 1, "models": []}))
+        msg = await ws.receive(timeout=10)
+        assert msg.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED, aiohttp.WSMsgType.CLOSING)
+        assert ws.close_code == proto.CLOSE_PROTOCOL_ERROR
+    assert await env.redis.exists(keys.node_hash("n1")) == 0
+    async with env.pool.connection() as conn:
+        assert await (await conn.execute("SELECT count(*) FROM nodes")).fetchone() == (0,)
+    # The same node with a model registers.
+    node = await env.node(orch, "n2")
+    assert await env.redis.exists(keys.node_hash("n2")) == 1
+    await node.close()
 
 
 async def test_wrong_and_revoked_tokens_are_refused_with_4003(env: Env) -> None:

@@ -282,3 +282,20 @@ def test_cli_unknown_profile_exits_2_listing_profiles(capsys: pytest.CaptureFixt
     err = capsys.readouterr().err
     assert "known profiles: llama-3.1-8b-instruct" in err
     assert "tiny" in err
+
+
+@pytest.mark.parametrize("content", [5, {"a": 1}, [5], True])
+async def test_a_content_that_is_not_text_or_parts_is_a_400_not_a_crash(
+    sim: RunningEngine, content: object
+) -> None:
+    """A number as `content` crashed the chat template (500, "Server got itself in trouble"); vLLM's
+    request model refuses it with a 400."""
+    async with aiohttp.ClientSession() as s:
+        body = {"model": "tiny", "messages": [{"role": "user", "content": content}], "max_tokens": 2}
+        async with s.post(f"{sim.url}/v1/chat/completions", json=body) as r:
+            assert r.status == 400
+            error = (await r.json())["error"]
+            assert error["type"] == "Bad Request"
+            assert error["param"].startswith("body.messages.0.content")
+        async with s.post(f"{sim.url}/v1/chat/completions", json=_body(max_tokens=2)) as ok:
+            assert ok.status == 200  # and the engine serves the next request

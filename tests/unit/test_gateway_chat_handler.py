@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
+import psycopg
 import pytest
 
 from apps.core.errors import DuplicateRequestId, LlmfleetError, StoreUnavailable
@@ -223,3 +224,32 @@ async def test_a_non_streaming_request_ends_at_the_maximum_request_time() -> Non
     assert resp.json()["error"]["message"] == "upstream timed out"
     assert quota.held == set()
     assert dispatcher.closed == 1
+
+
+async def test_a_value_the_database_refuses_is_a_400_not_a_500() -> None:
+    """Issue 27 item 5's last line: a psycopg `DataError` (a NUL in text, a number past its column)
+    that a route's own checks missed is the request's fault, a 400 in the OpenAI envelope (a 500
+    made uvicorn drop the kept-alive connection)."""
+
+    class RefusingKeys(FakeKeys):
+        async def authenticate(self, secret: str) -> Any:
+            raise psycopg.errors.CharacterNotInRepertoire("invalid byte sequence")
+
+    deps = GatewayDeps(
+        spec=load_spec("dev"),
+        ledger=RefusingLedger(),
+        teams=FakeTeams(),
+        keys=RefusingKeys(),
+        quota=FakeQuota(),
+        dispatcher=FakeDispatcher(RefusingLedger(), None),
+        nodes=FakeNodeAdmin(),
+        health=StaticHealth(),
+        resolver=StaticResolver(),
+    )
+    app = create_app(GatewaySettings(secret_key="test-secret"), deps)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw") as client:
+        resp = await client.get("/v1/models", headers={"Authorization": f"Bearer {KEY}"})
+    assert resp.status_code == 400
+    error = resp.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["type"] == "invalid_request_error"

@@ -28,50 +28,97 @@ def body_with(**extra: Any) -> dict[str, Any]:
     return {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], **extra}
 
 
+def image(url: object, key: str = "image_url", typed: bool = True) -> dict[str, Any]:
+    """A user message whose one content part makes the engine fetch `url`."""
+    part: dict[str, Any] = {key: {"url": url}}
+    if typed:
+        part["type"] = key
+    return {"messages": [{"role": "user", "content": [{"type": "text", "text": "see"}, part]}]}
+
+
+def bare(url: str, key: str = "image_url", part_type: str | None = None) -> dict[str, Any]:
+    """A content part carrying the URL as a string (vLLM's parts without a type, `input_image`)."""
+    part: dict[str, Any] = {key: url} | ({"type": part_type} if part_type else {})
+    return {"messages": [{"role": "user", "content": [part]}]}
+
+
+P = "messages.0.content.1.image_url.url"
+
+
 @pytest.mark.parametrize(
     ("extra", "param"),
     [
-        ({"x": {"url": ["http://127.0.0.1/"]}}, "x.url.0"),  # a url given as a list
-        ({"x": {"url": {"href": "http://10.0.0.1/"}}}, "x.url.href"),  # ... or an object
-        ({"x": {"imageUrl": "http://169.254.169.254/"}}, "x.imageUrl"),  # camelCase key
-        ({"x": {"image": "http://127.0.0.1/a.png"}}, "x.image"),
-        ({"response_format": {"json_schema": {"schema": {"$ref": "http://10.0.0.1/s.json"}}}},
-         "response_format.json_schema.schema.$ref"),
-        ({"x": {"whatever": "http://inner.example/"}}, "x.whatever"),  # any URL-like string
-        ({"x": {"url": "http://127.0.0.1\\@8.8.8.8/"}}, "x.url"),  # backslash: parsers disagree
-        ({"x": {"url": "http://user@8.8.8.8/"}}, "x.url"),  # userinfo
-        ({"x": {"url": "http://[2002:7f00:1::]/"}}, "x.url"),  # 6to4 of 127.0.0.1
-        ({"x": {"url": "http://[64:ff9b::a00:1]/"}}, "x.url"),  # NAT64 of 10.0.0.1
-        ({"x": {"url": "http://[2001:0:4136:e378:8000:63bf:3fff:fdd2]/"}}, "x.url"),  # Teredo
-        ({"x": {"url": "http://[::127.0.0.1]/"}}, "x.url"),  # IPv4-compatible
-        ({"x": {"url": "http://2130706433/"}}, "x.url"),  # 127.0.0.1 as one number
-        ({"x": {"url": "http://0x7f.1/"}}, "x.url"),
-        ({"x": {"url": "http://pub lic.example/"}}, "x.url"),
-        ({"x": {"url": "gopher://public.example/"}}, "x.url"),
+        (image("http://127.0.0.1/a.png"), P),
+        (image("http://inner.example/a.png"), P),  # a name resolving inward
+        (image("http://169.254.169.254/latest/meta-data/"), P),
+        (image("http://10.0.0.1/a.wav", "audio_url"), "messages.0.content.1.audio_url.url"),
+        (image("http://10.0.0.1/a.mp4", "video_url"), "messages.0.content.1.video_url.url"),
+        (image("http://10.0.0.1/a.png", typed=False), P),  # vLLM takes a part without a type
+        (bare("http://10.0.0.1/a.png"), "messages.0.content.0.image_url"),
+        (bare("http://10.0.0.1/a.png", part_type="input_image"), "messages.0.content.0.image_url"),
+        (bare("http://10.0.0.1/a.mp4", "video_url"), "messages.0.content.0.video_url"),
+        (image(["http://127.0.0.1/"]), P),  # not a string: vLLM would refuse it, after the money
+        (image({"href": "http://10.0.0.1/"}), P),
+        (image("http://127.0.0.1\\@8.8.8.8/"), P),  # backslash: parsers disagree
+        (image("http://user@8.8.8.8/"), P),  # userinfo
+        (image("http://[2002:7f00:1::]/"), P),  # 6to4 of 127.0.0.1
+        (image("http://[64:ff9b::a00:1]/"), P),  # NAT64 of 10.0.0.1
+        (image("http://[2001:0:4136:e378:8000:63bf:3fff:fdd2]/"), P),  # Teredo
+        (image("http://[::127.0.0.1]/"), P),  # IPv4-compatible
+        (image("http://2130706433/"), P),  # 127.0.0.1 as one number
+        (image("http://0x7f.1/"), P),
+        (image("http://pub lic.example/"), P),
+        (image(" http://127.0.0.1/"), P),  # urlsplit strips the space, vLLM would fetch it
+        (image("gopher://public.example/"), P),
+        (image("file:///etc/passwd"), P),
     ],
 )  # fmt: skip
-async def test_ssrf_gaps_are_closed(extra: dict[str, Any], param: str) -> None:
+async def test_urls_the_engine_fetches_are_checked(extra: dict[str, Any], param: str) -> None:
     with pytest.raises(LlmfleetError) as err:
         await check_ssrf(body_with(**extra), RESOLVER)
     assert err.value.status == 400
     assert err.value.param == param
 
 
-async def test_public_urls_data_urls_and_prompt_text_pass() -> None:
+TOOL_SCHEMA = {
+    "type": "object",
+    "$defs": {"point": {"type": "object", "properties": {"x": {"type": "number"}}}},
+    "properties": {
+        "url": {"type": "string", "description": "the page to fetch", "default": "http://127.0.0.1/"},
+        "image": {"type": "string", "examples": ["http://10.0.0.1/cat.png"]},
+        "src": {"type": "string"},
+        "href": {"type": "string", "format": "uri"},
+        "callback_url": {"type": "string"},
+        "where": {"$ref": "#/$defs/point"},
+        "remote": {"$ref": "http://10.0.0.1/schema.json"},
+    },
+    "required": ["url"],
+}
+
+
+async def test_tool_schemas_and_everything_the_engine_does_not_fetch_pass() -> None:
+    """Issue 27 item 8: tool parameters named `url`, `image`, `src`, `href`, any `$ref`, URLs in a
+    schema's defaults or examples, in `response_format`, prompt text or metadata: the engine fetches
+    none of them, so none is refused."""
     await check_ssrf(
         body_with(
             messages=[
                 {"role": "user", "content": "http://127.0.0.1/ is my dev server"},
                 {"role": "user", "content": [{"type": "text", "text": "http://10.0.0.1/"}]},
-                {
-                    "role": "user",
-                    "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,AA"}}],
-                },
+                {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,AA"}}]},
+                {"role": "user", "content": [{"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}}]},
+                {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "https://public.example/a.png"}}]},
+                {"role": "assistant", "content": None, "tool_calls": [
+                    {"id": "c1", "type": "function", "function": {"name": "fetch", "arguments": '{"url": "http://127.0.0.1/"}'}},
+                ]},
+                {"role": "tool", "tool_call_id": "c1", "content": '{"href": "http://10.0.0.1/"}'},
             ],
-            x={"imageUrl": "https://public.example/a.png", "url": ["https://93.184.216.34/b"]},
+            tools=[{"type": "function", "function": {"name": "fetch", "parameters": TOOL_SCHEMA}}],
+            response_format={"type": "json_schema", "json_schema": {"name": "s", "schema": TOOL_SCHEMA}},
+            metadata={"source_url": "http://10.0.0.1/"},
         ),
         RESOLVER,
-    )
+    )  # fmt: skip
 
 
 def test_transition_ranges_are_not_public() -> None:

@@ -78,21 +78,31 @@ class TeamStore:
     def __init__(self, pool: AsyncConnectionPool) -> None:
         self._pool = pool
 
-    async def create_team(self, name: str, weight: float = 1.0) -> Team:
+    async def create_team(self, name: str, weight: float = 1.0, credits_microcredits: int = 0) -> Team:
+        """A new team, with its initial credits (a `credit_entries` row, reason "initial") in the
+        same transaction: a refused credit leaves no team behind."""
         if not TEAM_NAME_RE.match(name):
             raise InvalidRequest(
                 "team name must be 1-64 of [A-Za-z0-9._-], starting with a letter or digit", param="name"
             )
+        if credits_microcredits < 0:
+            raise InvalidRequest("initial credits must not be negative", param="credits")
         try:
-            async with self._pool.connection() as conn:
+            async with self._pool.connection() as conn, conn.transaction():
                 cur = await conn.execute(
-                    f"INSERT INTO teams AS t (name, weight) VALUES (%s, %s) RETURNING {_TEAM_COLUMNS}".encode(),  # noqa: S608 (constant)
-                    (name, team_weight(weight)),
+                    b"INSERT INTO teams AS t (name, weight, balance_microcredits) VALUES (%s, %s, %s) "
+                    + f"RETURNING {_TEAM_COLUMNS}".encode(),
+                    (name, team_weight(weight), credits_microcredits),
                 )
                 row = await cur.fetchone()
+                assert row is not None
+                if credits_microcredits:
+                    await conn.execute(
+                        "INSERT INTO credit_entries (team_id, amount_microcredits, reason) VALUES (%s, %s, 'initial')",
+                        (row[0], credits_microcredits),
+                    )
         except psycopg.errors.UniqueViolation:  # also a name differing only in case
             raise Conflict(f"team {name!r} already exists", param="name") from None
-        assert row is not None
         return _team(row)
 
     async def list_teams(self) -> list[Team]:

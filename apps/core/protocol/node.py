@@ -76,7 +76,9 @@ class Register(_Frame):
     token: str
     version: int
     gpus: int = Field(ge=0)
-    models: list[ModelInfo]
+    # At least one: a node serving nothing would be registered, heartbeat and count as capacity
+    # while no request can ever be routed to it (refused at the handshake, close 4002).
+    models: list[ModelInfo] = Field(min_length=1)
     location: Literal["cloud", "onprem"] = "onprem"
     agent_version: str = ""
     in_flight: list[str] = []  # requests still running on this node (after a reconnect)

@@ -128,7 +128,8 @@ def assemble_completion(payloads: list[bytes]) -> dict[str, Any]:
                 idx,
                 {
                     "index": idx,
-                    "message": {"role": "assistant", "content": ""},
+                    # `refusal` is required by OpenAI's schema of a message; vLLM sends it null.
+                    "message": {"role": "assistant", "content": "", "refusal": None},
                     "logprobs": None,
                     "finish_reason": None,
                 },

@@ -43,6 +43,11 @@ from apps.core.metering import tpd_inflight_key, tpd_key
 from apps.core.stores import redis_boundary
 
 WINDOW_MS = 60_000
+# The retry hint of a `max_streams` refusal (the key's or the team's): a slot frees the moment any
+# of the streams holding one ends, which nothing here can predict (the slot's lease only bounds a
+# crashed gateway's slot, at the longest request plus a margin: minutes, not when a slot frees). A
+# retry costs one Redis round trip, so the hint is the shortest `Retry-After` there is, 1 s.
+STREAM_RETRY_MS = 1_000
 
 RELEASE_LUA = """
 redis.call('SREM', KEYS[1], ARGV[1])
@@ -68,6 +73,7 @@ local worst = tonumber(ARGV[8])
 local tstreams, tlease, ttpm = KEYS[6], KEYS[7], KEYS[8]
 local team_streams = tonumber(ARGV[9])
 local team_tpm = tonumber(ARGV[10])
+local stream_retry = tonumber(ARGV[11])
 
 local expired = redis.call('ZRANGEBYSCORE', lease, '-inf', now)
 if #expired > 0 then
@@ -79,10 +85,7 @@ if redis.call('SISMEMBER', streams, rid) == 1 then
 end
 local active = redis.call('SCARD', streams)
 if max_streams > 0 and active >= max_streams then
-  local first = redis.call('ZRANGE', lease, 0, 0, 'WITHSCORES')
-  local retry = 1000
-  if first[2] then retry = math.min(math.max(tonumber(first[2]) - now, 1000), 60000) end
-  return {1, active, retry, 0, 0, 0, 0, 0}
+  return {1, active, stream_retry, 0, 0, 0, 0, 0}
 end
 local team_active = 0
 if team_streams > 0 then
@@ -93,10 +96,7 @@ if team_streams > 0 then
   end
   team_active = redis.call('SCARD', tstreams)
   if team_active >= team_streams then
-    local first = redis.call('ZRANGE', tlease, 0, 0, 'WITHSCORES')
-    local retry = 1000
-    if first[2] then retry = math.min(math.max(tonumber(first[2]) - now, 1000), 60000) end
-    return {5, team_active, retry, 0, 0, team_active, 0, 0}
+    return {5, team_active, stream_retry, 0, 0, team_active, 0, 0}
   end
 end
 
@@ -280,6 +280,7 @@ class QuotaStore:
             max(worst_case_tokens, 0),
             (team.max_streams or 0) if team is not None else 0,
             (team.tokens_per_minute or 0) if team is not None else 0,
+            STREAM_RETRY_MS,
         ]
         raw = await self._script(keys=keys, args=args)
         code, a, retry_ms, used, tokens, team_active, team_tokens, team_reset_ms = (int(x) for x in raw)

@@ -17,10 +17,11 @@ from starlette.routing import Route
 
 from apps.core.errors import LlmfleetError
 from apps.core.sizing.plan import plan_fleet
-from apps.gateway.admin_routes import amount_microcredits
-from apps.gateway.console.forms import Problem, first
+from apps.gateway.admin_routes import amount_microcredits, valid_node_id
+from apps.gateway.console.forms import Problem, clean_text, first
 from apps.gateway.console.session import Session
 from apps.gateway.console.views import Console, csv_response, to_signin
+from apps.gateway.inputs import parse_id
 from apps.gateway.slo import SloStatus
 
 NOT_CONFIGURED = SloStatus(error="Prometheus is not configured (set LLMFLEET_PROMETHEUS_URL).")
@@ -109,8 +110,8 @@ class AdminView:
             return to_signin()
         try:
             form = await self.console.checked_form(request, session)
-            team = first(form, "team")
-            if not team.isdigit():
+            team = parse_id(first(form, "team"))  # ASCII digits only (apps.gateway.inputs)
+            if team is None:
                 raise Problem("Pick a team.")
             try:
                 micro = amount_microcredits({"amount": first(form, "amount")})
@@ -118,9 +119,7 @@ class AdminView:
                 raise Problem(exc.message) from None
             if micro <= 0:
                 raise Problem("The amount must be a positive number of credits.")
-            entry = await self.deps.teams.add_credits(
-                int(team), micro, first(form, "reason")[:200] or "console"
-            )
+            entry = await self.deps.teams.add_credits(team, micro, clean_text(form, "reason") or "console")
         except Problem as problem:
             return await self.page(request, session, {"error": problem.message}, problem.status)
         except LlmfleetError as exc:
@@ -136,9 +135,10 @@ class AdminView:
         try:
             await self.console.checked_form(request, session)
             raw = str(request.path_params["key_id"])
-            if not raw.isdigit():
-                raise Problem(f"No key {raw[:20]}.", 404)
-            await self.deps.keys.revoke(int(raw))
+            key_id = parse_id(raw)  # ASCII digits only
+            if key_id is None:
+                raise Problem(f"No key {raw[:20]!r}.", 404)
+            await self.deps.keys.revoke(key_id)
         except Problem as problem:
             return await self.page(request, session, {"error": problem.message}, problem.status)
         except LlmfleetError as exc:
@@ -152,6 +152,8 @@ class AdminView:
         node_id = str(request.path_params["node_id"])
         try:
             await self.console.checked_form(request, session)
+            if not valid_node_id(node_id):
+                raise Problem(f"No node {node_id[:40]!r}.", 404)
             if not await self.deps.nodes.request_drain(node_id):
                 raise Problem(
                     f"Node {node_id[:128]} is not connected to any orchestrator; nothing to drain.", 409

@@ -9,9 +9,18 @@ from urllib.parse import parse_qs
 
 from starlette.requests import Request
 
+from apps.gateway.inputs import parse_id, text_problem
+
 MAX_FORM_BYTES = 64 * 1024
 MAX_RANGE_DAYS = 366
 DEFAULT_RANGE_DAYS = 30
+# The days a form may name: the API's range (`apps.gateway.usage`), so a range's first day and its
+# exclusive end (a year either way) stay within what `date` and PostgreSQL hold.
+MIN_DAY = date(1970, 1, 1)
+MAX_DAY = date(9998, 12, 31)
+# The key limits' columns (INTEGER, and BIGINT for tokens_per_day): a larger value is a message.
+FIELD_MAX = {"tokens_per_day": 2**63 - 1}
+INT_MAX = 2**31 - 1
 
 
 class Problem(Exception):
@@ -52,15 +61,20 @@ class UsageQuery:
 
 def _day(raw: str, name: str) -> date:
     try:
-        return date.fromisoformat(raw)
+        day = date.fromisoformat(raw)
     except ValueError:
         raise Problem(f"'{name}' must be a date like 2026-01-31 (got {raw[:40]!r}).") from None
+    if not MIN_DAY <= day <= MAX_DAY:
+        raise Problem(f"'{name}' must be a date between {MIN_DAY} and {MAX_DAY} (got {raw[:40]!r}).")
+    return day
 
 
 def usage_query(params: Mapping[str, str], models: Collection[str], today: date) -> UsageQuery:
     end = _day(params["to"], "to") if params.get("to") else today
     start = (
-        _day(params["from"], "from") if params.get("from") else end - timedelta(days=DEFAULT_RANGE_DAYS - 1)
+        _day(params["from"], "from")
+        if params.get("from")
+        else max(end - timedelta(days=DEFAULT_RANGE_DAYS - 1), MIN_DAY)
     )
     if start > end:
         raise Problem("The range is empty: 'from' must be on or before 'to'.")
@@ -76,9 +90,21 @@ def positive_int(form: Mapping[str, list[str]], name: str) -> int | None:
     raw = first(form, name)
     if not raw:
         return None
-    if not raw.isdigit() or int(raw) <= 0:
-        raise Problem(f"'{name}' must be a positive whole number (or empty for no limit).")
-    return int(raw)
+    value = parse_id(raw)  # ASCII digits only (apps.gateway.inputs)
+    maximum = FIELD_MAX.get(name, INT_MAX)
+    if value is None or value > maximum:
+        raise Problem(f"'{name}' must be a whole number from 1 to {maximum} (or empty for no limit).")
+    return value
+
+
+def clean_text(form: Mapping[str, list[str]], name: str, limit: int = 200) -> str:
+    """A form's free-text field (a key's name, a credit's reason), trimmed to `limit`; a message when
+    it holds a control character (NUL: PostgreSQL refuses it) or invalid Unicode."""
+    value = first(form, name)[:limit]
+    problem = text_problem(value)
+    if problem is not None:
+        raise Problem(f"'{name}' must not contain {problem}.")
+    return value
 
 
 def expiry(form: Mapping[str, list[str]], now: datetime) -> datetime | None:

@@ -18,10 +18,11 @@ from starlette.routing import Route
 from apps.core.errors import LlmfleetError, StoreUnavailable
 from apps.core.ledger.rollups import DailyUsage, burn_rate, days_left
 from apps.core.quota.refusals import RefusalCount
-from apps.gateway.console.forms import Problem, UsageQuery, expiry, first, positive_int, usage_query
+from apps.gateway.console.forms import Problem, UsageQuery, clean_text, expiry, positive_int, usage_query
 from apps.gateway.console.session import Session
 from apps.gateway.console.share import QueueShare, team_shares
 from apps.gateway.console.views import Console, csv_response, to_signin
+from apps.gateway.inputs import parse_id
 
 USAGE_HEADER = (
     "day_utc",
@@ -184,7 +185,7 @@ class TeamView:
             unknown = [m for m in allow if m not in self.deps.spec.models]
             if unknown:
                 raise Problem(f"Unknown model in the allowlist: {', '.join(unknown)[:200]}.")
-            name = first(form, "name")[:200] or None
+            name = clean_text(form, "name") or None
             secret, record = await self.deps.keys.create(
                 team=session.team_id or 0, model_allowlist=allow, rpm=positive_int(form, "rpm"),
                 tokens_per_day=positive_int(form, "tokens_per_day"), max_streams=positive_int(form, "max_streams"),
@@ -206,10 +207,11 @@ class TeamView:
                 raise Problem("A key-scoped session cannot revoke keys.", 403)
             await self.console.checked_form(request, session)
             raw = str(request.path_params["key_id"])
+            key_id = parse_id(raw)  # ASCII digits only
             mine = {k.id for k in await self.deps.keys.list_keys(session.team_id or 0)}
-            if not raw.isdigit() or int(raw) not in mine:
-                raise Problem(f"Your team has no key {raw[:20]}.", 404)
-            await self.deps.keys.revoke(int(raw))
+            if key_id is None or key_id not in mine:
+                raise Problem(f"Your team has no key {raw[:20]!r}.", 404)
+            await self.deps.keys.revoke(key_id)
         except Problem as problem:
             return await self.page(request, session, {"error": problem.message}, problem.status)
         return await self.page(request, session, {"notice": f"Key {raw} revoked."})
