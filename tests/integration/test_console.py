@@ -11,6 +11,7 @@ import pytest
 
 from apps.gateway.slo import Reading, SloStatus, indicators
 from tests.fakes.fake_gateway import GatewayEnv
+from tests.integration.console_client import signin, signin_csrf_of
 from tests.integration.gateway_fixtures import gateway
 
 __all__ = ["gateway"]  # the fixture, imported for pytest
@@ -26,10 +27,6 @@ def env(gateway: GatewayEnv) -> GatewayEnv:
 
 def browser(env: GatewayEnv, scheme: str = "http") -> httpx.AsyncClient:
     return httpx.AsyncClient(transport=httpx.ASGITransport(app=env.app), base_url=f"{scheme}://gw")
-
-
-async def signin(c: httpx.AsyncClient, token: str) -> httpx.Response:
-    return await c.post("/console/signin", data={"token": token})
 
 
 def csrf_of(html: str) -> str:
@@ -226,18 +223,84 @@ async def test_team_session_cannot_act_as_admin(env: GatewayEnv) -> None:
     assert (await env.deps.teams.get_team(team_id)).balance_microcredits == 1_000_000
 
 
-async def test_one_time_link_works_once(env: GatewayEnv) -> None:
+async def test_a_jti_token_signs_in_once_whichever_way_it_arrives(env: GatewayEnv) -> None:
+    """Issue 27: the one-use link's token could be reused by POSTing it to /console/signin."""
     await env.team_with_key("alpha")
-    token = env.issuer.mint("alice", team="alpha")
+    token = env.issuer.mint("alice", team="alpha", extra={"jti": "link-1"})
     async with browser(env) as c:
-        r = await c.get("/console/signin", params={"token": token})
+        r = await signin(c, token)
         assert r.status_code == 303
         assert "lf_console=" in r.headers["set-cookie"]
     async with browser(env) as c:
-        r = await c.get("/console/signin", params={"token": token})
+        r = await signin(c, token)
         assert r.status_code == 401
         assert "already used" in r.text
-        assert "set-cookie" not in r.headers
+        assert "lf_console=" not in r.headers.get("set-cookie", "")
+        assert (await c.get("/console/team")).headers["location"] == "/console/signin"
+
+
+async def test_sign_out_revokes_the_session_and_its_csrf_token_everywhere(env: GatewayEnv) -> None:
+    """Issue 27: a saved cookie kept working after sign-out, and its CSRF token still created keys."""
+    await env.team_with_key("alpha")
+    async with browser(env) as c:
+        await signin(c, env.issuer.mint("alice", team="alpha"))
+        saved = c.cookies.get("lf_console", path="/console")
+        assert saved
+        csrf = csrf_of((await c.get("/console/team")).text)
+        r = await c.post("/console/signout", data={"csrf": csrf})
+        assert r.status_code == 303
+    before = len(await env.deps.keys.list_keys("alpha"))
+    async with browser(env) as replay:
+        replay.cookies.set("lf_console", saved, path="/console")
+        assert (await replay.get("/console/team")).headers["location"] == "/console/signin"
+        r = await replay.post("/console/team/keys", data={"csrf": csrf, "name": "after-signout"})
+        assert r.status_code == 303
+        assert r.headers["location"] == "/console/signin"
+    assert len(await env.deps.keys.list_keys("alpha")) == before
+
+
+async def test_sign_in_refuses_cross_site_posts_and_forms_without_its_token(env: GatewayEnv) -> None:
+    """Issue 27 (login CSRF): a cross-site POST signed the victim into the attacker's session."""
+    await env.team_with_key("alpha")
+    token = env.issuer.mint("mallory", team="alpha")
+    async with browser(env) as c:
+        form = signin_csrf_of((await c.get("/console/signin")).text)
+        cases: list[tuple[dict[str, str], dict[str, str]]] = [
+            ({"token": token}, {}),  # no form token
+            ({"token": token, "signin_csrf": "forged"}, {}),
+            ({"token": token, "signin_csrf": form}, {"sec-fetch-site": "cross-site"}),
+            ({"token": token, "signin_csrf": form}, {"sec-fetch-site": "same-site"}),
+            ({"token": token, "signin_csrf": form}, {"origin": "https://evil.example"}),
+            ({"token": token, "signin_csrf": form}, {"origin": "null", "sec-fetch-site": "cross-site"}),
+        ]
+        for data, headers in cases:
+            r = await c.post("/console/signin", data=data, headers=headers)
+            assert r.status_code == 403, (data, headers)
+            assert "did not come from this console" in r.text
+            assert "lf_console=" not in r.headers.get("set-cookie", "")
+        async with browser(env) as stranger:  # another browser's form token is not this one's
+            r = await stranger.post("/console/signin", data={"token": token, "signin_csrf": form})
+            assert r.status_code == 403
+        form = signin_csrf_of((await c.get("/console/signin")).text)  # a refusal renders a new form
+        ok = await c.post(
+            "/console/signin",
+            data={"token": token, "signin_csrf": form},
+            headers={"sec-fetch-site": "same-origin", "origin": "http://gw"},
+        )
+        assert ok.status_code == 303
+
+
+async def test_a_token_in_the_url_is_never_accepted(env: GatewayEnv) -> None:
+    """Issue 27: `GET /console/signin?token=sk-lf-...` signed in (the key lands in logs and history)."""
+    _, key = await env.team_with_key("alpha")
+    async with browser(env) as c:
+        for token in (key, env.issuer.mint("alice", team="alpha")):
+            r = await c.get("/console/signin", params={"token": token})
+            assert r.status_code == 400
+            assert "not accepted in the address" in r.text
+            assert "lf_console=" not in r.headers.get("set-cookie", "")
+            assert token not in r.text
+            assert (await c.get("/console/team")).headers["location"] == "/console/signin"
 
 
 async def test_bad_token_and_forged_cookie_get_no_session(env: GatewayEnv) -> None:
