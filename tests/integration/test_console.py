@@ -431,3 +431,48 @@ async def test_the_team_view_shows_its_queue_share_from_the_fair_queues_board(en
     async with browser(env) as c:  # a key-scoped session sees no team-wide queue data
         await signin(c, key)
         assert 'id="share-table"' not in (await c.get("/console/team")).text
+
+
+async def test_a_team_creates_keys_only_of_the_classes_the_admin_allows(env: GatewayEnv) -> None:
+    """Issue 27: a team whose keys are meant to be batch created interactive keys for itself."""
+    await env.team_with_key("alpha")
+    async with browser(env) as admin:
+        for bad in ([], ["gold"], "batch"):
+            r = await admin.post(
+                "/admin/teams/sharing",
+                json={"team": "alpha", "priority_classes": bad},
+                headers=env.admin_headers(),
+            )
+            assert r.status_code == 400, bad
+            assert r.json()["error"]["param"] == "priority_classes"
+        r = await admin.post(
+            "/admin/teams/sharing",
+            json={"team": "alpha", "priority_classes": ["batch"]},
+            headers=env.admin_headers(),
+        )
+        assert r.status_code == 200, r.text
+        assert r.json()["priority_classes"] == ["batch"]
+    before = len(await env.deps.keys.list_keys("alpha"))
+    async with browser(env) as c:
+        await signin(c, env.issuer.mint("alice", team="alpha"))
+        page = (await c.get("/console/team")).text
+        assert '<option value="batch">' in page
+        assert '<option value="interactive">' not in page  # the form offers only what is allowed
+        form = {"csrf": csrf_of(page), "name": "sneaky", "priority_class": "interactive"}
+        r = await c.post("/console/team/keys", data=form)
+        assert r.status_code == 403
+        assert "may not create" in r.text
+        assert len(await env.deps.keys.list_keys("alpha")) == before
+        r = await c.post("/console/team/keys", data={"csrf": csrf_of(page), "name": "plain"})
+        assert r.status_code == 201, r.text
+    created = next(k for k in await env.deps.keys.list_keys("alpha") if k.name == "plain")
+    assert created.priority_class.value == "batch"
+    # A new team gets both classes unless the admin says otherwise (today's behaviour kept).
+    async with browser(env) as admin:
+        r = await admin.post("/admin/teams", json={"name": "gamma"}, headers=env.admin_headers())
+        assert r.json()["priority_classes"] == ["interactive", "batch"]
+        r = await admin.post(
+            "/admin/teams", json={"name": "delta", "priority_classes": ["batch"]}, headers=env.admin_headers()
+        )
+        assert r.status_code == 201
+        assert r.json()["priority_classes"] == ["batch"]
