@@ -476,3 +476,40 @@ async def test_a_team_creates_keys_only_of_the_classes_the_admin_allows(env: Gat
         )
         assert r.status_code == 201
         assert r.json()["priority_classes"] == ["batch"]
+
+
+async def test_the_admin_reads_team_names_where_metrics_carry_ids(env: GatewayEnv) -> None:
+    """Issue 27: metrics label teams by id; the admin's SLO table shows the name beside it."""
+    alpha, _ = await env.team_with_key("alpha")
+    _, attainment = indicators(env.deps.spec)
+    env.deps.slo = StaticSlo(
+        SloStatus(teams=[Reading(attainment, {"team": str(alpha), "model": MODEL}, 0.99)])
+    )
+    async with browser(env) as c:
+        await signin(c, env.admin_token)
+        page = (await c.get("/console/admin")).text
+    assert f'<td class="slo-team">alpha ({alpha})</td>' in page
+
+
+async def test_a_team_sees_its_own_waiting_count_and_the_total_only(env: GatewayEnv) -> None:
+    """Issue 27: a team's console must not show other teams' waiting counts per model."""
+    alpha, _ = await env.team_with_key("alpha")
+    beta, _ = await env.team_with_key("beta")
+    gamma, _ = await env.team_with_key("gamma")
+    lanes = [
+        {"class": "interactive", "team_id": alpha, "waiting": 2, "oldest_wait_s": 1.0},
+        {"class": "interactive", "team_id": beta, "waiting": 37, "oldest_wait_s": 9.25},
+        {"class": "batch", "team_id": gamma, "waiting": 53, "oldest_wait_s": 7.75},
+    ]
+    await env.redis.hset(
+        f"fair:q:{MODEL}", mapping={"orch-a": json.dumps({"at": time.time(), "lanes": lanes})}
+    )
+    async with browser(env) as c:
+        await signin(c, env.issuer.mint("alice", team="alpha"))
+        page = (await c.get("/console/team")).text
+    table = page[page.index('id="share-table"') :].split("</table>")[0]
+    assert f'<tr><td>{MODEL}</td><td class="waiting">2 / 92</td><td>1.0</td>' in table  # own oldest wait
+    for other in ("37", "53", "9.2", "7.8", "beta", "gamma"):
+        assert other not in table, other
+    assert f"team {beta}" not in page
+    assert f"team {gamma}" not in page
