@@ -7,8 +7,10 @@ import re
 import time
 
 import httpx
+import psycopg
 import pytest
 
+from apps.core.db.migrate import MIGRATIONS_DIR
 from apps.gateway.slo import Reading, SloStatus, indicators
 from tests.fakes.fake_gateway import GatewayEnv
 from tests.integration.console_client import signin, signin_csrf_of
@@ -513,3 +515,14 @@ async def test_a_team_sees_its_own_waiting_count_and_the_total_only(env: Gateway
         assert other not in table, other
     assert f"team {beta}" not in page
     assert f"team {gamma}" not in page
+
+
+def test_migrations_0009_and_0010_apply_twice_and_keep_their_checks(migrated_db_url: str) -> None:
+    with psycopg.connect(migrated_db_url, autocommit=True) as conn:
+        for name in ("0009_console_sessions.sql", "0010_team_priority_classes.sql"):
+            conn.execute((MIGRATIONS_DIR / name).read_text(encoding="utf-8").encode())  # again: no error
+        row = conn.execute("INSERT INTO teams (name) VALUES ('m10') RETURNING priority_classes").fetchone()
+        assert row == (["interactive", "batch"],)  # existing and new teams keep both classes
+        for bad in ("{}", "{gold}", "{batch,gold}"):
+            with pytest.raises(psycopg.errors.CheckViolation):
+                conn.execute("UPDATE teams SET priority_classes = %s WHERE name = 'm10'", (bad,))
