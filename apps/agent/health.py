@@ -3,7 +3,8 @@
 `/livez` is 200 while the process runs (also while draining: a draining agent must not
 be killed by its liveness probe). `/readyz` is 200 only when the agent is registered
 and not draining, so a Kubernetes preStop/readiness or a load balancer sees the drain.
-Metrics use a per-agent `CollectorRegistry`, never the default one.
+Metrics use a per-agent `CollectorRegistry`, never the default one. The `Server` header names no
+Python or aiohttp version (issue 27: a scanner learns nothing from it).
 """
 
 from __future__ import annotations
@@ -42,6 +43,13 @@ class AgentMetrics:
         self.tasks.set_function(lambda: len(asyncio.all_tasks()))
 
 
+SERVER_HEADER = "llmfleet-agent"
+
+
+async def hide_server_version(_: web.Request, response: web.StreamResponse) -> None:
+    response.headers["Server"] = SERVER_HEADER
+
+
 def health_app(ready: Callable[[], bool], state: Callable[[], str], metrics: AgentMetrics) -> web.Application:
     async def livez(_: web.Request) -> web.Response:
         return web.json_response({"status": "ok", "state": state()})
@@ -55,6 +63,7 @@ def health_app(ready: Callable[[], bool], state: Callable[[], str], metrics: Age
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     app = web.Application()
+    app.on_response_prepare.append(hide_server_version)
     app.router.add_get("/livez", livez)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics_page)

@@ -1,7 +1,8 @@
 """The console's URL and one-time sign-in links that `llmfleet dev` prints (demo team, admin).
 
-Each link carries a short-lived JWT from the dev issuer with a unique `jti`; the console
-accepts a link once (it records the token's hash at first use) and redirects at once.
+Each link carries a JWT from the dev issuer valid for 15 minutes with a unique `jti`, in the URL
+fragment (`/console/signin#token=...`): browsers never send a fragment, so the token reaches no
+server log; the sign-in page's script posts it through the form. The console accepts a `jti` once.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from urllib.parse import quote
 
 from apps.core.identity.local_issuer import LocalIssuer
 
-LINK_TTL_S = 24 * 3600
+LINK_TTL_S = 15 * 60
 
 
 @dataclass(frozen=True)
@@ -31,7 +32,7 @@ class ConsoleLinks:
 
 def console_links(gateway_url: str, issuer: LocalIssuer, team: str) -> ConsoleLinks:
     def link(token: str) -> str:
-        return f"{gateway_url}/console/signin?token={quote(token)}"
+        return f"{gateway_url}/console/signin#token={quote(token)}"
 
     team_token = issuer.mint(f"{team}-user", team=team, ttl_s=LINK_TTL_S, extra={"jti": uuid.uuid4().hex})
     admin_token = issuer.mint("admin", admin=True, ttl_s=LINK_TTL_S, extra={"jti": uuid.uuid4().hex})

@@ -40,6 +40,17 @@ def priority_class(value: object, param: str = "priority_class") -> PriorityClas
     raise InvalidRequest(f"'{param}' must be one of {known}, not {value!r}.", param=param)
 
 
+ALL_CLASSES: tuple[PriorityClass, ...] = tuple(PriorityClass)
+
+
+def priority_classes(value: object, param: str = "priority_classes") -> tuple[PriorityClass, ...]:
+    """The classes a team may use (an admin body): a non-empty list of known class names."""
+    if not isinstance(value, list) or not value:
+        raise InvalidRequest(f"'{param}' must be a non-empty list of class names.", param=param)
+    chosen = {priority_class(v, param) for v in value}
+    return tuple(c for c in PriorityClass if c in chosen)
+
+
 def team_weight(value: object, param: str = "weight") -> float:
     """A team's weight: a finite number in (0, 1000]."""
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):

@@ -13,7 +13,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from apps.core.errors import InvalidRequest, NotFound, Unavailable
-from apps.core.sharing import priority_class, team_weight
+from apps.core.sharing import ALL_CLASSES, priority_class, priority_classes, team_weight
 from apps.gateway.auth import require_admin
 from apps.gateway.deps import GatewayDeps
 from apps.gateway.inputs import checked_text, only_params, parse_id, shown
@@ -62,12 +62,14 @@ INT_LIMITS = {
     "tokens_per_minute": 2**63 - 1,
 }
 KEY_LIMITS = frozenset(INT_LIMITS) - {"tokens_per_minute"}  # a team's budget, not a key's
-TEAM_FIELDS = frozenset({"name", "credits", "weight"})
+TEAM_FIELDS = frozenset({"name", "credits", "weight", "priority_classes"})
 KEY_FIELDS = frozenset(
     {"team", "team_id", "model_allowlist", "expires_at", "name", "priority_class", *KEY_LIMITS}
 )
 KEY_PATCH_FIELDS = KEY_LIMITS
-SHARING_FIELDS = frozenset({"team", "team_id", "weight", "max_streams", "tokens_per_minute"})
+SHARING_FIELDS = frozenset(
+    {"team", "team_id", "weight", "max_streams", "tokens_per_minute", "priority_classes"}
+)
 CREDIT_FIELDS = frozenset({"team", "team_id", "amount", "amount_microcredits", "reason"})
 NODE_FIELDS = frozenset({"node_id", "location", "pool", "models"})
 MAX_AMOUNT_MICROCREDITS = 10**18
@@ -174,6 +176,11 @@ class AdminApi:
             if body.get("weight") is not None
             else self.deps.spec.sharing.default_weight
         )
+        classes = (
+            priority_classes(body["priority_classes"])
+            if body.get("priority_classes") is not None
+            else ALL_CLASSES
+        )
         credits = 0
         if body.get("credits") is not None:  # parsed before anything is written
             try:
@@ -183,7 +190,7 @@ class AdminApi:
             if credits < 0:
                 raise InvalidRequest("'credits' must not be negative.", param="credits")
         # The team and its initial credits in one transaction: a refusal leaves no team behind.
-        team = await self.deps.teams.create_team(name, weight, credits)
+        team = await self.deps.teams.create_team(name, weight, credits, classes)
         return JSONResponse(team.as_json(), status_code=201)
 
     async def list_teams(self, request: Request) -> JSONResponse:
@@ -244,9 +251,13 @@ class AdminApi:
         for name in ("max_streams", "tokens_per_minute"):
             if name in body:  # null clears the limit
                 limits[name] = _opt_int(body, name)
-        if weight is None and not limits:
-            raise InvalidRequest("Give 'weight', 'max_streams' or 'tokens_per_minute'.", param="weight")
-        return JSONResponse((await self.deps.teams.set_sharing(team, weight=weight, **limits)).as_json())
+        classes = priority_classes(body["priority_classes"]) if "priority_classes" in body else None
+        if weight is None and not limits and classes is None:
+            raise InvalidRequest(
+                "Give 'weight', 'max_streams', 'tokens_per_minute' or 'priority_classes'.", param="weight"
+            )
+        team_row = await self.deps.teams.set_sharing(team, weight=weight, priority_classes=classes, **limits)
+        return JSONResponse(team_row.as_json())
 
     async def queues(self, request: Request) -> JSONResponse:
         await require_admin(request, self.deps, self.settings)

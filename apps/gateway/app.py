@@ -22,6 +22,7 @@ from apps.core.errors import (
     Unavailable,
     unknown_route,
 )
+from apps.core.metrics_access import metrics_refusal
 from apps.gateway.admin_routes import AdminApi
 from apps.gateway.auth import authenticate
 from apps.gateway.chat import ChatHandler
@@ -94,6 +95,14 @@ class PublicApi:
         port = self.settings.metrics_port
         if port is not None and (server is None or server[1] != port):
             raise NotFound("Metrics are served on the metrics port.")
+        refusal = metrics_refusal(
+            token=self.settings.metrics_token,
+            authorization=request.headers.get("authorization"),
+            client_host=request.client.host if request.client else None,
+            on_metrics_port=port is not None,
+        )
+        if refusal is not None:
+            raise refusal
         return Response(generate_latest(self.deps.registry), media_type=CONTENT_TYPE_LATEST)
 
 

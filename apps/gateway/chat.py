@@ -329,7 +329,8 @@ class ChatHandler:
             self._m.ttft.labels(ex.model).observe(ttft)
         self._m.stream_ended(
             model=ex.model,
-            team=(ex.principal.team_name if ex.principal else None) or "-",
+            # The team's id, never its name: the admin console and dashboards map ids to names.
+            team=str(ex.principal.team_id) if ex.principal and ex.principal.team_id is not None else "-",
             ttft_s=ttft,
             output_s=None if outcome.first_byte_at is None else ended_at - outcome.first_byte_at,
             completion_tokens=outcome.completion_tokens,

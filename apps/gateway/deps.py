@@ -9,6 +9,7 @@ from datetime import datetime
 from prometheus_client import CollectorRegistry
 
 from apps.core.clock import SYSTEM
+from apps.core.identity.console_sessions import ConsoleSessions
 from apps.core.identity.jwt_verify import JwtVerifier
 from apps.core.ledger.api import Ledger
 from apps.core.ledger.rollups import UsageRollups
@@ -48,6 +49,7 @@ class GatewayDeps:
     resolver: Resolver
     jwt: JwtVerifier | None = None
     usage: UsageRollups | None = None  # the console's rollups (None: the console answers 503)
+    sessions: ConsoleSessions | None = None  # console sessions (None: the console answers 503)
     refusals: Refusals | None = None  # 429s and 503s per team and day, for the console
     slo: SloSource | None = None  # the admin view's SLO status (None: Prometheus not configured)
     board: QueueBoard | None = None  # `GET /admin/queues` (None: it answers 503)

@@ -125,7 +125,13 @@ class Keys(Protocol):
 class Teams(Protocol):
     """Teams and credits (`apps.core.ledger.teams.TeamStore`)."""
 
-    async def create_team(self, name: str, weight: float = 1.0, credits_microcredits: int = 0) -> Team: ...
+    async def create_team(
+        self,
+        name: str,
+        weight: float = 1.0,
+        credits_microcredits: int = 0,
+        priority_classes: tuple[PriorityClass, ...] = ...,
+    ) -> Team: ...
 
     async def set_sharing(
         self,
@@ -134,6 +140,7 @@ class Teams(Protocol):
         weight: float | None = None,
         max_streams: int | None = ...,
         tokens_per_minute: int | None = ...,
+        priority_classes: tuple[PriorityClass, ...] | None = None,
     ) -> Team: ...
 
     async def list_teams(self) -> list[Team]: ...

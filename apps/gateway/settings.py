@@ -16,6 +16,8 @@ class GatewaySettings(BaseSettings):
     # A second port serving `/metrics` (then not served on `port`): a NetworkPolicy lets only
     # Prometheus reach it (infra/manifests/netpol.py). None: `/metrics` on `port`.
     metrics_port: int | None = Field(default=None, gt=0, lt=65536)
+    # A bearer token every `/metrics` scrape must send ("": none; see apps/core/metrics_access.py).
+    metrics_token: str = ""
     database_url: str = "postgresql://postgres@127.0.0.1:5432/postgres"
     redis_url: str = "redis://127.0.0.1:6379/0"
     # The orchestrators' `channel_namespace` (node drains and revocations are published there).

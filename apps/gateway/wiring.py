@@ -10,6 +10,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from apps.core.clock import SYSTEM
 from apps.core.fairboard import RedisQueueBoard
+from apps.core.identity.console_sessions import ConsoleSessions
 from apps.core.identity.jwt_verify import JwtVerifier
 from apps.core.identity.keys import KeyStore
 from apps.core.ledger.pg import PgLedger
@@ -137,6 +138,7 @@ async def build_deps(settings: GatewaySettings) -> GatewayDeps:
         resolver=SystemResolver(),
         jwt=jwt,
         usage=UsageRollups(pool),
+        sessions=ConsoleSessions(pool),
         refusals=RefusalStore(redis, SYSTEM.now),
         slo=slo,
         board=RedisQueueBoard(redis),

@@ -14,6 +14,7 @@ from aiohttp import web
 from redis.exceptions import RedisError
 
 from apps.core.errors import ForwardedError, internal_token_rejected
+from apps.core.metrics_access import metrics_refusal
 from apps.core.protocol.dispatch import InternalToken
 from apps.orchestrator.handover import stopping_refusal
 from apps.orchestrator.logs import event
@@ -24,6 +25,11 @@ from apps.orchestrator.settings import OrchestratorSettings
 from apps.orchestrator.settle import Settler, Sweeper
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def _local_port(request: web.Request) -> int | None:
+    sockname = request.transport.get_extra_info("sockname") if request.transport else None
+    return int(sockname[1]) if isinstance(sockname, tuple) and len(sockname) >= 2 else None
 
 
 def _not_connected(node_id: str) -> ForwardedError:
@@ -68,7 +74,15 @@ class Routes:
         status = 503 if problems else 200
         return web.json_response({"ready": not problems, "problems": problems}, status=status)
 
-    async def metrics(self, _: web.Request) -> web.Response:
+    async def metrics(self, request: web.Request) -> web.Response:
+        refusal = metrics_refusal(
+            token=self.plane.settings.metrics_token.get_secret_value(),
+            authorization=request.headers.get("Authorization"),
+            client_host=request.remote,
+            on_metrics_port=_local_port(request) == self.plane.settings.metrics_port,
+        )
+        if refusal is not None:
+            return error_response(refusal)
         self.plane.metrics.observe_nodes(self.plane.local.values(), self.plane.deps.monotonic())
         for model in self.deps.models:
             self.plane.metrics.queue_depth.labels(model=model).set(self.plane.queues.depth(model))

@@ -25,6 +25,8 @@ class OrchestratorSettings(BaseSettings):
     node_port: int | None = Field(default=None, gt=0, lt=65536)
     # A third port serving only `/metrics` and health checks, for Prometheus (None: `port` serves it).
     metrics_port: int | None = Field(default=None, gt=0, lt=65536)
+    # A bearer token every `/metrics` scrape must send (empty: none; see apps/core/metrics_access.py).
+    metrics_token: SecretStr = SecretStr("")
     orchestrator_id: str = Field(default_factory=default_orchestrator_id)
     database_url: str = "postgresql://postgres@127.0.0.1:5432/postgres"
     redis_url: str = "redis://127.0.0.1:6379/0"

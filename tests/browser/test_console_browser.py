@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import threading
 import time
 import urllib.request
 from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import TypeVar
 
@@ -74,8 +76,14 @@ def usage_requests(driver: webdriver.Chrome) -> int:
 
 
 def signed_in(driver: webdriver.Chrome, url: str) -> None:
+    """Open `url` afresh (a one-time link: the page's script then posts its token; wait for that)."""
     driver.delete_all_cookies()
+    driver.get("about:blank")
     driver.get(url)
+    if "#token=" in url:
+        WebDriverWait(driver, 20).until(
+            lambda d: "/console/signin" not in d.current_url or d.find_elements(By.ID, "error")
+        )
 
 
 def test_team_sees_usage_creates_and_revokes_a_key(
@@ -141,6 +149,7 @@ def test_second_team_cannot_see_or_act_on_the_first(
     signed_in(chrome, platform.gateway_url + "/console/signin")
     chrome.find_element(By.ID, "token").send_keys(platform.issuer.mint("rival-user", team="rival"))
     submit_and_wait(chrome, By.ID, "signin")
+    assert chrome.find_elements(By.ID, "team-name"), chrome.page_source
     assert text(chrome, "#team-name") == "rival"
     page = chrome.page_source
     for key in demo_keys:
@@ -227,3 +236,72 @@ def platform_keys(platform: LocalPlatform) -> list[dict[str, object]]:
     with urllib.request.urlopen(req, timeout=10) as resp:
         data: list[dict[str, object]] = json.loads(resp.read())["data"]
         return data
+
+
+def test_sign_out_revokes_the_session_and_a_link_signs_in_once(
+    platform: LocalPlatform, chrome: webdriver.Chrome, artifacts: Path
+) -> None:
+    """Issue 27: a saved cookie survived sign-out; the one-use admin link could be used again."""
+    links = console_links(platform.gateway_url, platform.issuer, DEMO_TEAM)
+    assert "?" not in links.admin  # the token travels in the fragment, never to a server log
+    signed_in(chrome, links.admin)
+    assert chrome.current_url == platform.gateway_url + "/console/admin"  # no token left in the bar
+    saved = chrome.get_cookie("lf_console")
+    assert saved
+    submit_and_wait(chrome, By.ID, "signout")
+    assert chrome.current_url.endswith("/console/signin")
+    chrome.add_cookie({k: saved[k] for k in ("name", "value", "path")})  # the saved copy, replayed
+    chrome.get(platform.gateway_url + "/console/admin")
+    assert chrome.current_url.endswith("/console/signin")
+    assert not chrome.find_elements(By.ID, "teams-table")
+
+    chrome.get("about:blank")
+    chrome.get(links.admin)  # the same link again: through the form, refused
+    assert "already used" in until("the refusal", lambda: chrome.find_elements(By.ID, "error"))[0].text
+    chrome.save_screenshot(str(artifacts / "signin-link-used.png"))
+    chrome.get(platform.gateway_url + "/console/admin")
+    assert chrome.current_url.endswith("/console/signin")
+
+
+class _Attacker(BaseHTTPRequestHandler):
+    """Another site's page that posts its own token to the console's sign-in (login CSRF)."""
+
+    form = ""
+
+    def do_GET(self) -> None:
+        body = self.form.encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "text/html; charset=utf-8")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: object) -> None:
+        return
+
+
+def test_another_site_cannot_sign_the_browser_in(
+    platform: LocalPlatform, chrome: webdriver.Chrome, artifacts: Path
+) -> None:
+    """Issue 27: a cross-site POST to /console/signin signed the victim into the attacker's session."""
+    admin_api(platform, "/admin/teams", {"name": "attacker", "credits": 1})
+    token = platform.issuer.mint("attacker-user", team="attacker")
+    signed_in(chrome, platform.gateway_url + "/console/signin")  # the victim has a sign-in form open
+    handler = type("Page", (_Attacker,), {"form": (
+        f'<form id="f" method="post" action="{platform.gateway_url}/console/signin">'
+        f'<input name="token" value="{token}"><input name="signin_csrf" value="guess"></form>'
+        "<script>document.getElementById('f').submit()</script>"
+    )})  # fmt: skip
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        chrome.get(f"http://127.0.0.1:{server.server_address[1]}/")
+        error = until("the refusal", lambda: chrome.find_elements(By.ID, "error"))[0]
+        assert "did not come from this console" in error.text
+        chrome.save_screenshot(str(artifacts / "signin-cross-site.png"))
+    finally:
+        server.shutdown()
+        server.server_close()
+    chrome.get(platform.gateway_url + "/console/team")
+    assert chrome.current_url.endswith("/console/signin")  # not signed in as the attacker

@@ -16,6 +16,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from apps.core.clock import SYSTEM
 from apps.core.fairboard import RedisQueueBoard
+from apps.core.identity.console_sessions import ConsoleSessions
 from apps.core.identity.jwt_verify import JwtVerifier
 from apps.core.identity.keys import KeyStore
 from apps.core.identity.local_issuer import LocalIssuer
@@ -108,6 +109,7 @@ async def gateway_env(
         resolver=resolver or StaticResolver(),
         jwt=JwtVerifier(jwks_url, issuer=issuer.issuer, audience=issuer.audience),
         usage=UsageRollups(pool),
+        sessions=ConsoleSessions(pool),
         refusals=RefusalStore(redis, SYSTEM.now),
         board=RedisQueueBoard(redis),
     )

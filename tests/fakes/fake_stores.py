@@ -13,6 +13,7 @@ from apps.core.identity.principal import Principal
 from apps.core.ledger.teams import Team
 from apps.core.quota.admission import Admission, Limits, Verdict
 from apps.core.quota.refusals import RefusalCount
+from apps.core.sharing import ALL_CLASSES, PriorityClass
 
 
 @dataclass
@@ -73,14 +74,31 @@ class FakeKeys:
 class FakeTeams:
     teams: dict[int, Team] = field(default_factory=dict)
 
-    async def create_team(self, name: str, weight: float = 1.0, credits_microcredits: int = 0) -> Team:
-        team = Team(len(self.teams) + 1, name, credits_microcredits, weight)
+    async def create_team(
+        self,
+        name: str,
+        weight: float = 1.0,
+        credits_microcredits: int = 0,
+        priority_classes: tuple[PriorityClass, ...] = ALL_CLASSES,
+    ) -> Team:
+        team = Team(
+            len(self.teams) + 1, name, credits_microcredits, weight, priority_classes=priority_classes
+        )
         self.teams[team.id] = team
         return team
 
-    async def set_sharing(self, ref: str | int, *, weight: float | None = None, **limits: Any) -> Team:
+    async def set_sharing(
+        self,
+        ref: str | int,
+        *,
+        weight: float | None = None,
+        priority_classes: tuple[PriorityClass, ...] | None = None,
+        **limits: Any,
+    ) -> Team:
         team = await self.get_team(ref)
         team = replace(team, weight=team.weight if weight is None else weight, **limits)
+        if priority_classes is not None:
+            team = replace(team, priority_classes=priority_classes)
         self.teams[team.id] = team
         return team
 

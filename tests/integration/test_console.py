@@ -7,10 +7,13 @@ import re
 import time
 
 import httpx
+import psycopg
 import pytest
 
+from apps.core.db.migrate import MIGRATIONS_DIR
 from apps.gateway.slo import Reading, SloStatus, indicators
 from tests.fakes.fake_gateway import GatewayEnv
+from tests.integration.console_client import signin, signin_csrf_of
 from tests.integration.gateway_fixtures import gateway
 
 __all__ = ["gateway"]  # the fixture, imported for pytest
@@ -26,10 +29,6 @@ def env(gateway: GatewayEnv) -> GatewayEnv:
 
 def browser(env: GatewayEnv, scheme: str = "http") -> httpx.AsyncClient:
     return httpx.AsyncClient(transport=httpx.ASGITransport(app=env.app), base_url=f"{scheme}://gw")
-
-
-async def signin(c: httpx.AsyncClient, token: str) -> httpx.Response:
-    return await c.post("/console/signin", data={"token": token})
 
 
 def csrf_of(html: str) -> str:
@@ -226,18 +225,84 @@ async def test_team_session_cannot_act_as_admin(env: GatewayEnv) -> None:
     assert (await env.deps.teams.get_team(team_id)).balance_microcredits == 1_000_000
 
 
-async def test_one_time_link_works_once(env: GatewayEnv) -> None:
+async def test_a_jti_token_signs_in_once_whichever_way_it_arrives(env: GatewayEnv) -> None:
+    """Issue 27: the one-use link's token could be reused by POSTing it to /console/signin."""
     await env.team_with_key("alpha")
-    token = env.issuer.mint("alice", team="alpha")
+    token = env.issuer.mint("alice", team="alpha", extra={"jti": "link-1"})
     async with browser(env) as c:
-        r = await c.get("/console/signin", params={"token": token})
+        r = await signin(c, token)
         assert r.status_code == 303
         assert "lf_console=" in r.headers["set-cookie"]
     async with browser(env) as c:
-        r = await c.get("/console/signin", params={"token": token})
+        r = await signin(c, token)
         assert r.status_code == 401
         assert "already used" in r.text
-        assert "set-cookie" not in r.headers
+        assert "lf_console=" not in r.headers.get("set-cookie", "")
+        assert (await c.get("/console/team")).headers["location"] == "/console/signin"
+
+
+async def test_sign_out_revokes_the_session_and_its_csrf_token_everywhere(env: GatewayEnv) -> None:
+    """Issue 27: a saved cookie kept working after sign-out, and its CSRF token still created keys."""
+    await env.team_with_key("alpha")
+    async with browser(env) as c:
+        await signin(c, env.issuer.mint("alice", team="alpha"))
+        saved = c.cookies.get("lf_console", path="/console")
+        assert saved
+        csrf = csrf_of((await c.get("/console/team")).text)
+        r = await c.post("/console/signout", data={"csrf": csrf})
+        assert r.status_code == 303
+    before = len(await env.deps.keys.list_keys("alpha"))
+    async with browser(env) as replay:
+        replay.cookies.set("lf_console", saved, path="/console")
+        assert (await replay.get("/console/team")).headers["location"] == "/console/signin"
+        r = await replay.post("/console/team/keys", data={"csrf": csrf, "name": "after-signout"})
+        assert r.status_code == 303
+        assert r.headers["location"] == "/console/signin"
+    assert len(await env.deps.keys.list_keys("alpha")) == before
+
+
+async def test_sign_in_refuses_cross_site_posts_and_forms_without_its_token(env: GatewayEnv) -> None:
+    """Issue 27 (login CSRF): a cross-site POST signed the victim into the attacker's session."""
+    await env.team_with_key("alpha")
+    token = env.issuer.mint("mallory", team="alpha")
+    async with browser(env) as c:
+        form = signin_csrf_of((await c.get("/console/signin")).text)
+        cases: list[tuple[dict[str, str], dict[str, str]]] = [
+            ({"token": token}, {}),  # no form token
+            ({"token": token, "signin_csrf": "forged"}, {}),
+            ({"token": token, "signin_csrf": form}, {"sec-fetch-site": "cross-site"}),
+            ({"token": token, "signin_csrf": form}, {"sec-fetch-site": "same-site"}),
+            ({"token": token, "signin_csrf": form}, {"origin": "https://evil.example"}),
+            ({"token": token, "signin_csrf": form}, {"origin": "null", "sec-fetch-site": "cross-site"}),
+        ]
+        for data, headers in cases:
+            r = await c.post("/console/signin", data=data, headers=headers)
+            assert r.status_code == 403, (data, headers)
+            assert "did not come from this console" in r.text
+            assert "lf_console=" not in r.headers.get("set-cookie", "")
+        async with browser(env) as stranger:  # another browser's form token is not this one's
+            r = await stranger.post("/console/signin", data={"token": token, "signin_csrf": form})
+            assert r.status_code == 403
+        form = signin_csrf_of((await c.get("/console/signin")).text)  # a refusal renders a new form
+        ok = await c.post(
+            "/console/signin",
+            data={"token": token, "signin_csrf": form},
+            headers={"sec-fetch-site": "same-origin", "origin": "http://gw"},
+        )
+        assert ok.status_code == 303
+
+
+async def test_a_token_in_the_url_is_never_accepted(env: GatewayEnv) -> None:
+    """Issue 27: `GET /console/signin?token=sk-lf-...` signed in (the key lands in logs and history)."""
+    _, key = await env.team_with_key("alpha")
+    async with browser(env) as c:
+        for token in (key, env.issuer.mint("alice", team="alpha")):
+            r = await c.get("/console/signin", params={"token": token})
+            assert r.status_code == 400
+            assert "not accepted in the address" in r.text
+            assert "lf_console=" not in r.headers.get("set-cookie", "")
+            assert token not in r.text
+            assert (await c.get("/console/team")).headers["location"] == "/console/signin"
 
 
 async def test_bad_token_and_forged_cookie_get_no_session(env: GatewayEnv) -> None:
@@ -368,3 +433,96 @@ async def test_the_team_view_shows_its_queue_share_from_the_fair_queues_board(en
     async with browser(env) as c:  # a key-scoped session sees no team-wide queue data
         await signin(c, key)
         assert 'id="share-table"' not in (await c.get("/console/team")).text
+
+
+async def test_a_team_creates_keys_only_of_the_classes_the_admin_allows(env: GatewayEnv) -> None:
+    """Issue 27: a team whose keys are meant to be batch created interactive keys for itself."""
+    await env.team_with_key("alpha")
+    async with browser(env) as admin:
+        for bad in ([], ["gold"], "batch"):
+            r = await admin.post(
+                "/admin/teams/sharing",
+                json={"team": "alpha", "priority_classes": bad},
+                headers=env.admin_headers(),
+            )
+            assert r.status_code == 400, bad
+            assert r.json()["error"]["param"] == "priority_classes"
+        r = await admin.post(
+            "/admin/teams/sharing",
+            json={"team": "alpha", "priority_classes": ["batch"]},
+            headers=env.admin_headers(),
+        )
+        assert r.status_code == 200, r.text
+        assert r.json()["priority_classes"] == ["batch"]
+    before = len(await env.deps.keys.list_keys("alpha"))
+    async with browser(env) as c:
+        await signin(c, env.issuer.mint("alice", team="alpha"))
+        page = (await c.get("/console/team")).text
+        assert '<option value="batch">' in page
+        assert '<option value="interactive">' not in page  # the form offers only what is allowed
+        form = {"csrf": csrf_of(page), "name": "sneaky", "priority_class": "interactive"}
+        r = await c.post("/console/team/keys", data=form)
+        assert r.status_code == 403
+        assert "may not create" in r.text
+        assert len(await env.deps.keys.list_keys("alpha")) == before
+        r = await c.post("/console/team/keys", data={"csrf": csrf_of(page), "name": "plain"})
+        assert r.status_code == 201, r.text
+    created = next(k for k in await env.deps.keys.list_keys("alpha") if k.name == "plain")
+    assert created.priority_class.value == "batch"
+    # A new team gets both classes unless the admin says otherwise (today's behaviour kept).
+    async with browser(env) as admin:
+        r = await admin.post("/admin/teams", json={"name": "gamma"}, headers=env.admin_headers())
+        assert r.json()["priority_classes"] == ["interactive", "batch"]
+        r = await admin.post(
+            "/admin/teams", json={"name": "delta", "priority_classes": ["batch"]}, headers=env.admin_headers()
+        )
+        assert r.status_code == 201
+        assert r.json()["priority_classes"] == ["batch"]
+
+
+async def test_the_admin_reads_team_names_where_metrics_carry_ids(env: GatewayEnv) -> None:
+    """Issue 27: metrics label teams by id; the admin's SLO table shows the name beside it."""
+    alpha, _ = await env.team_with_key("alpha")
+    _, attainment = indicators(env.deps.spec)
+    env.deps.slo = StaticSlo(
+        SloStatus(teams=[Reading(attainment, {"team": str(alpha), "model": MODEL}, 0.99)])
+    )
+    async with browser(env) as c:
+        await signin(c, env.admin_token)
+        page = (await c.get("/console/admin")).text
+    assert f'<td class="slo-team">alpha ({alpha})</td>' in page
+
+
+async def test_a_team_sees_its_own_waiting_count_and_the_total_only(env: GatewayEnv) -> None:
+    """Issue 27: a team's console must not show other teams' waiting counts per model."""
+    alpha, _ = await env.team_with_key("alpha")
+    beta, _ = await env.team_with_key("beta")
+    gamma, _ = await env.team_with_key("gamma")
+    lanes = [
+        {"class": "interactive", "team_id": alpha, "waiting": 2, "oldest_wait_s": 1.0},
+        {"class": "interactive", "team_id": beta, "waiting": 37, "oldest_wait_s": 9.25},
+        {"class": "batch", "team_id": gamma, "waiting": 53, "oldest_wait_s": 7.75},
+    ]
+    await env.redis.hset(
+        f"fair:q:{MODEL}", mapping={"orch-a": json.dumps({"at": time.time(), "lanes": lanes})}
+    )
+    async with browser(env) as c:
+        await signin(c, env.issuer.mint("alice", team="alpha"))
+        page = (await c.get("/console/team")).text
+    table = page[page.index('id="share-table"') :].split("</table>")[0]
+    assert f'<tr><td>{MODEL}</td><td class="waiting">2 / 92</td><td>1.0</td>' in table  # own oldest wait
+    for other in ("37", "53", "9.2", "7.8", "beta", "gamma"):
+        assert other not in table, other
+    assert f"team {beta}" not in page
+    assert f"team {gamma}" not in page
+
+
+def test_migrations_0009_and_0010_apply_twice_and_keep_their_checks(migrated_db_url: str) -> None:
+    with psycopg.connect(migrated_db_url, autocommit=True) as conn:
+        for name in ("0009_console_sessions.sql", "0010_team_priority_classes.sql"):
+            conn.execute((MIGRATIONS_DIR / name).read_text(encoding="utf-8").encode())  # again: no error
+        row = conn.execute("INSERT INTO teams (name) VALUES ('m10') RETURNING priority_classes").fetchone()
+        assert row == (["interactive", "batch"],)  # existing and new teams keep both classes
+        for bad in ("{}", "{gold}", "{batch,gold}"):
+            with pytest.raises(psycopg.errors.CheckViolation):
+                conn.execute("UPDATE teams SET priority_classes = %s WHERE name = 'm10'", (bad,))

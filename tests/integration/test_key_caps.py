@@ -12,6 +12,7 @@ import pytest
 
 from apps.core.db.migrate import MIGRATIONS_DIR
 from tests.fakes.fake_gateway import GatewayEnv
+from tests.integration.console_client import signin
 from tests.integration.gateway_fixtures import client, gateway
 
 __all__ = ["gateway"]  # the fixture, imported for pytest
@@ -152,7 +153,7 @@ async def test_without_max_tokens_the_default_is_clamped_to_the_caps(env: Gatewa
 async def test_the_console_creates_and_lists_caps(env: GatewayEnv) -> None:
     await env.team_with_key("alpha", max_tokens=48, max_context=777)
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=env.app), base_url="http://gw") as c:
-        await c.post("/console/signin", data={"token": env.issuer.mint("alice", team="alpha")})
+        await signin(c, env.issuer.mint("alice", team="alpha"))
         page = (await c.get("/console/team")).text
         assert "<td>48 / 777</td>" in page
         csrf = re.search(r'name="csrf" value="([^"]+)"', page)
@@ -164,7 +165,7 @@ async def test_the_console_creates_and_lists_caps(env: GatewayEnv) -> None:
     new = next(k for k in await env.deps.keys.list_keys("alpha") if k.name == "capped")
     assert (new.max_tokens, new.max_context) == (32, 2048)
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=env.app), base_url="http://gw") as admin:
-        await admin.post("/console/signin", data={"token": env.admin_token})
+        await signin(admin, env.admin_token)
         assert "<td>32 / 2048</td>" in (await admin.get("/console/admin")).text
 
 

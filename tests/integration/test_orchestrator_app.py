@@ -389,6 +389,20 @@ async def test_metrics_expose_queue_depth_per_catalog_model_and_live_tasks(env: 
         assert resp.status == 200
 
 
+async def test_metrics_need_the_metrics_token_when_one_is_set(env: Env) -> None:
+    """Issue 27: orchestrator metrics carry team ids; a scrape then needs the token."""
+    orch = await env.orchestrator(metrics_token="scrape-secret")
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": f"Bearer {TOKEN}"}):
+        async with env.session.get(orch.url + "/metrics", headers=headers) as resp:
+            assert resp.status == 401, headers
+            assert (await resp.json())["error"]["code"] == "invalid_metrics_token"
+    async with env.session.get(
+        orch.url + "/metrics", headers={"Authorization": "Bearer scrape-secret"}
+    ) as resp:
+        assert resp.status == 200
+        assert "llmfleet_orchestrator_queue_depth" in await resp.text()
+
+
 async def test_build_deps_sizes_the_postgres_pool_from_settings(
     migrated_db_url: str, redis_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -20,7 +20,7 @@ async def test_a_finished_stream_records_its_rate_and_slo_verdict_per_team(
     migrated_db_url: str, redis_url: str
 ) -> None:
     async with gateway_env(migrated_db_url, redis_url) as env:
-        _, key = await env.team_with_key("alpha")
+        team_id, key = await env.team_with_key("alpha")
         transport = httpx.ASGITransport(app=env.app)
         async with httpx.AsyncClient(transport=transport, base_url="http://gw") as c:
             headers = {"Authorization": f"Bearer {key}"}
@@ -31,7 +31,9 @@ async def test_a_finished_stream_records_its_rate_and_slo_verdict_per_team(
                 assert r.status_code == 200, r.text
             text = (await c.get("/metrics")).text
     assert metric_sum(text, "llmfleet_gateway_stream_tokens_per_second_count", model=MODEL) == 1
-    assert metric_sum(text, "llmfleet_gateway_slo_requests_total", team="alpha", model=MODEL) == 2
+    # The team's id, never its name (issue 27): /metrics must not list who the tenants are.
+    assert metric_sum(text, "llmfleet_gateway_slo_requests_total", team=str(team_id), model=MODEL) == 2
+    assert 'team="alpha"' not in text
     assert metric_sum(text, "llmfleet_gateway_slo_requests_total", result="met") == 2  # the fake is fast
     assert metric_sum(text, "llmfleet_gateway_active_streams") == 0  # both relays ended
 

@@ -155,8 +155,11 @@ def test_the_consoles_slo_status_reads_the_rules_on_the_real_prometheus(stage: S
     assert status.error is None
     titles = {r.indicator.title for r in status.models if r.labels.get("model") == MODEL_8B and r.value}
     assert titles == {"TTFT p50", "TTFT p95", "tokens/s per stream, p05", "queue wait p95"}
-    demo = [
-        r for r in status.teams if r.labels.get("team") == DEMO_TEAM and r.labels.get("model") == MODEL_8B
+    with psycopg.connect(stage.database_url, autocommit=True) as conn:
+        row = conn.execute("SELECT id FROM teams WHERE name = %s", (DEMO_TEAM,)).fetchone()
+    assert row is not None
+    demo = [  # metrics label a team by its id (issue 27)
+        r for r in status.teams if r.labels.get("team") == str(row[0]) and r.labels.get("model") == MODEL_8B
     ]
     assert demo
     assert demo[0].value is not None

@@ -26,6 +26,15 @@ def test_a_session_round_trips_and_any_change_breaks_it() -> None:
     assert codec.decode(raw, session.expires + 1) is None
 
 
+def test_the_sign_in_form_token_belongs_to_its_cookie() -> None:
+    codec = SessionCodec(b"server-key")
+    assert codec.signin_csrf_ok("cookie-a", codec.signin_csrf("cookie-a"))
+    assert not codec.signin_csrf_ok("cookie-b", codec.signin_csrf("cookie-a"))
+    assert not codec.signin_csrf_ok(None, codec.signin_csrf("cookie-a"))
+    assert not codec.signin_csrf_ok("cookie-a", None)
+    assert not codec.signin_csrf_ok("cookie-a", SessionCodec(b"other").signin_csrf("cookie-a"))
+
+
 def test_csrf_token_belongs_to_one_session() -> None:
     codec = SessionCodec(b"server-key")
     a = codec.new("team", "alice", 7, None, 2**40)
@@ -36,7 +45,8 @@ def test_csrf_token_belongs_to_one_session() -> None:
     assert not codec.csrf_ok(a, None)
 
 
-def test_dev_links_carry_distinct_short_lived_tokens() -> None:
+def test_dev_links_carry_distinct_short_lived_tokens_in_the_fragment() -> None:
+    """Issue 27: the link's token was valid 24 h and sent to the server in the query string."""
     issuer = LocalIssuer.generate()
     links = console_links("http://127.0.0.1:8080", issuer, "demo")
     assert links.url == "http://127.0.0.1:8080/console/"
@@ -44,13 +54,14 @@ def test_dev_links_carry_distinct_short_lived_tokens() -> None:
     for link in (links.team, links.admin):
         parts = urlsplit(link)
         assert parts.path == "/console/signin"
-        token = parse_qs(parts.query)["token"][0]
+        assert not parts.query  # browsers never send a fragment: no server log holds the token
+        token = parse_qs(parts.fragment)["token"][0]
         claims.append(jwt.decode(token, options={"verify_signature": False}))
     assert claims[0]["team"] == "demo"
     assert "roles" not in claims[0]
     assert claims[1]["roles"] == ["admin"]
     assert claims[0]["jti"] != claims[1]["jti"]
-    assert all(c["exp"] - c["iat"] <= 24 * 3600 for c in claims)
+    assert all(c["exp"] - c["iat"] <= 15 * 60 for c in claims)
     assert links.lines("demo")[1].endswith(links.team)
 
 

@@ -23,7 +23,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from apps.core.errors import InvalidRequest, LlmfleetError, NotFound
 from apps.core.quota.admission import TeamLimits
-from apps.core.sharing import team_weight
+from apps.core.sharing import ALL_CLASSES, PriorityClass, team_weight
 
 TEAM_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 TeamRef = int | str  # int: the team's id; str: its name
@@ -51,6 +51,8 @@ class Team:
     # On top of its keys' limits, checked in the same admission script (None: none).
     max_streams: int | None = None
     tokens_per_minute: int | None = None
+    # The classes the admin lets the team use for the keys it creates in the console.
+    priority_classes: tuple[PriorityClass, ...] = ALL_CLASSES
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -60,25 +62,35 @@ class Team:
             "weight": self.weight,
             "max_streams": self.max_streams,
             "tokens_per_minute": self.tokens_per_minute,
+            "priority_classes": [c.value for c in self.priority_classes],
         }
 
     def limits(self) -> TeamLimits:
         return TeamLimits(self.id, self.max_streams, self.tokens_per_minute)
 
 
-_TEAM_COLUMNS = "t.id, t.name, t.balance_microcredits, t.weight, t.max_streams, t.tokens_per_minute"
+_TEAM_COLUMNS = (
+    "t.id, t.name, t.balance_microcredits, t.weight, t.max_streams, t.tokens_per_minute, t.priority_classes"
+)
 UNCHANGED: Any = object()  # `set_sharing`: leave this field as it is
 
 
 def _team(row: Any) -> Team:
-    return Team(int(row[0]), str(row[1]), int(row[2]), float(row[3]), row[4], row[5])
+    classes = tuple(c for c in PriorityClass if c.value in row[6])
+    return Team(int(row[0]), str(row[1]), int(row[2]), float(row[3]), row[4], row[5], classes)
 
 
 class TeamStore:
     def __init__(self, pool: AsyncConnectionPool) -> None:
         self._pool = pool
 
-    async def create_team(self, name: str, weight: float = 1.0, credits_microcredits: int = 0) -> Team:
+    async def create_team(
+        self,
+        name: str,
+        weight: float = 1.0,
+        credits_microcredits: int = 0,
+        priority_classes: tuple[PriorityClass, ...] = ALL_CLASSES,
+    ) -> Team:
         """A new team, with its initial credits (a `credit_entries` row, reason "initial") in the
         same transaction: a refused credit leaves no team behind."""
         if not TEAM_NAME_RE.match(name):
@@ -90,9 +102,9 @@ class TeamStore:
         try:
             async with self._pool.connection() as conn, conn.transaction():
                 cur = await conn.execute(
-                    b"INSERT INTO teams AS t (name, weight, balance_microcredits) VALUES (%s, %s, %s) "
-                    + f"RETURNING {_TEAM_COLUMNS}".encode(),
-                    (name, team_weight(weight), credits_microcredits),
+                    b"INSERT INTO teams AS t (name, weight, balance_microcredits, priority_classes) "
+                    + f"VALUES (%s, %s, %s, %s) RETURNING {_TEAM_COLUMNS}".encode(),
+                    (name, team_weight(weight), credits_microcredits, [c.value for c in priority_classes]),
                 )
                 row = await cur.fetchone()
                 assert row is not None
@@ -130,8 +142,9 @@ class TeamStore:
         weight: float | None = None,
         max_streams: int | None = UNCHANGED,
         tokens_per_minute: int | None = UNCHANGED,
+        priority_classes: tuple[PriorityClass, ...] | None = None,
     ) -> Team:
-        """Set a team's fair-queue weight and limits (None clears a limit; `UNCHANGED` leaves it).
+        """Set a team's fair-queue weight, limits and classes (None clears a limit; `UNCHANGED` leaves it).
         A team that does not exist is a 400 on `team` (the body named it), not a 404: the caller
         sent settings for nobody."""
         where, param = team_where(ref)
@@ -144,9 +157,13 @@ class TeamStore:
             if value is not UNCHANGED:
                 sets.append(f"{name} = %s")
                 values.append(value)
+        if priority_classes is not None:
+            sets.append("priority_classes = %s")
+            values.append([c.value for c in priority_classes])
         if not sets:
             raise InvalidRequest(
-                "nothing to set: give 'weight', 'max_streams' or 'tokens_per_minute'", param="weight"
+                "nothing to set: give 'weight', 'max_streams', 'tokens_per_minute' or 'priority_classes'",
+                param="weight",
             )
         query = f"UPDATE teams t SET {', '.join(sets)} WHERE {where} RETURNING {_TEAM_COLUMNS}"  # noqa: S608 (constant)
         async with self._pool.connection() as conn:

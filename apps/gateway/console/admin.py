@@ -80,9 +80,12 @@ class AdminView:
     ) -> Response:
         nodes = await self.deps.nodes.list_nodes()
         slo = await self.deps.slo.status() if self.deps.slo is not None else NOT_CONFIGURED
+        teams = await self.deps.teams.list_teams()
         ctx = {
             "slo": slo,
-            "teams": await self.deps.teams.list_teams(),
+            "teams": teams,
+            # Metrics label teams by id (issue 27); the admin reads names.
+            "team_names": {str(t.id): t.name for t in teams},
             "keys": await self.deps.keys.list_keys(None),
             "last_used": await self.console.usage.key_last_used(None),
             "nodes": nodes,

@@ -18,7 +18,16 @@ from starlette.routing import Route
 from apps.core.errors import LlmfleetError, StoreUnavailable
 from apps.core.ledger.rollups import DailyUsage, burn_rate, days_left
 from apps.core.quota.refusals import RefusalCount
-from apps.gateway.console.forms import Problem, UsageQuery, clean_text, expiry, positive_int, usage_query
+from apps.core.sharing import PriorityClass
+from apps.gateway.console.forms import (
+    Problem,
+    UsageQuery,
+    clean_text,
+    expiry,
+    first,
+    positive_int,
+    usage_query,
+)
 from apps.gateway.console.session import Session
 from apps.gateway.console.share import QueueShare, team_shares
 from apps.gateway.console.views import Console, csv_response, to_signin
@@ -186,17 +195,32 @@ class TeamView:
             if unknown:
                 raise Problem(f"Unknown model in the allowlist: {', '.join(unknown)[:200]}.")
             name = clean_text(form, "name") or None
+            klass = await self.allowed_class(session, first(form, "priority_class"))
             secret, record = await self.deps.keys.create(
                 team=session.team_id or 0, model_allowlist=allow, rpm=positive_int(form, "rpm"),
                 tokens_per_day=positive_int(form, "tokens_per_day"), max_streams=positive_int(form, "max_streams"),
                 max_tokens=positive_int(form, "max_tokens"), max_context=positive_int(form, "max_context"),
-                expires_at=expiry(form, self.deps.clock()), name=name,
+                expires_at=expiry(form, self.deps.clock()), name=name, priority_class=klass,
             )  # fmt: skip
         except Problem as problem:
             return await self.page(request, session, {"error": problem.message}, problem.status)
         except LlmfleetError as exc:
             return await self.page(request, session, {"error": exc.message}, exc.status)
         return await self.page(request, session, {"created": {"secret": secret, "record": record}}, 201)
+
+    async def allowed_class(self, session: Session, raw: str) -> PriorityClass:
+        """The form's class if the admin lets the team use it (empty: the first allowed), else 403."""
+        team = await self.deps.teams.get_team(session.team_id or 0)
+        allowed = team.priority_classes
+        if not raw:
+            return allowed[0]
+        if raw not in {c.value for c in allowed}:
+            raise Problem(
+                f"Your team may not create {raw[:40]!r} keys; the admin allows: "
+                f"{', '.join(c.value for c in allowed)}.",
+                403,
+            )
+        return PriorityClass(raw)
 
     async def revoke_key(self, request: Request) -> Response:
         session = await self.team_session(request)

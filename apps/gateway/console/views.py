@@ -14,6 +14,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.templating import Jinja2Templates
 
+from apps.core.identity.console_sessions import ConsoleSessions
 from apps.core.ledger.rollups import UsageRollups
 from apps.gateway.console.forms import Problem, first, read_form
 from apps.gateway.console.session import COOKIE, Session, SessionCodec
@@ -76,10 +77,21 @@ class Console:
     def problem(self, request: Request, problem: Problem, session: Session | None) -> HTMLResponse:
         return self.render(request, "message.html", {"error": problem.message}, problem.status, session)
 
+    @property
+    def sessions(self) -> ConsoleSessions:
+        if self.deps.sessions is None:
+            raise Problem("The console's session store is not configured.", 503)
+        return self.deps.sessions
+
     async def session(self, request: Request) -> Session | None:
-        """The request's valid session; a key-scoped one ends as soon as its key is revoked or expires."""
+        """The request's valid session: signed, unexpired and not signed out (its id still on the
+        server); a key-scoped one ends as soon as its key is revoked or expires."""
         session = self.codec.decode(request.cookies.get(COOKIE), time.time())
-        if session is None or session.kind != "key":
+        if session is None or self.deps.sessions is None:
+            return None
+        if not await self.deps.sessions.alive(session.nonce):
+            return None
+        if session.kind != "key":
             return session
         assert session.team_id is not None
         keys = {k.id: k for k in await self.deps.keys.list_keys(session.team_id)}

@@ -1,7 +1,19 @@
-// The console's only script: times in the viewer's time zone, and the usage charts (uPlot,
-// vendored) drawn from the page's JSON data block. The same numbers are in the tables.
+// The console's only script: a one-time sign-in link's token (in the URL fragment, never sent to
+// the server) posted through the sign-in form, times in the viewer's time zone, and the usage
+// charts (uPlot, vendored) drawn from the page's JSON data block. The same numbers are in the tables.
 (function () {
   "use strict";
+  var signin = document.getElementById("signin-form");
+  var fromLink = function () {
+    if (!signin || location.hash.indexOf("#token=") !== 0) { return false; }
+    var token = decodeURIComponent(location.hash.slice("#token=".length));
+    history.replaceState(null, "", location.pathname);  // the token leaves the address bar and history
+    document.getElementById("token").value = token;
+    signin.submit();
+    return true;
+  };
+  if (signin) { window.addEventListener("hashchange", fromLink); }  // a link opened on this page
+  if (fromLink()) { return; }
   document.querySelectorAll("time[datetime]").forEach(function (el) {
     var at = new Date(el.getAttribute("datetime"));
     if (!isNaN(at)) { el.textContent = at.toLocaleString(); el.title = el.getAttribute("datetime"); }
