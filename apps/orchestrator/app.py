@@ -63,6 +63,7 @@ def _settler(settings: OrchestratorSettings, deps: OrchestratorDeps, plane: Cont
         record_ttl_s=settings.done_record_ttl_s,
         on_slot_freed=plane.queues.notify,
         on_overreport=plane.quarantine,
+        tolerance=settings.usage_tolerance,
     )
 
 
