@@ -6,8 +6,10 @@ frees the request's node slot and writes the usage to `done:{request_id}` in Red
 script: the record the sweeper settles from if this replica dies before the settle commits),
 then settles through `settle_usage`, and only
 after the commit sends `done_ack`, so the agent forgets the request only once it is
-billed. A `done` from a node that no longer holds the assignment (`req:{id}` names the
-node the request was retried or resumed on) is acknowledged without settling: the retry bills it.
+billed. A `done` from a node that does not hold the assignment (`req:{id}` absent: the request
+was never assigned, e.g. still queued; or naming the node it was retried or resumed on) is
+acknowledged without settling (issue 27). The completion reported is held against the events the
+node relayed (`tolerance.py`).
 A resumed stream's second node settles the whole request (`resume.py` states the rule); a
 mid-stream `error` of the first node of a stream that may resume is not settled here (the relay
 resumes it or settles that report itself).
