@@ -94,7 +94,11 @@ class NodeConnection:
         return route is None and not ended_here and isinstance(frame, Done) and frame.finish_reason == "abort"
 
     def count_relayed(self, request_id: str, delta: str) -> None:
-        self.relayed[request_id] = self.relayed.get(request_id, 0) + content_events(delta)
+        """A chunk crossed this socket: count its events if the request was assigned here (also
+        after its relay ended: the engine's tokens until the cancel reached it are billed)."""
+        count = self.relayed.get(request_id)
+        if count is not None:
+            self.relayed[request_id] = count + content_events(delta)
 
     def take_relayed(self) -> dict[str, int]:
         """The counts of requests not reported on this socket (it closes), forgotten here."""

@@ -221,8 +221,7 @@ class NodeSockets:
         if type(frame) is Chunk:
             # Hot path (one per relayed chunk): a local relay gets it synchronously.
             route = conn.routes.get(frame.request_id)
-            if route is not None:  # what the node's report is held against (`tolerance`)
-                conn.count_relayed(frame.request_id, frame.delta)
+            conn.count_relayed(frame.request_id, frame.delta)  # what its report is held against
             if type(route) is RequestStream:
                 if route.deliver(ChunkEv(frame.delta)):
                     # The relay was parked (typically for its first chunk): let it write before
