@@ -64,6 +64,7 @@ def _settler(settings: OrchestratorSettings, deps: OrchestratorDeps, plane: Cont
         channel_namespace=settings.channel_namespace,
         on_slot_freed=plane.queues.notify,
         on_overreport=plane.quarantine,
+        tolerance=settings.usage_tolerance,
     )
 
 

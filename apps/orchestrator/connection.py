@@ -14,8 +14,9 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from apps.core.protocol.node import CLOSE_NORMAL, _Frame, encode
+from apps.core.protocol.node import CLOSE_NORMAL, Done, Error, _Frame, encode
 from apps.orchestrator.streams import RequestStream
+from apps.orchestrator.tolerance import content_events
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,9 @@ class NodeConnection:
         # Requests this socket carried whose relay ended before the node's last frame (a cancel on
         # its way): that frame is not a journal replay from another socket (`node_ws`).
         self.ended_relays: set[str] = set()
+        # Content events relayed per request assigned on this socket and not yet reported (its
+        # `done`/`error` settles against them; at close they go to Redis: `Settler.add_relayed`).
+        self.relayed: dict[str, int] = {}
         self.closing = asyncio.Event()
         self.close_code = CLOSE_NORMAL
         self.close_reason = ""
@@ -76,6 +80,30 @@ class NodeConnection:
             self.close(1011, "send queue full")
             return False
         return True
+
+    def assigned(self, request_id: str, route: Route) -> None:
+        """A request assigned on this socket: its frames go to `route`, its events are counted."""
+        self.routes[request_id] = route
+        self.relayed.setdefault(request_id, 0)
+
+    def replayed_abort(self, frame: Done | Error, route: object) -> bool:
+        """A `done(abort)` this socket never carried: the agent aborted when its socket to another
+        replica dropped and replays it from its journal (`settle.Settler._defer`)."""
+        ended_here = frame.request_id in self.ended_relays
+        self.ended_relays.discard(frame.request_id)
+        return route is None and not ended_here and isinstance(frame, Done) and frame.finish_reason == "abort"
+
+    def count_relayed(self, request_id: str, delta: str) -> None:
+        """A chunk crossed this socket: count its events if the request was assigned here (also
+        after its relay ended: the engine's tokens until the cancel reached it are billed)."""
+        count = self.relayed.get(request_id)
+        if count is not None:
+            self.relayed[request_id] = count + content_events(delta)
+
+    def take_relayed(self) -> dict[str, int]:
+        """The counts of requests not reported on this socket (it closes), forgotten here."""
+        counts, self.relayed = self.relayed, {}
+        return counts
 
     def close(self, code: int, reason: str) -> None:
         if not self.closing.is_set():

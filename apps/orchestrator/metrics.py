@@ -125,9 +125,17 @@ class Metrics:
             "Settles where a node reported more tokens than the request's worst case (capped)",
             registry=r,
         )
+        # Alerting (`LlmfleetNodeUsageUnrelayed`): an honest node's report agrees with its relay.
+        self.unrelayed = Counter(
+            "llmfleet_orchestrator_usage_unrelayed_total",
+            "Settles where a node reported more completion tokens than the content events it relayed"
+            " allow (settled at the relayed count)",
+            registry=r,
+        )
         self.quarantined = Counter(
             "llmfleet_orchestrator_nodes_quarantined_total",
-            "Nodes removed from routing for reporting usage beyond a request's worst case",
+            "Nodes removed from routing for reporting usage beyond a request's worst case or beyond"
+            " what they relayed",
             registry=r,
         )
         self.sweeps = Counter(

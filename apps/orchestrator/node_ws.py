@@ -164,6 +164,8 @@ class NodeSockets:
         previous = plane.local.get(frame.node_id)
         if previous is not None:
             previous.close(CLOSE_SUPERSEDED, "node registered again")
+            # Before the ack: the agent's replays that follow it are held against these counts.
+            await self.settler.keep_relayed(previous)
         plane.local[frame.node_id] = conn
         self.all_closed.clear()
         self._ws[conn.conn_id] = ws
@@ -219,6 +221,7 @@ class NodeSockets:
         if type(frame) is Chunk:
             # Hot path (one per relayed chunk): a local relay gets it synchronously.
             route = conn.routes.get(frame.request_id)
+            conn.count_relayed(frame.request_id, frame.delta)  # what its report is held against
             if type(route) is RequestStream:
                 if route.deliver(ChunkEv(frame.delta)):
                     # The relay was parked (typically for its first chunk): let it write before
@@ -252,8 +255,10 @@ class NodeSockets:
     async def _finished(self, conn: NodeConnection, frame: Done | Error, text: str) -> None:
         """A request ended on the node: route it, then settle (or free the slot of one that produced nothing)."""
         plane = self.plane
+        # None: not assigned on this socket (a journal replay, or not this node's: refused in settle).
+        relayed = conn.relayed.pop(frame.request_id, None)
         route = await plane.route_frame(conn, frame, text)
-        replayed = _replayed_abort(conn, frame, route)
+        replayed = conn.replayed_abort(frame, route)
         if isinstance(frame, Done) or frame.chunks_sent > 0:
             # The settle job frees the node slot in the same Redis call as its done record,
             # off this reader's path (it is not awaited here for every finished request).
@@ -267,6 +272,7 @@ class NodeSockets:
                     ack_to,
                     from_error=isinstance(frame, Error),
                     replayed_abort=replayed,
+                    relayed=relayed,
                 )
             )
         else:
@@ -325,6 +331,9 @@ class NodeSockets:
         code = conn.close_code if conn.closing.is_set() else CLOSE_NORMAL
         conn.close(code, conn.close_reason or "closed")
         self._ws.pop(conn.conn_id, None)
+        # Its relayed counts of unreported requests, while it is still the node's socket here: a
+        # later report (the agent's journal replay on another socket) is held against them.
+        await self.settler.keep_relayed(conn)
         # The relays first: a silent peer (a link that died without FIN or RST) never answers the
         # close handshake (last, below), and its streams must not wait for that (they resume elsewhere).
         reason = LostReason.SHUTDOWN if plane.stopping else LostReason.NODE_GONE
@@ -382,11 +391,3 @@ def _not_permitted(identity: NodeIdentity, frame: Register) -> str | None:
 
 
 __all__ = ["CLOSE_HEARTBEAT_TIMEOUT", "PROTOCOL_VERSION", "NodeSockets"]
-
-
-def _replayed_abort(conn: NodeConnection, frame: Done | Error, route: object) -> bool:
-    """A `done(abort)` this socket never carried: the agent aborted when its socket to another
-    replica dropped and replays it from its journal (`settle.Settler._defer`)."""
-    ended_here = frame.request_id in conn.ended_relays
-    conn.ended_relays.discard(frame.request_id)
-    return route is None and not ended_here and isinstance(frame, Done) and frame.finish_reason == "abort"

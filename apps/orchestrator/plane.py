@@ -162,7 +162,7 @@ class ControlPlane:
         if conn is not None and not conn.closing.is_set() and not self._moved_away(conn, node):
             if conn.draining or conn.handing_over:
                 return False
-            conn.routes[dreq.request_id] = stream
+            conn.assigned(dreq.request_id, stream)
             return conn.send(Assign(request_id=dreq.request_id, model=dreq.model, body=engine_body(dreq)))
         stream.owner = node.owner
         self.remote_streams[dreq.request_id] = stream
@@ -292,7 +292,7 @@ class ControlPlane:
             # own relays' work only once the node registered elsewhere: `_moved_away`).
             return
         if conn is not None and not conn.closing.is_set() and not conn.draining:
-            conn.routes[request_id] = RemoteRoute(msg.origin)
+            conn.assigned(request_id, RemoteRoute(msg.origin))
             if conn.send(Assign(request_id=request_id, model=msg.model, body=dict(msg.body))):
                 if conn.handing_over:  # assigned just before the handover began: relayed from here
                     self._spawn(self.bus.to_replica(msg.origin, msgs.HandoverMsg(request_id=request_id)))
@@ -325,12 +325,13 @@ class ControlPlane:
         elif isinstance(frame, Error):
             stream.deliver(ErrorEv(frame))
 
-    async def quarantine(self, node_id: str) -> None:
-        """The node reported usage beyond a request's worst case: no new request goes to it (on
-        any replica) until an admin issues it a new token."""
+    async def quarantine(self, node_id: str, reason: str = "usage_overreported") -> None:
+        """The node reported usage beyond a request's worst case (`usage_overreported`) or beyond
+        what it relayed (`usage_unrelayed`): no new request goes to it (on any replica) until an
+        admin issues it a new token."""
         await self.fleet.quarantine(node_id)
         self.metrics.quarantined.inc()
-        event("node_quarantined", node_id=node_id, reason="usage_overreported")
+        event("node_quarantined", node_id=node_id, reason=reason)
 
     async def drain_local(self, node_id: str) -> bool:
         conn = self.local.get(node_id)

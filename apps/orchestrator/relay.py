@@ -333,6 +333,9 @@ class _Relay:
 
     async def _settle_partial(self, error: Error) -> None:
         prompt, completion = error.prompt_tokens, error.completion_tokens
+        # Held against the events this relay wrote, as the settle script holds a `done`
+        # (apps/orchestrator/tolerance.py); the socket's owner flagged a disagreement already.
+        completion = self.plane.settings.usage_tolerance.settled(completion, self.out.chunks)
         if self.dreq.max_prompt_tokens is not None:
             prompt = min(prompt, self.dreq.max_prompt_tokens)
         if self.dreq.max_completion_tokens is not None:

@@ -10,6 +10,7 @@ from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from apps.core.nodes.keys import NAMESPACE_PATTERN
+from apps.orchestrator.tolerance import UsageTolerance
 
 
 def default_orchestrator_id() -> str:
@@ -84,10 +85,19 @@ class OrchestratorSettings(BaseSettings):
     max_request_s: float = Field(default=900.0, gt=0)
     sweep_interval_s: float = Field(default=60.0, gt=0)
     done_record_ttl_s: int = Field(default=86400, gt=0)
+    # A node's completion count is accepted up to this many tokens per content event it relayed
+    # plus the slack; beyond, the relayed count is settled and the node quarantined
+    # (apps/orchestrator/settle.py `UsageTolerance`).
+    usage_tokens_per_event: int = Field(default=4, ge=1)
+    usage_slack_tokens: int = Field(default=16, ge=0)
     shutdown_grace_s: float = Field(default=10.0, gt=0)
     # Replica shutdown: how long a node handed over may keep relaying on the old socket
     # (apps/orchestrator/handover.py); the pod's grace period must cover it plus shutdown_grace_s.
     handover_deadline_s: float = Field(default=60.0, ge=0)
+
+    @property
+    def usage_tolerance(self) -> UsageTolerance:
+        return UsageTolerance(self.usage_tokens_per_event, self.usage_slack_tokens)
 
     @property
     def stale_after_s(self) -> float:

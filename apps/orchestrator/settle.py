@@ -6,8 +6,10 @@ frees the request's node slot and writes the usage to `done:{request_id}` in Red
 script: the record the sweeper settles from if this replica dies before the settle commits),
 then settles through `settle_usage`, and only
 after the commit sends `done_ack`, so the agent forgets the request only once it is
-billed. A `done` from a node that no longer holds the assignment (`req:{id}` names the
-node the request was retried or resumed on) is acknowledged without settling: the retry bills it.
+billed. A `done` from a node that does not hold the assignment (`req:{id}` absent: the request
+was never assigned, e.g. still queued; or naming the node it was retried or resumed on) is
+acknowledged without settling (issue 27). The completion reported is held against the events the
+node relayed (`tolerance.py`).
 A resumed stream's second node settles the whole request (`resume.py` states the rule); a
 mid-stream `error` of the first node of a stream that may resume is not settled here (the relay
 resumes it or settles that report itself).
@@ -39,19 +41,37 @@ from apps.orchestrator.fleet import Fleet
 from apps.orchestrator.logs import event
 from apps.orchestrator.metrics import Metrics
 from apps.orchestrator.plane import SettleFn
+from apps.orchestrator.tolerance import UsageTolerance
 
-# One round trip instead of three (ZREM, HGET, then SET): free the node's slot, then skip when
-# the assignment moved to another node (`req:{id}`.node names it), else write the done record
-# the sweeper reads. Returns {recorded, slot freed}.
+# One round trip instead of three (ZREM, HGET, then SET): free the node's slot, then refuse a
+# report for a request that is not this node's: never assigned to anyone (`req:{id}` absent: a
+# request still queued, or one this node never got) or assigned to another node (`req:{id}`.node
+# names the node it was retried or resumed on). Only then write the done record the sweeper reads.
 # The assignment's usage bound comes back with it (the worst case the gateway reserved for):
-# the report is capped at it before the done record is written. Returns
-# {recorded, slot freed, max_prompt or false, max_completion or false}.
+# the report is capped at it before the done record is written. The completion reported is also
+# held against the content events the node relayed (`relayed`: this socket's count in ARGV[6],
+# '' when this socket did not carry the request, plus what earlier sockets of the node counted,
+# flushed into `req:{id}`.relayed when they closed): beyond `events x ARGV[7] + ARGV[8]` the
+# lower count (the events) is settled.
+# Returns {recorded, slot freed, capped, prompt, completion, platform, unrelayed, relayed events};
+# recorded: 1 recorded, 0 the assignment moved to another node, 2 deferred to the relay (below),
+# 3 not this node's (never assigned).
 _RECORD_DONE_LUA = """
 local freed = redis.call('ZREM', KEYS[3], ARGV[4])
 local req = redis.call('HMGET', KEYS[1], 'node', 'max_prompt', 'max_completion', 'resumable',
-                       'resume_delivered', 'resume_prompt')
-if req[1] and req[1] ~= ARGV[1] then return {0, freed, false, false} end
+                       'resume_delivered', 'resume_prompt', 'relayed')
+if not req[1] then return {3, freed, 0, 0, 0, 0, 0, -1} end
+if req[1] ~= ARGV[1] then return {0, freed, 0, 0, 0, 0, 0, -1} end
 local record = cjson.decode(ARGV[2])
+local unrelayed = 0
+local relayed = -1
+if ARGV[6] ~= '' or req[7] then
+  relayed = tonumber(req[7] or '0') + tonumber(ARGV[6] ~= '' and ARGV[6] or '0')
+  local reported = tonumber(record.completion_tokens)
+  if reported > relayed * tonumber(ARGV[7]) + tonumber(ARGV[8]) then
+    record.completion_tokens = math.min(reported, relayed); unrelayed = 1
+  end
+end
 local platform = 0
 if req[5] then
   -- The second node of a resumed stream (apps/orchestrator/resume.py `billed`): the team pays its
@@ -68,7 +88,7 @@ elseif req[4] == '1' and ARGV[5] == '1' then
   -- The first node's mid-stream error of a stream that may resume: the relay resumes it (the
   -- second node settles) or settles this report itself; the record is the sweeper's fallback.
   redis.call('SET', KEYS[2], cjson.encode(record), 'EX', ARGV[3])
-  return {2, freed, false, false}
+  return {2, freed, 0, 0, 0, 0, unrelayed, relayed}
 end
 local capped = 0
 if req[2] and tonumber(record.prompt_tokens) > tonumber(req[2]) then
@@ -78,7 +98,20 @@ if req[3] and tonumber(record.completion_tokens) > tonumber(req[3]) then
   record.completion_tokens = tonumber(req[3]); capped = 1
 end
 redis.call('SET', KEYS[2], cjson.encode(record), 'EX', ARGV[3])
-return {1, freed, capped, record.prompt_tokens, record.completion_tokens, platform}
+return {1, freed, capped, record.prompt_tokens, record.completion_tokens, platform, unrelayed, relayed}
+"""
+
+# A node socket closed with requests it carried still unreported: add the content events it relayed
+# for each to `req:{id}`.relayed, so the report that comes later on another socket (the agent's
+# journal replay) is held against them. Only while the request is still this node's.
+# KEYS: req hashes. ARGV: node_id, then one count per key.
+_ADD_RELAYED_LUA = """
+for i, key in ipairs(KEYS) do
+  if redis.call('HGET', key, 'node') == ARGV[1] then
+    redis.call('HINCRBY', key, 'relayed', ARGV[i + 1])
+  end
+end
+return 1
 """
 
 
@@ -93,6 +126,9 @@ class SettleJob:
     # A `done(abort)` with no relay on its socket: an agent's journal replay after its socket to
     # another replica dropped (it aborts then). Its relay, if alive, may still resume the stream.
     replayed_abort: bool = False
+    # Content events this socket relayed for the request (None: it did not carry it; a journal
+    # replay of an assignment on an earlier socket, whose count is in `req:{id}`.relayed).
+    relayed: int | None = None
 
 
 class Settler:
@@ -107,7 +143,8 @@ class Settler:
         record_ttl_s: int,
         channel_namespace: str,
         on_slot_freed: Callable[[], None] = lambda: None,
-        on_overreport: Callable[[str], Awaitable[None]] | None = None,
+        on_overreport: Callable[[str, str], Awaitable[None]] | None = None,
+        tolerance: UsageTolerance | None = None,
     ) -> None:
         self._redis = redis
         self._on_overreport = on_overreport
@@ -118,7 +155,9 @@ class Settler:
         self._queue: asyncio.Queue[SettleJob] = asyncio.Queue(maxsize=queue_size)
         self._ttl = record_ttl_s
         self._namespace = channel_namespace
+        self._tolerance = tolerance or UsageTolerance()
         self._record_done = redis.register_script(_RECORD_DONE_LUA)
+        self._add_relayed = redis.register_script(_ADD_RELAYED_LUA)
         self.idle = asyncio.Event()
         self.idle.set()
         self._busy = 0
@@ -168,19 +207,28 @@ class Settler:
                 self._ttl,
                 job.request_id,
                 "1" if await self._defer(job) else "0",
+                "" if job.relayed is None else job.relayed,
+                self._tolerance.tokens_per_event,
+                self._tolerance.slack_tokens,
             ],
         )
         recorded, freed = int(answer[0]), int(answer[1])
         if freed:
             self._fleet.slot_freed(job.node_id)
         self._on_slot_freed()
+        if recorded in (0, 3):
+            # Not this node's request (any more): nothing is recorded or settled. Acked, so an
+            # agent replaying an old report forgets it.
+            self._metrics.settles.labels(outcome="superseded" if recorded == 0 else "not_assigned").inc()
+            if recorded == 3:
+                event("done_not_assigned", logging.WARNING, node_id=job.node_id, request_id=job.request_id)
+            self._ack(job)
+            return
+        if int(answer[6]):
+            await self._unrelayed(job, int(answer[7]))
         if recorded == 2:
             self._metrics.settles.labels(outcome="deferred_resume").inc()
             self._ack(job)  # a replayed done: its record is in Redis now, the agent may forget it
-            return
-        if not recorded:
-            self._metrics.settles.labels(outcome="superseded").inc()
-            self._ack(job)
             return
         prompt, completion, platform = int(answer[3]), int(answer[4]), int(answer[5])
         if int(answer[2]):
@@ -222,7 +270,35 @@ class Settler:
             settled_completion_tokens=completion_bound,
         )
         if self._on_overreport is not None:
-            await self._on_overreport(job.node_id)
+            await self._on_overreport(job.node_id, "usage_overreported")
+
+    async def _unrelayed(self, job: SettleJob, events: int) -> None:
+        """A node reported more completion tokens than it relayed (beyond the tolerance): the
+        relayed count was settled; flag the node and take it out of routing."""
+        self._metrics.unrelayed.inc()
+        event(
+            "usage_unrelayed",
+            logging.WARNING,
+            node_id=job.node_id,
+            request_id=job.request_id,
+            reported_completion_tokens=job.completion_tokens,
+            relayed_events=events,
+        )
+        if self._on_overreport is not None:
+            await self._on_overreport(job.node_id, "usage_unrelayed")
+
+    async def keep_relayed(self, conn: NodeConnection) -> None:
+        """A socket closes: keep the events it relayed for requests it got no report for in
+        `req:{id}`.relayed, where a report on the node's next socket finds them."""
+        counts = conn.take_relayed()
+        if not counts:
+            return
+        try:
+            await self._add_relayed(
+                keys=[keys.request_key(r) for r in counts], args=[conn.node_id, *counts.values()]
+            )
+        except Exception as exc:  # Redis unreachable: the teardown goes on (a replay is then unchecked)
+            event("relayed_not_kept", logging.WARNING, node_id=conn.node_id, error=type(exc).__name__)
 
     @staticmethod
     def _ack(job: SettleJob) -> None:

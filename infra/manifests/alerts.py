@@ -273,6 +273,16 @@ def sli_alerts(spec: StackSpec) -> list[Alert]:
             "the daily ledger-drift job failed (drift above target, or it could not run)",
         ),
         Alert(
+            # A node reported more completion tokens than it relayed (issue 27): it was settled at
+            # the relayed count and quarantined; a person decides whether it gets a new token.
+            "LlmfleetNodeUsageUnrelayed",
+            "sum by (instance) (increase(llmfleet_orchestrator_usage_unrelayed_total[15m])) > 0",
+            "0m",
+            "critical",
+            "{{ $labels.instance }}: a node reported usage its relayed output does not support; it is"
+            " quarantined",
+        ),
+        Alert(
             "LlmfleetTargetDown", "up == 0", "5m", "warning", "{{ $labels.job }} {{ $labels.instance }} down"
         ),
     ]

@@ -175,8 +175,7 @@ async def trust_env(db_url: str, redis_url: str, work: Path, **overrides: Any) -
         internal_token=TOKEN,
         secret_key=SECRET,
         heartbeat_interval_s=0.5,
-        queue_limit_s=1.0,
-        **overrides,
+        **{"queue_limit_s": 1.0, **overrides},
     )
     orch = plane.orch
     session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60))
@@ -226,15 +225,18 @@ async def test_an_overreporting_node_is_settled_at_the_worst_case_and_quarantine
         request_id = await env.reserve(64, 16)  # worst case: 64 + 16 x 2 = 96 microcredits
         assert await env.dispatch(request_id, 64, 16) == 200
         row = await poll(lambda: env.row(request_id), lambda r: r is not None and r[0] != "reserved")
-        assert row == ("settled", 64, 16, 96)  # not 250,000 microcredits
+        # Not 250,000 microcredits: the prompt at the worst case, the completion at the 4 events
+        # the node relayed (role, two tokens, finish: issue 27 item 2), below the bound of 16.
+        assert row == ("settled", 64, 4, 72)
         async with env.pool.connection() as conn:
             cur = await conn.execute("SELECT balance_microcredits FROM teams WHERE id = %s", (env.team_id,))
             balance = await cur.fetchone()
         assert balance is not None
-        assert int(balance[0]) == CREDITS - 96
+        assert int(balance[0]) == CREDITS - 72
         text = await orch_metrics(env)
         assert metric(text, "llmfleet_orchestrator_usage_overreported_total") == 1.0
-        assert metric(text, "llmfleet_orchestrator_nodes_quarantined_total") == 1.0
+        assert metric(text, "llmfleet_orchestrator_usage_unrelayed_total") == 1.0
+        assert metric(text, "llmfleet_orchestrator_nodes_quarantined_total") == 2.0  # once per finding
         assert metric(text, "llmfleet_ledger_writeoff_microcredits_total") == 0.0
         assert await env.redis.sismember(keys.NODES_QUARANTINED, node_id)
         # Out of routing: the next request finds no node (the node itself is still connected).

@@ -184,6 +184,9 @@ async def test_relaying_replica_gone_mid_stream_cancels_on_the_node_and_settles_
     never = asyncio.Event()  # the node waits after its first chunk until cancelled
     node = await env.node(a, "n1", auto=Auto(tokens=50, prompt_tokens=2, gate=never))
     env.ledger.add("r1")
+    # The assignment as the killed replica recorded it when it took the node's slot
+    # (`Fleet.acquire_slot`): a node's reports settle only requests assigned to it.
+    await env.redis.hset(keys.request_key("r1"), mapping={"node": "n1", "origin": "orch-killed"})
     assign = msgs.AssignMsg(origin="orch-killed", request_id="r1", model="m", body={"messages": []})
     assert (
         await env.redis.publish(keys.node_channel("n1", namespace=CHANNEL_NAMESPACE), msgs.encode(assign))

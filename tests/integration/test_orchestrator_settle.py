@@ -66,8 +66,11 @@ async def test_replayed_done_settles_once_and_is_acked_each_time(env: Env) -> No
     orch = await env.orchestrator()
     node = await env.node(orch, "n1")
     env.ledger.add("r9")
+    task = asyncio.create_task(env.dispatch(orch, "r9"))
+    await asyncio.wait_for(node.assigns.get(), 5)  # r9 is n1's: its reports settle (issue 27 item 1)
     await node.done("r9", 3, 4, finish_reason="stop")
     await node.wait_for(lambda: node.acks.count("r9") == 1)
+    assert (await task)[0] == 200
     await node.close()
     again = FakeNode(orch.ws_url, "n1", node.token, in_flight=["r9"])
     env.nodes.append(again)
