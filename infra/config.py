@@ -86,6 +86,11 @@ class InfraConfig:
                 "`pulumi config set llmfleet:certificateArn arn:aws:acm:<region>:<account>:certificate/<id>`",
                 param="certificateArn",
             )
+        if self.spot_service_linked_role not in ("create", "exists"):
+            raise InfraConfigError(
+                f"llmfleet:spotServiceLinkedRole must be 'create' or 'exists', not {self.spot_service_linked_role!r}",
+                param="spotServiceLinkedRole",
+            )
         if match.group("region") != self.region:
             raise InfraConfigError(
                 f"llmfleet:certificateArn is in {match.group('region')}, the stack in {self.region}: "

@@ -211,3 +211,14 @@ def test_releases_outwait_a_first_install_and_nothing_blocks_re_creating_the_sta
             assert r["inputs"]["namePrefix"], r["name"]
         if r["inputs"].get("kind") == "StorageClass" and r["type"].startswith("kubernetes:"):
             assert r["inputs"].get("reclaimPolicy", "Delete") == "Delete", r["name"]
+
+
+def test_an_account_that_has_the_spot_role_declares_it_instead_of_creating_it() -> None:
+    """The role is one per account: the second stack in an account says it exists (and `pulumi
+    preview` looks it up, failing if it does not); anything else is refused."""
+    config = config_for("dev")
+    rows = render_program("dev", dataclasses.replace(config, spot_service_linked_role="exists")).rows
+    assert _nodepools_use_spot(rows)
+    assert not _spot_role(rows)
+    with pytest.raises(ValueError, match="must be 'create' or 'exists'"):
+        render_program("dev", dataclasses.replace(config, spot_service_linked_role="maybe"))
