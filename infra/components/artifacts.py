@@ -27,6 +27,10 @@ IMAGES = ("gateway", "orchestrator", "agent", "modelsync", "vllm")
 # (`dockerignore_text()`, checked by tests/infra/test_image_inputs.py), and each image's tag is
 # the digest of the ones its Dockerfile COPYs plus the Dockerfile: a change outside this list
 # (a commit, `Pulumi.<stack>.yaml`, docs) neither rebuilds nor retags; one inside retags.
+# pulumi-docker-build (v0.0.22, the pinned SDK's provider) rebuilds when its context hash changes;
+# it hashes the context through `.dockerignore` (a `<Dockerfile>.dockerignore` would take
+# precedence: there is none) plus the Dockerfile, and its diff ignores the ECR password, which
+# changes every run (provider/internal/context.go getIgnorePatterns, image.go Diff, at eb787fad).
 BUILD_CONTEXT = ("pyproject.toml", "README.md", "constraints.txt", "apps", "stacks")
 CONTEXT_EXCLUDED = ("__pycache__", "*.pyc")
 _COPY = re.compile(r"^COPY\s+(?!--from)(.+)$", re.M)

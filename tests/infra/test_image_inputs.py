@@ -57,6 +57,8 @@ def _patterns(text: str) -> list[str]:
 
 def test_the_dockerignore_is_generated_from_the_build_context_list() -> None:
     assert (ROOT / ".dockerignore").read_text(encoding="utf-8") == dockerignore_text()
+    # pulumi-docker-build (and Docker) would prefer a Dockerfile-specific ignore file over it.
+    assert not list((ROOT / "docker").glob("*.dockerignore"))
 
 
 def test_the_context_docker_sends_is_exactly_the_listed_files() -> None:
