@@ -64,6 +64,8 @@ def _creators(rows: list[Row], kind: str) -> list[Row]:
 def test_a_webhook_that_fails_closed_is_installed_before_what_it_admits_or_is_off(stack: str) -> None:
     rows = rendered(stack)
     releases = {r["inputs"]["name"]: r for r in rows if r["type"] == RELEASE}
+    # A new chart must say which webhooks it registers (an empty list when none).
+    assert set(releases) == set(WEBHOOKS["releases"])
     checked = 0
     for name, chart in WEBHOOKS["releases"].items():
         release = releases[name]
