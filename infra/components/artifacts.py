@@ -7,6 +7,7 @@ import fnmatch
 import hashlib
 import re
 import shlex
+import stat
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -75,12 +76,14 @@ def context_files(paths: Sequence[str], root: Path = REPO_ROOT) -> list[Path]:
 
 
 def content_tag(app: str, root: Path = REPO_ROOT) -> str:
-    """`c-<12 hex>`: SHA-256 over the Dockerfile and the path and bytes of every file the image's
-    build COPYs. ECR repositories are IMMUTABLE: a tag that changed without its content (or the
-    reverse) fails the push; this one changes exactly when the image does."""
+    """`c-<12 hex>`: SHA-256 over the Dockerfile and the path, mode and bytes of every file the
+    image's build COPYs (what pulumi-docker-build's context hash covers, and what COPY keeps).
+    ECR repositories are IMMUTABLE: a tag that changed without its content (or the reverse)
+    fails the push; this one changes exactly when the image does."""
     digest = hashlib.sha256(dockerfile(app, root).read_bytes())
     for path in context_files(image_inputs(app, root), root):
         digest.update(path.relative_to(root).as_posix().encode() + b"\0")
+        digest.update(stat.filemode(path.lstat().st_mode).encode() + b"\0")
         digest.update(hashlib.sha256(path.read_bytes()).digest())
     return "c-" + digest.hexdigest()[:12]
 

@@ -120,6 +120,12 @@ def test_a_change_outside_the_context_keeps_every_tag_one_inside_retags(tmp_path
     after = {app: content_tag(app, tmp_path) for app in IMAGES}
     assert all(after[app] != before[app] for app in PYTHON_IMAGES), after
     assert after["vllm"] == before["vllm"]  # it copies nothing
+    # A mode change is a change of the image (COPY keeps it, pulumi-docker-build hashes it).
+    script = tmp_path / "apps" / "cli" / "main.py"
+    script.chmod(script.stat().st_mode | 0o111)
+    moded = {app: content_tag(app, tmp_path) for app in IMAGES}
+    assert all(moded[app] != after[app] for app in PYTHON_IMAGES), moded
+    after = moded
     # A Dockerfile edit retags that image only.
     with (tmp_path / "docker" / "vllm.Dockerfile").open("a", encoding="utf-8") as f:
         f.write("# changed\n")
