@@ -146,10 +146,17 @@ class Karpenter(pulumi.ComponentResource):
             ),
             after_helm,
         )
+        # Spot launches need the account's service-linked role: the pools wait for it.
+        spot_role = (
+            _spot_service_linked_role(name, args.spot_service_linked_role, self)
+            if args.pools.spot_model is not None
+            else None
+        )
+        pool_opts = pulumi.ResourceOptions.merge(
+            after_helm, pulumi.ResourceOptions(depends_on=[spot_role] if spot_role else [])
+        )
         for pool in manifests.node_pools(args.pools):
-            KubeObject(pool, after_helm)
-        if args.pools.spot_model is not None:
-            self.spot_role = _spot_service_linked_role(name, args.spot_service_linked_role, self)
+            KubeObject(pool, pool_opts)
         self.register_outputs({"queue": queue.name})
 
 

@@ -174,6 +174,20 @@ def _spot_role(rows: list[Row]) -> bool:
     )
 
 
+def _spot_role_before_spot_pools(rows: list[Row]) -> bool:
+    """The role exists and every NodePool that may buy spot waits for it."""
+    roles = {
+        _key(r)
+        for r in rows
+        if r["type"] == "aws:iam/serviceLinkedRole:ServiceLinkedRole"
+        and r["inputs"]["awsServiceName"] == "spot.amazonaws.com"
+    }
+    spot_pools = [
+        r for r in rows if r["type"] == "kubernetes:karpenter.sh/v1:NodePool" and _nodepools_use_spot([r])
+    ]
+    return bool(roles) and all(roles <= _closure(rows, r) for r in spot_pools)
+
+
 def _kind(kind: str) -> Callable[[list[Row]], bool]:
     return lambda rows: any(
         r["inputs"].get("kind") == kind for r in rows if r["type"].startswith("kubernetes:")
@@ -188,7 +202,7 @@ CAPABILITIES: list[tuple[str, Callable[[list[Row]], bool], Callable[[list[Row]],
         _addon("metrics-server"),
     ),
     ("NetworkPolicy -> the VPC CNI's enforcement", _kind("NetworkPolicy"), _network_policy_enforced),
-    ("spot NodePool -> the EC2 Spot service-linked role", _nodepools_use_spot, _spot_role),
+    ("spot NodePool -> the EC2 Spot service-linked role", _nodepools_use_spot, _spot_role_before_spot_pools),
     ("EBS-backed PVC -> the EBS CSI driver", _uses_ebs_volumes, _addon("aws-ebs-csi-driver")),
 ]
 
