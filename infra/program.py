@@ -11,8 +11,9 @@ import pulumi_aws as aws
 
 from apps.core.sizing.plan import plan_fleet
 from apps.core.spec import StackSpec, load_spec
+from infra.amis import check_alias
 from infra.components.addons import Addons, AddonsArgs
-from infra.components.artifacts import ArtifactsArgs, Images, ModelBucket, content_tag
+from infra.components.artifacts import ArtifactsArgs, Images, ModelBucket
 from infra.components.cluster import Cluster, ClusterArgs
 from infra.components.datastores import Cache, Database, DatastoreArgs
 from infra.components.karpenter import Karpenter, KarpenterArgs
@@ -20,15 +21,18 @@ from infra.components.network import Network, NetworkArgs
 from infra.components.observability import Observability, ObservabilityArgs
 from infra.components.platform import PlatformApps, PlatformArgs
 from infra.components.serving import ModelServing, ServingArgs
-from infra.config import VLLM_IMAGE, InfraConfig
+from infra.config import InfraConfig
 from infra.manifests.karpenter import gpu_pool_spec
 from infra.manifests.platform import PlatformTarget
 
 
 def define(config: InfraConfig, spec: StackSpec | None = None) -> None:
     spec = spec or load_spec(config.stack)
+    # No GPU node could launch with an AMI release that has no AMIs for this Kubernetes version.
+    check_alias(config.ami_alias, spec.kubernetes_version)
     plan = plan_fleet(spec)
-    name = spec.cluster_name
+    # Account-wide names carry the Pulumi stack: two stacks in one account must not collide.
+    name = f"{spec.cluster_name}-{config.deployment_name}"
     network, cluster, addons = _kubernetes(config, spec, name)
     bucket, images, database, cache = _stores(config, spec, network)
     # The KEDA and Prometheus-operator CRDs, and the namespaces our objects live in.
@@ -42,7 +46,7 @@ def define(config: InfraConfig, spec: StackSpec | None = None) -> None:
         ServingArgs(
             spec=spec,
             plan=plan,
-            vllm_image=VLLM_IMAGE,
+            vllm_image=images.refs["vllm"],
             agent_image=images.refs["agent"],
             model_sync_image=images.refs["modelsync"],
             model_bucket=bucket.bucket.bucket,
@@ -84,7 +88,7 @@ def _kubernetes(config: InfraConfig, spec: StackSpec, name: str) -> tuple[Networ
         ),
     )
     cluster = Cluster(
-        name,
+        spec.cluster_name,  # the logical name; the physical one carries the stack
         ClusterArgs(
             name=name,
             version=spec.kubernetes_version,
@@ -108,6 +112,7 @@ def _kubernetes(config: InfraConfig, spec: StackSpec, name: str) -> tuple[Networ
             provider=cluster.provider,
             pools=gpu_pool_spec(spec),
             ami_alias=config.ami_alias,
+            spot_service_linked_role=config.spot_service_linked_role,
             depends_on=cluster.ready,
         ),
     )
@@ -130,11 +135,11 @@ def _stores(
     config: InfraConfig, spec: StackSpec, network: Network
 ) -> tuple[ModelBucket, Images, Database, Cache]:
     """The model bucket, the image repositories, Aurora PostgreSQL and ElastiCache Redis."""
-    artifacts = ArtifactsArgs(name=f"llmfleet-{spec.name}", image_tag=config.image_tag or content_tag())
+    artifacts = ArtifactsArgs(name=f"llmfleet-{config.deployment_name}", image_tag=config.image_tag)
     bucket = ModelBucket("models", artifacts)
     images = Images("images", artifacts)
     stores = DatastoreArgs(
-        name=f"llmfleet-{spec.name}",
+        name=f"llmfleet-{config.deployment_name}",
         vpc_id=network.vpc.id,
         vpc_cidr=config.vpc_cidr,
         private_subnet_ids=network.private_subnet_ids,
@@ -210,10 +215,11 @@ def config_from_pulumi() -> InfraConfig:
         "gatewayMaxReplicas",
         "orchestratorReplicas",
         "scaleModels",
+        "spotServiceLinkedRole",
         "officeHoursTimezone",
         "officeHoursStart",
         "officeHoursEnd",
     ]
     values = {k: v for k in keys if (v := cfg.get(k)) is not None}
     region = pulumi.Config("aws").get("region")
-    return InfraConfig.from_mapping(pulumi.get_stack(), values, region=region)
+    return InfraConfig.from_mapping(pulumi.get_stack(), values, region=region).check_deployable()

@@ -28,6 +28,8 @@ SECRET_SIG = "4dabf18193072939515e22adb298388d"
 MASK = "[secret]"
 ACCOUNT = "123456789012"
 RENDER_IMAGE_TAG = "c-render"
+# Stand-in for the ACM certificate `pulumi up` requires (InfraConfig.check_deployable).
+RENDER_CERTIFICATE_ARN = "arn:aws:acm:us-east-1:123456789012:certificate/00000000-0000-0000-0000-000000000000"
 EKS_CLUSTER_SG = "sg-0eks0cluster0"  # the security group EKS creates with the cluster
 PROJECT_DIR = Path(__file__).resolve().parents[1]
 
@@ -111,12 +113,14 @@ def config_for(stack: str, project_dir: Path = PROJECT_DIR) -> InfraConfig:
     """The stack's `llmfleet:*` settings from `Pulumi.<stack>.yaml`, as `pulumi up` would see them."""
     path = project_dir / f"Pulumi.{stack}.yaml"
     if not path.is_file():
-        return InfraConfig(stack=stack, image_tag=RENDER_IMAGE_TAG)
+        return InfraConfig(stack=stack, image_tag=RENDER_IMAGE_TAG, certificate_arn=RENDER_CERTIFICATE_ARN)
     raw = (yaml.safe_load(path.read_text(encoding="utf-8")) or {}).get("config", {})
     values = {k.split(":", 1)[1]: str(v) for k, v in raw.items() if k.startswith("llmfleet:")}
     config = InfraConfig.from_mapping(stack, values, region=raw.get("aws:region"))
     # A stable stand-in for the content digest, so the golden snapshot does not change with apps/.
-    return dataclasses.replace(config, image_tag=RENDER_IMAGE_TAG)
+    return dataclasses.replace(
+        config, image_tag=RENDER_IMAGE_TAG, certificate_arn=config.certificate_arn or RENDER_CERTIFICATE_ARN
+    )
 
 
 def _urn_key(urn: str) -> str:

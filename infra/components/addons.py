@@ -31,6 +31,9 @@ GPU_TOLERATIONS = [
     {"key": SPOT_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"},
 ]
 GRAFANA_ADMIN_SECRET = "grafana-admin"
+# Helm's 300 s default is shorter than a first install on fresh nodes (image pulls, the EBS
+# volume, webhook certificates): a release that is still converging would be marked failed.
+HELM_TIMEOUT_S = 900
 STORAGE_CLASS = "gp3"
 EBS_CSI_POLICY = "arn:aws:iam::aws:policy/service-role/AmazonEBSCSIDriverPolicy"
 SYSTEM = {"llmfleet.io/pool": "system"}
@@ -138,6 +141,14 @@ class Addons(pulumi.ComponentResource):
             )
             self.namespaces.append(ns)
         ebs = _ebs_csi(name, args, self)
+        # The resource metrics API (metrics.k8s.io) the gateway's CPU HPA reads; EKS does not
+        # install it. An EKS community add-on (docs.aws.amazon.com/eks/latest/userguide/metrics-server.html).
+        self.metrics_server = aws.eks.Addon(
+            f"{name}-metrics-server",
+            cluster_name=args.cluster_name,
+            addon_name="metrics-server",
+            opts=pulumi.ResourceOptions(parent=self, depends_on=args.depends_on),
+        )
         storage_class = KubeObject(
             {
                 "apiVersion": "storage.k8s.io/v1",
@@ -146,7 +157,9 @@ class Addons(pulumi.ComponentResource):
                 "provisioner": "ebs.csi.aws.com",
                 "parameters": {"type": "gp3", "encrypted": "true"},
                 "volumeBindingMode": "WaitForFirstConsumer",
-                "reclaimPolicy": "Retain",
+                # Delete: a destroyed stack leaves no orphaned EBS volume behind (Prometheus data
+                # is rebuilt by scraping; the SLI history it loses is 15 days at most).
+                "reclaimPolicy": "Delete",
             },
             pulumi.ResourceOptions.merge(k8s_opts, pulumi.ResourceOptions(depends_on=[ebs])),
         )
@@ -191,6 +204,11 @@ class Addons(pulumi.ComponentResource):
             "keda": {"nodeSelector": SYSTEM, "prometheus": {"operator": {"enabled": True}}},
             "kube-prometheus-stack": _monitoring_values(SYSTEM),
             "aws-load-balancer-controller": {
+                # Off: its Service mutating webhook (failurePolicy Fail) rejects every new Service
+                # until the controller's pods are ready, while Karpenter, KEDA, Prometheus and DCGM
+                # create Services in parallel (upstream issue 4140); it only makes this controller
+                # the default for `type: LoadBalancer` Services, and we have none (ALB ingresses).
+                "enableServiceMutatorWebhook": False,
                 "clusterName": args.cluster_name,
                 "region": args.region,
                 "vpcId": args.vpc_id,
@@ -211,6 +229,7 @@ class Addons(pulumi.ComponentResource):
                 version=version,
                 repository_opts={"repo": repo},
                 values=values[release],
+                timeout=HELM_TIMEOUT_S,
                 opts=pulumi.ResourceOptions.merge(k8s_opts, opts),
             )
         self.register_outputs({})

