@@ -57,6 +57,24 @@ def kube(resources: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [r["inputs"] for r in resources if r["type"].startswith("kubernetes:") and "kind" in r["inputs"]]
 
 
+def resource_key(row: dict[str, Any]) -> str:
+    """A rendered resource's `type::name`, as `dependsOn` names it."""
+    return f"{row['type']}::{row['name']}"
+
+
+def depends_closure(rows: list[dict[str, Any]], row: dict[str, Any]) -> set[str]:
+    """Every resource `row` waits for, directly or through others (`dependsOn`, transitively)."""
+    by_key = {resource_key(r): r for r in rows}
+    seen: set[str] = set()
+    todo = list(row["dependsOn"])
+    while todo:
+        k = todo.pop()
+        if k not in seen:
+            seen.add(k)
+            todo.extend(by_key[k]["dependsOn"] if k in by_key else [])
+    return seen
+
+
 def of_kind(objs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
     return [o for o in objs if o["kind"] == kind]
 

@@ -20,7 +20,7 @@ from apps.gateway.cli import uvicorn_config
 from apps.gateway.settings import GatewaySettings
 from infra.manifests.common import AGENT_HEALTH_PORT, NAMESPACE, NODE_PORT, VLLM_PORT
 from infra.render import EKS_CLUSTER_SG
-from tests.infra.conftest import STACKS, rendered
+from tests.infra.conftest import STACKS, depends_closure, rendered
 
 DCGM_PORT = 9400  # dcgm-exporter's metrics port (chart values.yaml service.port)
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "infra"
@@ -44,15 +44,7 @@ def _key(r: Row) -> str:
 
 
 def _closure(stack: str, row: Row) -> set[str]:
-    by_key = {_key(r): r for r in rendered(stack)}
-    seen: set[str] = set()
-    todo = list(row["dependsOn"])
-    while todo:
-        k = todo.pop()
-        if k not in seen:
-            seen.add(k)
-            todo.extend(by_key[k]["dependsOn"] if k in by_key else [])
-    return seen
+    return depends_closure(rendered(stack), row)
 
 
 def _releases(stack: str) -> dict[str, Row]:

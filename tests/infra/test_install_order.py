@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from infra.render import config_for, render_program
-from tests.infra.conftest import STACKS, rendered
+from tests.infra.conftest import STACKS, depends_closure, rendered
 
 Row = dict[str, Any]
 RELEASE = "kubernetes:helm.sh/v3:Release"
@@ -32,15 +32,7 @@ def _key(r: Row) -> str:
 
 
 def _closure(rows: list[Row], row: Row) -> set[str]:
-    by_key = {_key(r): r for r in rows}
-    seen: set[str] = set()
-    todo = list(row["dependsOn"])
-    while todo:
-        k = todo.pop()
-        if k not in seen:
-            seen.add(k)
-            todo.extend(by_key[k]["dependsOn"] if k in by_key else [])
-    return seen
+    return depends_closure(rows, row)
 
 
 def _value(values: dict[str, Any], dotted: str, default: Any) -> Any:
