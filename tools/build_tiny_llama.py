@@ -4,7 +4,7 @@ Usage (with the vLLM venv's python, which has torch, transformers and tokenizers
 
     /var/cache/llmfleet/vllm-venv/bin/python tools/build_tiny_llama.py OUT_DIR
 
-Offline and deterministic (`shared/reference/real-vllm-on-cpu.md` section 2): a byte-level BPE with
+Offline and deterministic (`docs/vllm-facts.md`, "The real server on CPU"): a byte-level BPE with
 2,048 tokens trained on text every Debian/Python machine has (the common licences, then the
 standard library's sources, sorted, up to about 8 MB), a 2-layer Llama with head_dim 32 (a size
 the CPU attention backend supports) and seed 0. When OUT_DIR already holds a complete build

@@ -32,7 +32,7 @@ PIP="$VENV_DIR/bin/pip"
 "$PIP" install -q -U pip wheel
 echo "installing $VLLM_REQ into $VENV_DIR (about 1-2 minutes) ..."
 "$PIP" install -q "$VLLM_REQ"
-# Their PyPI builds link CUDA and break `import transformers` on CPU (real-vllm-on-cpu.md section 1).
+# Their PyPI builds link CUDA and break `import transformers` on CPU (docs/vllm-facts.md, "The real server on CPU").
 "$PIP" uninstall -q -y torchvision torchaudio torchcodec || true
 # Pulled in by xgrammar, no CPU backend: 1 GB on disk, slower start-up.
 "$PIP" uninstall -q -y triton || true

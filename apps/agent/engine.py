@@ -1,8 +1,8 @@
-"""HTTP client of the local engine (vLLM or enginesim on localhost, ARCHITECTURE D7).
+"""HTTP client of the local engine (vLLM or enginesim on localhost, docs/architecture.md D7).
 
 Owns the engine's non-streaming endpoints the agent needs (over aiohttp): `/health`
 (readiness before registering), `/v1/models` (`max_model_len`), `/metrics` (heartbeat
-load), and `POST /tokenize` (exact prompt tokens after an abort, the one exception to D5,
+load), and `POST /tokenize` (exact prompt tokens after an abort, the one exception to docs/architecture.md D5,
 see `relay.py`). The streaming `POST /v1/chat/completions` of every assignment goes over
 `apps.netio.http_client` (`open_chat`): the per-chunk path of one stream per running
 request, where that client costs the fewest microseconds (one write per request, body pieces

@@ -1,6 +1,6 @@
 """Reading the engine's error shapes and mapping them to `error` frames.
 
-vLLM has answered errors in three shapes over its versions (vllm-behaviour.md §1.4, §3.2):
+vLLM has answered errors in three shapes over its versions (docs/vllm-facts.md §1):
 nested `{"error": {"message", "type", "param", "code"}}` since 0.10.1, flat
 `{"object": "error", "message", ...}` before, and `{"error": "Unauthorized"}` from its
 `--api-key` middleware. Inside a 200 stream the same envelopes arrive as one

@@ -3,8 +3,8 @@
 Owns the life of one request on this node:
 
 * The body goes to the engine's `/v1/chat/completions` with `stream: true`,
-  `stream_options.include_usage: true` forced (the measured erratum of
-  vllm-behaviour.md: `{}` gives no usage on 0.32) and `continuous_usage_stats: true`, so
+  `stream_options.include_usage: true` forced (measured on vLLM 0.32:
+  `{}` gives no usage; docs/vllm-facts.md §2) and `continuous_usage_stats: true`, so
   every chunk carries the running usage (`tally.py`); that per-chunk usage is cut out of
   the forwarded bytes unless the client asked for it itself.
 * SSE events are forwarded as `chunk` frames, each the engine's `data: ...\\n\\n` bytes
@@ -17,7 +17,7 @@ Owns the life of one request on this node:
 
 After an abort or a mid-stream failure the engine sends no final usage chunk: the usage
 billed is the running usage of the last chunk the node saw (per choice, summed), the
-engine's own count (D5; docs/agent.md). Only an engine that sends no per-chunk usage makes
+engine's own count (docs/architecture.md D5; docs/agent.md). Only an engine that sends no per-chunk usage makes
 the agent count content chunks and ask `POST /tokenize` for the prompt. An abort before the
 first chunk bills nothing: the engine had not finished prefill.
 

@@ -40,7 +40,7 @@ class NoGpuProbe:
 def parse_dcgm(text: str) -> tuple[float | None, int]:
     """(mean utilisation in [0, 1], GPU count) from dcgm-exporter text.
 
-    `DCGM_FI_DEV_GPU_UTIL` is a percentage (0-100) per GPU (kubernetes-facts.md §6).
+    `DCGM_FI_DEV_GPU_UTIL` is a percentage (0-100) per GPU (dcgm-exporter `etc/default-counters.csv`).
     """
     values: list[float] = []
     for family in text_string_to_metric_families(text):

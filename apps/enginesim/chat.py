@@ -2,7 +2,7 @@
 
 `plan_chat()` turns a decoded JSON body into a `ChatJob` (prompt tokens, the clamped output
 length of each choice, its finish reason and text) or raises `VllmError` with vLLM's status,
-`type`, message wording and `param` (`shared/reference/real-vllm-on-cpu.md` section 4, measured):
+`type`, message wording and `param` (measured on 0.32: `docs/vllm-facts.md` §1, `docs/vllm-versions.md`):
 pydantic-level problems are `type "Bad Request"` with `param "body.<field>"`; handler-level ones
 are `BadRequestError` with a ` (parameter=X, value=V)` suffix; an unknown model is a 404
 `NotFoundError`. A prompt longer than `max_model_len`, or `max_tokens` above it, is rejected;

@@ -1,6 +1,6 @@
 """The `vllm:*` Prometheus families a scraper (the agent, KEDA, Grafana) relies on.
 
-Names, help texts, buckets and labels follow vLLM (`shared/reference/vllm-behaviour.md` section 5):
+Names, help texts, buckets and labels follow vLLM (`docs/vllm-facts.md` §5):
 every series carries `model_name` and `engine="0"`, exists at 0 from start-up, and
 `request_success_total` is pre-created for each finish reason. One `CollectorRegistry` per
 simulator instance (no default registry), so several instances live in one test process.

@@ -1,7 +1,7 @@
 """Relaying one upstream SSE stream to one client, bound to the client connection.
 
 `RelayResponse` is an ASGI response that runs two tasks in one TaskGroup: the relay
-(upstream bytes -> client, unchanged: ARCHITECTURE D5) and a watcher for
+(upstream bytes -> client, unchanged: docs/architecture.md D5) and a watcher for
 `http.disconnect`. Whichever ends first cancels the other. Per-phase deadlines: the first
 chunk within `first_token_s`, then at most `idle_s` between chunks, and the whole stream within
 `max_request_s` (so it never outlives its stream slot's lease); a timeout or an

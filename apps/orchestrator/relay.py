@@ -9,7 +9,7 @@ again without counting; a stopping replica sends its waiting requests to another
 output started, a node failure resumes the stream once on another node (`resume.py`) when the
 model and the request allow it, and otherwise (or when that fails) becomes one error event and
 `data: [DONE]`.
-Content chunks are written as the node sent them (ARCHITECTURE D5). Cleanup (slot release,
+Content chunks are written as the node sent them (docs/architecture.md D5). Cleanup (slot release,
 route removal, cancel on the node, reservation cancel) is shielded and bounded.
 """
 

@@ -1,6 +1,6 @@
 """What a node's usage report must agree with: the content events it relayed (issue 27 item 2).
 
-The orchestrator never parses the relayed SSE (D5); counting the `data:` events of a `chunk`
+The orchestrator never parses the relayed SSE (docs/architecture.md D5); counting the `data:` events of a `chunk`
 frame is a C-level substring count on text it already holds. `UsageTolerance` is the rule the
 settle script (`settle.py`) and the relay's own settle of a mid-stream error (`relay.py`) apply.
 """

@@ -67,7 +67,9 @@ class ScalerSpec:
     triggers: tuple[Trigger, ...]
 
 
-# Defaults of autoscaling/v2 when a direction has no rules (kubernetes-facts §4).
+# Defaults of autoscaling/v2 when a direction has no rules: up "double or +4 pods per 15 s" with no
+# stabilization window, down "remove all per 15 s" after a 300 s window (kubernetes/api
+# autoscaling/v2/types.go, HPAScalingRules).
 _DEFAULT_UP = Rules(0, (Policy("Percent", 100, 15), Policy("Pods", 4, 15)))
 _DEFAULT_DOWN = Rules(300, (Policy("Percent", 100, 15),))
 

@@ -2,7 +2,8 @@
 
 g6e comes with 1, 4 or 8 L40S GPUs per node and no 2-GPU size: a `--tensor-parallel-size 2`
 replica lands on a 4-GPU node (g6e.12xlarge/24xlarge) and two such replicas pack onto it;
-a 4-GPU 70B replica fits one g6e.12xlarge (kubernetes-facts §3).
+a 4-GPU 70B replica fits one g6e.12xlarge (Karpenter's generated instance-types table,
+`website/content/en/docs/reference/instance-types.md`).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""KEDA ScaledObjects per model Deployment, thresholds from the planner (ARCHITECTURE D8).
+"""KEDA ScaledObjects per model Deployment, thresholds from the planner (docs/architecture.md D8).
 
 The signal (issue 18 section 1). The orchestrator never gives a node more than its
 `max_num_seqs`, so a model's unserved demand waits in the orchestrator's per-model queue

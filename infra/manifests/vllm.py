@@ -4,7 +4,7 @@ The pod's inputs and timing are `vllm_target.py`'s, its agent sidecar is `node_a
 
 Every number comes from the planner (`ModelPlan`): `--tensor-parallel-size` and the
 `nvidia.com/gpu` limit are `gpus_per_replica`, `--max-num-seqs` and `--max-model-len` are the
-planner's, so `llmfleet plan` and the cluster never disagree (ARCHITECTURE D8).
+planner's, so `llmfleet plan` and the cluster never disagree (docs/architecture.md D8).
 """
 
 from __future__ import annotations

@@ -4,11 +4,11 @@
   compare text across engines, only shape, counts and determinism per engine.
 - Timing: the real server runs on a shared CPU; tests assert no latencies.
 - Chunk merging: vLLM may merge several tokens into one chunk when its HTTP side falls behind
-  (`vllm-behaviour.md` 2.2); enginesim always sends one chunk per token.
+  (`docs/vllm-facts.md` §2); enginesim always sends one chunk per token.
 - `kv_cache_usage_perc` on the real CPU server is often 0.0 between steps and `/metrics` answers
-  slowly under load (`vllm-behaviour.md`, measured erratum), so only enginesim must show it moving.
+  slowly under load (measured on 0.32: `docs/vllm-facts.md` §5), so only enginesim must show it moving.
 - Abort race: the tiny real model makes ~800 tokens/s, a delayed client may see the request finish
-  before its disconnect arrives (`real-vllm-on-cpu.md` 4.4); enginesim at speed 1 is slower to
+  before its disconnect arrives (`docs/vllm-facts.md` §4); enginesim at speed 1 is slower to
   finish 1,000 tokens, so its abort must always cut generation short.
 """
 

@@ -21,7 +21,7 @@ from tests.conformance.conftest import MAX_NUM_SEQS
 
 LONG = 1000  # with the 8-token prompt, fits max-model-len 1024
 # Content chunks every stream has received before the abort: few, so the abort beats completion
-# on the fast real model too (real-vllm-on-cpu.md 5); the client-disconnect test waits for more.
+# on the fast real model too (docs/vllm-facts.md §4); the client-disconnect test waits for more.
 ABORT_AFTER = 3
 CHUNK_USAGE = {"include_usage": True, "continuous_usage_stats": True}
 __all__ = ["fleet"]  # the fixture, imported from agent_env

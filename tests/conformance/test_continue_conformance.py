@@ -1,5 +1,5 @@
 """Continuing an assistant message (`continue_final_message: true`, `add_generation_prompt: false`):
-what the orchestrator's stream resume sends to the second node (docs/protocol.md, "Resume").
+what the orchestrator's stream resume sends to the second node (docs/control-plane.md, "Resume").
 
 Checked on both engines: the request is accepted, the rendered prompt is the conversation followed by
 the given assistant text with no end-of-message and no new assistant header (so the first generated

@@ -95,7 +95,8 @@ async def test_stream_forwards_engine_bytes_and_reports_usage(engine: FakeEngine
     assert sent["stream_options"] == FORCED_OPTIONS
     assert all(b'"usage"' not in e for e in events)  # the per-chunk usage the client did not ask for
     assert relay.outcome is Outcome.COMPLETED
-    assert engine.tokenize_requests == []  # D5: usage from the engine, no counting when it reports
+    # docs/architecture.md D5: usage from the engine, no counting when it reports
+    assert engine.tokenize_requests == []
 
 
 async def test_frames_up_to_the_first_token_are_urgent_and_the_rest_are_not(engine: FakeEngine) -> None:

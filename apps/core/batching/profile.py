@@ -12,7 +12,7 @@ a decode step at the target batch takes exactly `1 / r`: for the 8B model 21.3 m
 tokens/s per stream and 1,500 tokens/s per replica at 32 streams (the brief). Throughput grows
 with batch size and per-stream speed falls, as on a real GPU. The prefill cost is the roofline
 estimate `2 x parameters` FLOP per prompt token at half of the GPU's dense peak
-(`shared/reference/vllm-behaviour.md` section 7.1; L40S 362 TFLOPS BF16, 2x for FP8 weights).
+(`docs/vllm-facts.md` §7.1; L40S 362 TFLOPS BF16, 2x for FP8 weights).
 """
 
 from __future__ import annotations

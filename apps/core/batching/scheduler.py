@@ -1,7 +1,7 @@
 """The simulated vLLM V1 scheduler: continuous batching over a KV-block budget, in simulated time.
 
 Pure and synchronous (no I/O, no wall clock): `step()` plans one engine step the way vLLM's
-`Scheduler.schedule` does (`shared/reference/vllm-behaviour.md` section 7) and returns its
+`Scheduler.schedule` does (`docs/vllm-facts.md` §7) and returns its
 simulated duration and the tokens it produced. Time is the caller's: `now_s` is the scheduler's
 simulated clock (the sum of step durations), and `advance_to(t)` moves it over idle time. The
 enginesim loop (`apps/enginesim/engine.py`) sleeps each duration scaled by `--speed` and hands the

@@ -1,1 +1,1 @@
-"""Two-phase token ledger (D6): contract in `api`, PostgreSQL implementation in `pg`."""
+"""Two-phase token ledger (docs/architecture.md D6): contract in `api`, PostgreSQL implementation in `pg`."""

@@ -2,7 +2,7 @@
 (settle, sweep). Implemented over PostgreSQL in `apps.core.ledger.pg`; unit tests use
 `tests/fakes` implementations that pass the same contract suite.
 
-Money is integer microcredits. States (ARCHITECTURE convention 6):
+Money is integer microcredits. States (docs/architecture.md, convention 6):
 
     reserved --settle--> settled      (exact usage from the engine; debits the team)
     reserved --cancel--> cancelled    (nothing ran, or the node never reported)

@@ -1,4 +1,4 @@
-"""Node states (ARCHITECTURE convention 6) and the pure function that derives them.
+"""Node states (docs/architecture.md, convention 6) and the pure function that derives them.
 
 The live state of a node is derived, never stored: from its token (revoked or not), the
 Redis heartbeat hash `node:{id}` (present or expired, its age, its `draining` flag) and

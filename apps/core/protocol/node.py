@@ -25,7 +25,7 @@ node gets a 1001 close instead; an orchestrator that does not know version 3 ref
 4001 and the agent steps down one version per refusal.
 
 `chunk.delta` carries the engine's SSE bytes as text, one or more whole
-`data: {...}\\n\\n` events, never re-encoded (D5). `done` carries the engine's usage
+`data: {...}\\n\\n` events, never re-encoded (docs/architecture.md D5). `done` carries the engine's usage
 (or, after a cancel, the tokens produced so far) and is repeated until `done_ack`
 arrives, so a lost connection never loses or double-counts usage (the ledger settle is
 idempotent on `request_id`).

@@ -1,7 +1,7 @@
 """OpenAI-compatible wire pieces shared by every app: SSE framing, the usage chunk,
 the error envelope, and assembling a non-streaming `chat.completion` from chunks.
 
-The relay path never decodes content chunks (ARCHITECTURE D5): `SseSplitter` only
+The relay path never decodes content chunks (docs/architecture.md D5): `SseSplitter` only
 finds event boundaries, and `is_usage_event` recognises vLLM's final usage chunk by
 its `"choices":[]` without a JSON parse.
 """

@@ -1,4 +1,4 @@
-"""Per-key and per-team admission in Redis: one Lua script, one round trip (ARCHITECTURE D3).
+"""Per-key and per-team admission in Redis: one Lua script, one round trip (docs/architecture.md D3).
 
 Order (the brief's cheapest first): the key's concurrent streams, the team's concurrent streams,
 the key's requests per minute, the key's tokens per day, the team's tokens per minute. A request id that already holds a slot is refused as a duplicate (so a client reusing

@@ -1,7 +1,7 @@
 """KV-cache and weight memory arithmetic, the way vLLM does it.
 
 Pure functions, no I/O. Sizes are bytes (int or float) unless a name says otherwise.
-vLLM's rules this follows (see `shared/reference/vllm-behaviour.md` §6.2-6.3):
+vLLM's rules this follows (see `docs/vllm-facts.md` §6):
 KV bytes per token = 2 (K and V) x layers x kv_heads x head_dim x dtype bytes; the KV
 budget is `memory x utilisation - weights - activations`; it is cut into blocks of
 `block_size` tokens across all layers, `num_blocks = budget // (block_bytes)`; and

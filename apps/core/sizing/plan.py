@@ -1,7 +1,7 @@
 """The capacity plan of a stack: spec in, per-model and fleet numbers out.
 
 The planner CLI prints this; the Pulumi program renders vLLM flags, replica bounds and
-KEDA thresholds from it (ARCHITECTURE D8), so both always agree.
+KEDA thresholds from it (docs/architecture.md D8), so both always agree.
 """
 
 from __future__ import annotations
