@@ -19,7 +19,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import ValidationError
 
 from apps.core.batching.prefix_cache import block_hashes
-from apps.enginesim import chat, textgen
+from apps.enginesim import chat, responses, textgen
 from apps.enginesim.engine import Engine, OutputStream
 from apps.enginesim.faults import FaultBox, Faults
 from apps.enginesim.metrics import EngineMetrics
@@ -181,7 +181,7 @@ async def _complete(state: SimState, job: chat.ChatJob) -> web.Response:
     finally:
         _abort_all(state, by_seq)
     _note_cache(job, sink)
-    return json_response(chat.completion_body(job))
+    return json_response(responses.completion_body(job))
 
 
 async def _stream(
@@ -202,7 +202,7 @@ async def _stream(
             _drop_connection(request)
             return resp
         if faults.error_after_tokens == 0:
-            await resp.write(chat.error_event(faults.fail_message) + b"data: [DONE]\n\n")
+            await resp.write(responses.error_event(faults.fail_message) + b"data: [DONE]\n\n")
             return resp
         while remaining:
             for token in await sink.next_tokens():
@@ -212,9 +212,9 @@ async def _stream(
                     remaining -= 1
                 out = b""
                 if token.index == 0:
-                    out += chat.role_chunk(job, choice.index)
+                    out += responses.role_chunk(job, choice.index)
                 final_of_stream = last and remaining == 0 and not job.include_usage
-                out += chat.content_chunk(job, choice, token.index, last, final_of_stream)
+                out += responses.content_chunk(job, choice, token.index, last, final_of_stream)
                 if faults.stall_s is not None and not stalled and sent_content >= faults.stall_after_tokens:
                     stalled = True
                     await asyncio.sleep(faults.stall_s)
@@ -227,12 +227,12 @@ async def _stream(
                     _drop_connection(request)
                     return resp
                 if faults.error_after_tokens is not None and sent_content >= faults.error_after_tokens:
-                    await resp.write(chat.error_event(faults.fail_message) + b"data: [DONE]\n\n")
+                    await resp.write(responses.error_event(faults.fail_message) + b"data: [DONE]\n\n")
                     return resp
         tail = b""
         _note_cache(job, sink)
         if job.include_usage:
-            tail += chat.usage_chunk(job, sum(c.target_tokens for c in job.choices))
+            tail += responses.usage_chunk(job, sum(c.target_tokens for c in job.choices))
         await resp.write(tail + b"data: [DONE]\n\n")
         await resp.write_eof()
     except ConnectionResetError:

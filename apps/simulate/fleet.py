@@ -14,7 +14,8 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
-from apps.core.batching.scheduler import Scheduler, StepResult
+from apps.core.batching.fastforward import FastScheduler
+from apps.core.batching.scheduler import StepResult
 from apps.simulate.world import DeploymentSpec, PoolSpec
 
 PENDING, LOADING, READY, DRAINING, GONE = "pending", "loading", "ready", "draining", "gone"
@@ -47,7 +48,7 @@ class Pod:
     model: str
     gpus: int
     created: float
-    engine: Scheduler
+    engine: FastScheduler
     node: Node | None = None
     state: str = PENDING
     ready_at: float | None = None

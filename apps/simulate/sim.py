@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from apps.core.batching.scheduler import Scheduler
+from apps.core.batching.fastforward import FastScheduler
 from apps.simulate import engines
 from apps.simulate.autoscale import Keda
 from apps.simulate.cron import CronWindow
@@ -145,7 +145,7 @@ class Simulation(Orchestrator):
     def _new_pod(self, deployment: str, model: str, gpus: int, now: float) -> Pod:
         self.serial += 1
         profile = self.world.profiles[model]
-        pod = Pod(f"{deployment}-{self.serial}", deployment, model, gpus, now, Scheduler(profile))
+        pod = Pod(f"{deployment}-{self.serial}", deployment, model, gpus, now, FastScheduler(profile))
         self.pods.append(pod)
         self.by_model[model].append(pod)
         return pod

@@ -72,6 +72,43 @@ class GatewayEnv:
         return team.id, secret
 
 
+def _deps(
+    settings: GatewaySettings,
+    pool: AsyncConnectionPool,
+    redis: aioredis.Redis,
+    issuer: LocalIssuer,
+    jwks_url: str,
+    dispatcher_factory: Callable[[PgLedger, Any], FakeDispatcher] | None,
+    resolver: StaticResolver | None,
+    real_nodes: bool,
+) -> tuple[GatewayDeps, FakeDispatcher]:
+    spec = load_spec("dev")
+    ledger = PgLedger(pool, {n: m.prices for n, m in spec.models.items()})
+    dispatcher = (dispatcher_factory or (lambda lg, rd: FakeDispatcher(lg, rd)))(ledger, redis)
+    deps = GatewayDeps(
+        spec=spec,
+        ledger=ledger,
+        teams=TeamStore(pool),
+        keys=KeyStore(pool, SECRET, cache_ttl_s=settings.key_cache_ttl_s),
+        quota=QuotaStore(redis, lease_s=settings.stream_lease_s),
+        dispatcher=dispatcher,
+        # The real node store (PostgreSQL and Redis) when a test needs what it refuses.
+        nodes=(
+            NodeStore(pool, redis, SECRET, channel_namespace=settings.channel_namespace)
+            if real_nodes
+            else FakeNodeAdmin()
+        ),
+        health=StoreHealth(pool, redis),
+        resolver=resolver or StaticResolver(),
+        jwt=JwtVerifier(jwks_url, issuer=issuer.issuer, audience=issuer.audience),
+        usage=UsageRollups(pool),
+        sessions=ConsoleSessions(pool),
+        refusals=RefusalStore(redis, SYSTEM.now),
+        board=RedisQueueBoard(redis),
+    )
+    return deps, dispatcher
+
+
 @contextlib.asynccontextmanager
 async def gateway_env(
     db_url: str,
@@ -86,38 +123,23 @@ async def gateway_env(
     settings = GatewaySettings(
         secret_key=SECRET.decode(), database_url=db_url, redis_url=redis_url, **overrides
     )
-    spec = load_spec("dev")
     issuer = LocalIssuer.generate()
     jwks_url = issuer.serve()
     pool = AsyncConnectionPool(db_url, min_size=1, max_size=20, open=False)
-    await pool.open()
     redis = aioredis.Redis.from_pool(
         aioredis.BlockingConnectionPool.from_url(redis_url, max_connections=100, timeout=10)
     )
-    ledger = PgLedger(pool, {n: m.prices for n, m in spec.models.items()})
-    dispatcher = (dispatcher_factory or (lambda lg, rd: FakeDispatcher(lg, rd)))(ledger, redis)
-    deps = GatewayDeps(
-        spec=spec,
-        ledger=ledger,
-        teams=TeamStore(pool),
-        keys=KeyStore(pool, SECRET, cache_ttl_s=settings.key_cache_ttl_s),
-        quota=QuotaStore(redis, lease_s=settings.stream_lease_s),
-        dispatcher=dispatcher,
-        # The real node store (PostgreSQL and Redis) when a test needs what it refuses.
-        nodes=NodeStore(pool, redis, SECRET) if real_nodes else FakeNodeAdmin(),
-        health=StoreHealth(pool, redis),
-        resolver=resolver or StaticResolver(),
-        jwt=JwtVerifier(jwks_url, issuer=issuer.issuer, audience=issuer.audience),
-        usage=UsageRollups(pool),
-        sessions=ConsoleSessions(pool),
-        refusals=RefusalStore(redis, SYSTEM.now),
-        board=RedisQueueBoard(redis),
-    )
-    app = create_app(settings, deps)
-    env = GatewayEnv(app, deps, settings, issuer, issuer.mint("ops", admin=True), dispatcher, redis, pool)
     server: uvicorn.Server | None = None
     task: asyncio.Task[None] | None = None
+    # Everything opened is closed however set-up ends: a failure before `yield` must not leave the
+    # pool's tasks or the issuer's thread running (the test session would hang closing its loop).
     try:
+        await pool.open()
+        deps, dispatcher = _deps(
+            settings, pool, redis, issuer, jwks_url, dispatcher_factory, resolver, real_nodes
+        )
+        app = create_app(settings, deps)
+        env = GatewayEnv(app, deps, settings, issuer, issuer.mint("ops", admin=True), dispatcher, redis, pool)
         if serve:
             config = uvicorn.Config(
                 app, host="127.0.0.1", port=0, log_config=None, access_log=False, lifespan="off"

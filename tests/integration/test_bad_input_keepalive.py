@@ -21,6 +21,7 @@ from urllib.parse import quote, urlencode, urlsplit
 import pytest
 
 from tests.fakes.fake_gateway import GatewayEnv, gateway_env
+from tests.integration.console_client import signin_csrf_of
 
 MODEL = "llama-3.1-8b-instruct"
 SUPERSCRIPT_TWO, CIRCLED_ONE = "\u00b2", "\u2460"
@@ -82,9 +83,16 @@ class World:
 async def console_session(env: GatewayEnv, token: str, page: str) -> tuple[str, str]:
     conn = await KeepAlive.open(env.base_url)
     try:
-        form = urlencode({"token": token}).encode()
+        # As a browser: the sign-in form first (its pre-session cookie and token), then the post.
+        status, headers, html = await conn.request("GET", "/console/signin", {})
+        assert status == 200, status
+        form = urlencode({"token": token, "signin_csrf": signin_csrf_of(html.decode())}).encode()
+        presession = headers["set-cookie"].split(";")[0]
         status, headers, _ = await conn.request(
-            "POST", "/console/signin", {"Content-Type": "application/x-www-form-urlencoded"}, form
+            "POST",
+            "/console/signin",
+            {"Content-Type": "application/x-www-form-urlencoded", "Cookie": presession},
+            form,
         )
         assert status == 303, status
         cookie = headers["set-cookie"].split(";")[0]

@@ -1,22 +1,23 @@
-"""`Scheduler.fast_forward(k)` is exactly `k` calls of `step()` whenever `decode_run()` allows `k`."""
+"""`FastScheduler.fast_forward(k)` is exactly `k` calls of `step()` whenever `decode_run()` allows `k`."""
 
 from __future__ import annotations
 
 import random
 
+from apps.core.batching.fastforward import FastScheduler
 from apps.core.batching.profile import catalog_profiles
-from apps.core.batching.scheduler import Scheduler, Sequence
+from apps.core.batching.scheduler import Sequence
 
 
-def _loaded(seed: int) -> Scheduler:
+def _loaded(seed: int) -> FastScheduler:
     rng = random.Random(seed)
-    sched = Scheduler(catalog_profiles("prod")["llama-3.1-8b-instruct"])
+    sched = FastScheduler(catalog_profiles("prod")["llama-3.1-8b-instruct"])
     for i in range(rng.randint(5, 40)):
         sched.add(Sequence(f"r{i}", rng.randint(10, 3000), rng.randint(2, 600), "stop", 0.0))
     return sched
 
 
-def _state(s: Scheduler) -> list[tuple[str, int, int, int]]:
+def _state(s: FastScheduler) -> list[tuple[str, int, int, int]]:
     return [(q.request_id, q.computed, q.generated, q.blocks) for q in s.running]
 
 

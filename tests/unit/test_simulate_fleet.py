@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from apps.core.batching.fastforward import FastScheduler
 from apps.core.batching.profile import catalog_profiles
-from apps.core.batching.scheduler import Scheduler, Sequence
+from apps.core.batching.scheduler import Sequence
 from apps.simulate import engines
 from apps.simulate.cli import _profile_start
 from apps.simulate.fleet import Pod
@@ -25,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_engine_reproduces_enginesim_calibration_within_5_percent() -> None:
     """32 streams on one 8B replica: 47 tokens/s per stream, about 1,500 tokens/s per replica."""
-    pod = Pod("p", "d", EIGHT_B, 1, 0.0, Scheduler(catalog_profiles("prod")[EIGHT_B]))
+    pod = Pod("p", "d", EIGHT_B, 1, 0.0, FastScheduler(catalog_profiles("prod")[EIGHT_B]))
     heap: list[tuple[float, int, int]] = []
 
     def schedule(t: float, p: Pod) -> None:

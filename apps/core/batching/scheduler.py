@@ -5,9 +5,8 @@ Pure and synchronous (no I/O, no wall clock): `step()` plans one engine step the
 simulated duration and the tokens it produced. Time is the caller's: `now_s` is the scheduler's
 simulated clock (the sum of step durations), and `advance_to(t)` moves it over idle time. The
 enginesim loop (`apps/enginesim/engine.py`) sleeps each duration scaled by `--speed` and hands the
-tokens to the HTTP streams; `llmfleet simulate` advances it from its event queue and uses
-`decode_run()` / `fast_forward()` to take many identical decode steps at once (the same result
-as that many `step()` calls, checked by a unit test). Unit tests drive it directly to check
+tokens to the HTTP streams; `llmfleet simulate` advances it from its event queue, taking many
+identical decode steps at once (`fastforward.py`). Unit tests drive it directly to check
 calibration in simulated time.
 
 Rules followed:
@@ -18,10 +17,7 @@ Rules followed:
   0 (recompute, no swap) and it goes back to the FRONT of the waiting queue;
 - waiting requests are admitted only if nothing was preempted in this step, while fewer than
   `max_num_seqs` run and blocks for their first chunk are free;
-- automatic prefix caching (`prefix_cache.py`): a request admitted with `block_hashes` starts with
-  the longest cached run of its prompt's full blocks computed (`num_cached_tokens`), and the full
-  prompt blocks it computes are cached for later requests; cached blocks nobody holds count as
-  free and are reused oldest first;
+- automatic prefix caching, as `prefix_cache.py` describes (requests with `block_hashes`);
 - pause (vLLM's `pause_scheduler`): `paused_all` ("keep") schedules nothing, `paused_new`
   ("wait") only the running requests; `reset_prefix_cache(reset_running=True)` puts every running
   request back into the waiting queue (a preemption) and forgets the free cached blocks;
@@ -356,67 +352,3 @@ class Scheduler:
     def advance_to(self, t: float) -> None:
         """Idle time passes: the clock moves to `t` (never backwards)."""
         self.now_s = max(self.now_s, t)
-
-    def decode_run(self) -> int:
-        """How many of the next steps are identical pure-decode steps (0 or 1: just call `step()`).
-
-        True while every running request is decoding, nothing waiting could be admitted, the
-        batch fits the token budget, no request reaches its end before the last of those steps
-        and the KV blocks for all of them are free.
-        """
-        prof = self.profile
-        running = self.running
-        if not running or len(running) > prof.max_num_batched_tokens:
-            return 0
-        if self.waiting and len(running) < prof.max_num_seqs:
-            return 0
-        last = running[-1]  # the newest request is the one most likely still in prefill
-        if last.computed != last.prompt_tokens + last.generated - 1 or last.generated == 0:
-            return 0
-        steps = 1 << 30
-        max_len = prof.max_model_len
-        for seq in running:
-            generated = seq.generated
-            tokens = seq.prompt_tokens + generated
-            if seq.computed != tokens - 1 or generated == 0:
-                return 0  # a prefill chunk, or the first token (its time is recorded by step())
-            left = seq.target_tokens - generated
-            if max_len - tokens < left:
-                left = max_len - tokens
-            if left < steps:
-                steps = left
-        while steps > 1 and self._blocks_needed(steps) > self.free_blocks:
-            steps //= 2
-        return steps if steps > 1 and self._blocks_needed(steps) <= self.free_blocks else 0
-
-    def _blocks_needed(self, steps: int) -> int:
-        return sum(self._blocks_for(s.computed + steps) - s.blocks for s in self.running)
-
-    def fast_forward(self, steps: int) -> StepResult:
-        """`steps` decode steps at once (only after `decode_run()` allowed at least that many).
-
-        Returns the duration of all of them and the requests that finished in the last one;
-        per-token outputs are not listed (the simulator needs only times and counts).
-        """
-        prof = self.profile
-        batch = len(self.running)
-        one = prof.step_s(batch, 0)
-        result = StepResult(duration_s=one * steps, batch=batch, scheduled_tokens=batch * steps)
-        self.now_s += result.duration_s
-        bs = prof.block_size
-        now = self.now_s
-        max_len = prof.max_model_len
-        for seq in list(self.running):
-            computed = seq.computed + steps
-            need = -(-computed // bs) - seq.blocks
-            if need > 0:
-                if need > self.free_blocks:
-                    raise RuntimeError("fast_forward beyond the free KV blocks; call decode_run() first")
-                self._take_free(need)
-                seq.blocks += need
-            seq.computed = computed
-            seq.generated += steps
-            seq.last_token_s = now
-            if seq.generated >= seq.target_tokens or seq.prompt_tokens + seq.generated >= max_len:
-                self._finish(seq, result)
-        return result

@@ -1,14 +1,11 @@
 """`NodeStore`: node tokens, the `nodes` table and the fleet listing for the admin API.
 
-Tokens are per node or per node pool (`apps.core.nodes.ids`: a pool's token admits every
-`<pool>/<instance>`), shown once (or, for a pool, provided by the operator through
-`register_pool`) and stored as HMAC-SHA256 hashes (`apps.core.secrets`).
-PostgreSQL is written only at token issue/revoke, registration, drain and disconnect;
-heartbeats are read from Redis (`apps.core.nodes.keys`). Revocation is written to both
-stores: the `revoked_at` column is the truth, the Redis set `nodes:revoked` is checked
-atomically by the owning orchestrator on every heartbeat write (so the node is cut off
-within one heartbeat interval; for a pool member the script checks the pool id) and a
-message on the node's channel (on every known member's channel) cuts it at once.
+Tokens are per node or per node pool (a pool's admits every `<pool>/<instance>`, `apps.core.nodes.ids`),
+shown once (a pool's is the operator's, `register_pool`), stored as HMAC-SHA256 hashes. PostgreSQL is
+written only at token issue/revoke, registration, drain and disconnect; heartbeats are read from Redis
+(`apps.core.nodes.keys`). A revocation is written to both: `revoked_at` is the truth, the Redis set
+`nodes:revoked` is checked by the owning orchestrator on every heartbeat write (the node, or for a pool
+member its pool, is cut off within one beat) and a message on the node's channel cuts it at once.
 """
 
 from __future__ import annotations
@@ -114,8 +111,7 @@ class NodeStore:
         heartbeat_interval_s: float = 5.0,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        """`channel_namespace`: the platform's (`apps.core.nodes.keys`), where drains and
-        revocations are published for the replicas."""
+        # channel_namespace: the platform's (apps.core.nodes.keys), where drains and revocations go.
         self._pool = pool
         self._redis = redis
         self._key = secret_key
