@@ -112,7 +112,9 @@ def words(tag: str, count: int) -> str:
 
 
 def run_tag() -> str:
-    return uuid.uuid4().hex[:8]
+    """Eight letters unique to this run (letters: a tokenizer splits them into fewer tokens than
+    hex digits, so prompts built from them stay well inside the context)."""
+    return "".join(chr(ord("a") + int(c, 16)) for c in uuid.uuid4().hex[:8])
 
 
 class PausedEngine:

@@ -26,7 +26,7 @@ WAITING_BATCH = 4
 ANSWER = 16
 # A prompt prefix several KV blocks long on both engines (blocks of 16 tokens on enginesim, 128 on
 # the real vLLM on CPU; the tiny model's BPE makes each of these words 5-7 tokens).
-PREFIX_WORDS = 100
+PREFIX_WORDS = 60
 
 
 @pytest.fixture
