@@ -28,7 +28,9 @@ from tests.conformance.slots import Outcome, PausedEngine, paused_engine, run_ta
 __all__ = ["fleet"]  # the fixture, imported from agent_env
 MID = 5
 ANSWER = 16
-PREFIX_WORDS = 50  # several KV blocks on both engines (see test_priority_conformance.py); A + B within 2,048 tokens
+PREFIX_WORDS = (
+    50  # several KV blocks on both engines (see test_priority_conformance.py); A + B within 2,048 tokens
+)
 
 
 async def _through_platform(
