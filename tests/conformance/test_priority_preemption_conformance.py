@@ -20,22 +20,39 @@ snapshot after that abort is (1 running, 0 waiting) if the batch request was the
 (0 running, 1 waiting) if the interactive one was. Had the class been dropped (both priority 0) or
 the policy been fcfs, the interactive request, which came last, would have been preempted.
 
-Not on the real vLLM: this verdict needs the check to see the (1, 1) state while it lasts, and on
-the real vLLM on CPU the tiny model makes a decode step in well under a millisecond, so even an
-8,000-token window was over in about half a second while one `/metrics` read took seconds (measured
-2026-12-05). vLLM 0.32 reports preemptions only in aggregate (`num_preemptions_total`,
-`request_num_preemptions`), so a verdict read afterwards cannot name the request either.
+On the real vLLM the (1 running, 1 waiting) state cannot be caught while it lasts: the tiny model
+makes a decode step in well under a millisecond on CPU, so even an 8,000-token window was over in
+about half a second while one `/metrics` read took seconds (measured 2026-12-05), and vLLM 0.32
+reports preemptions only in aggregate (`num_preemptions_total`, `request_num_preemptions`). So the
+real engine's verdict is read afterwards from its KV cache events (`--kv-events-config`, read by
+`kvevents.py`): a preempted request loses its blocks and, once it runs again, computes them again,
+so its blocks are stored twice. The other request's blocks are stored once. Which one was preempted
+is then a fact in the engine's own log, whatever the machine's speed: the arithmetic below fixes that
+exactly one of them is preempted, and the chains of block hashes tell which.
+
+On the real vLLM (KV cache of 16 blocks of 128 tokens, the CPU backend's block size; prefix caching
+on; one step's budget the whole context): both requests are seated in the first step (about 1,820
+tokens in 15 + 1 blocks: the cache is full), and grow a token a step each, so within about 110 steps
+the interactive request needs its second block, there is none, and one of them is preempted. With
+the batch request preempted (its 15 blocks freed, still cached), the interactive one grows to about
+2,020 tokens, takes every block, and so evicts the batch request's cached blocks; when the batch
+request runs again it computes them again: stored twice. Had the interactive request been preempted
+(class dropped, or fcfs), the batch request would never be computed again.
 """
 
 from __future__ import annotations
 
+import asyncio
+import json
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
 
 from apps.core.sharing import VLLM_PRIORITY, PriorityClass
-from tests.conformance.conftest import EngineUnderTest, serve_enginesim
+from tests.conformance.conftest import VLLM_CAP_S, EngineUnderTest, serve_enginesim, serve_vllm
+from tests.conformance.kvevents import KvEventLog
 from tests.conformance.slots import paused_engine, run_tag, words
 
 KV_TOKENS = 2048
@@ -43,6 +60,12 @@ MAX_MODEL_LEN = 2048
 BATCH_PROMPT, BATCH_ANSWER = 1800, 200  # tokens, about (the template's tokens included)
 INTERACTIVE_PROMPT, INTERACTIVE_ANSWER = 20, 2000
 BLOCK = 16  # enginesim's tiny profile
+VLLM_CPU_BLOCK = 128  # vLLM 0.32's default block size on the CPU backend
+# The tiny Llama's KV cache per token (tools/build_tiny_llama.py): K and V x 2 layers x 2 KV heads x
+# 32 dims x 4 bytes (float32). One block more than 2,048 tokens: vLLM keeps a null block.
+TINY_KV_BYTES_PER_TOKEN = 2 * 2 * 2 * 32 * 4
+PREFIX = 16  # prompt tokens that tell the two requests' first blocks apart
+EVENTS_DEADLINE_S = 120.0  # bounds a broken engine only: each wait ends on an event
 INTERACTIVE, BATCH = VLLM_PRIORITY[PriorityClass.INTERACTIVE], VLLM_PRIORITY[PriorityClass.BATCH]
 
 
@@ -60,6 +83,55 @@ def small_kv_enginesim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Eng
 @pytest.fixture
 def small_kv_engine(small_kv_enginesim: EngineUnderTest) -> EngineUnderTest:
     return small_kv_enginesim
+
+
+@pytest.fixture(scope="module")
+def small_kv_vllm(
+    tiny_llama: tuple[str, Path], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[EngineUnderTest, KvEventLog]]:
+    """A second real vLLM: 2,048 tokens of KV cache, publishing its KV events on a loopback port."""
+    python, model_dir = tiny_llama
+    work = tmp_path_factory.mktemp("vllm-small-kv")
+    # An ipc endpoint: vLLM binds it (a tcp endpoint with a host, vLLM connects to, for a subscriber
+    # that binds: `_is_bind_endpoint` in vllm/distributed/kv_events.py).
+    endpoint = f"ipc://{work}/kv-events.sock"
+    events = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": endpoint, "topic": "kv"}
+    log = KvEventLog(endpoint)
+    log.start()
+    try:
+        yield from (
+            (engine, log)
+            for engine in serve_vllm(
+                python, model_dir, work,
+                str((KV_TOKENS + VLLM_CPU_BLOCK) * TINY_KV_BYTES_PER_TOKEN),
+                extra=("--kv-events-config", json.dumps(events), "--max-num-batched-tokens", str(MAX_MODEL_LEN)),
+            )
+        )  # fmt: skip
+    finally:
+        log.stop()
+
+
+async def _prompt_ids(engine: EngineUnderTest, text: str) -> list[int]:
+    """The token ids the engine computes for a chat request of `text` (its template included)."""
+    async with httpx.AsyncClient(timeout=60.0) as client:
+        body = {"model": engine.model, "messages": [{"role": "user", "content": text}]}
+        resp = await client.post(f"{engine.url}/tokenize", json=body)
+        assert resp.status_code == 200, resp.text
+        return [int(t) for t in resp.json()["tokens"]]
+
+
+async def _stored_after(engine: EngineUnderTest, log: KvEventLog, tag: str) -> None:
+    """Send one more request and wait for its first block's event: the publisher keeps its order, so
+    every event of what ran before has arrived too."""
+    text = words(tag, 40)
+    first = tuple((await _prompt_ids(engine, text))[:PREFIX])
+    async with httpx.AsyncClient(timeout=60.0) as client:
+        body = {"model": engine.model, "messages": [{"role": "user", "content": text}], "max_tokens": 1}
+        resp = await client.post(f"{engine.url}/v1/chat/completions", json=body)
+        assert resp.status_code == 200, resp.text
+    await asyncio.to_thread(
+        log.wait_for, lambda lg: lg.has_block_starting(first), f"the block of {tag!r}", EVENTS_DEADLINE_S
+    )
 
 
 async def _prompt_of(engine: EngineUnderTest, tag: str, tokens: int) -> str:
@@ -104,3 +176,42 @@ async def test_kv_pressure_preempts_the_batch_request_not_the_interactive_one(
         after = await eng.until(lambda s: s.running + s.waiting == 1, "the abort of the batch request")
         assert not interactive.ended, "the interactive request ended before the check looked"
     assert (after.running, after.waiting) == (1, 0), f"the interactive request was the one waiting: {after}"
+
+
+@pytest.mark.realvllm
+@pytest.mark.timeout(VLLM_CAP_S + 300)
+async def test_kv_pressure_on_the_real_vllm_preempts_the_batch_request(
+    small_kv_vllm: tuple[EngineUnderTest, KvEventLog],
+) -> None:
+    engine, log = small_kv_vllm
+    tag = run_tag()
+    await _stored_after(engine, log, f"w{tag}x")  # the subscription is live: an event of ours arrived
+    batch_text = await _prompt_of(engine, f"b{tag}x", BATCH_PROMPT)
+    interactive_text = await _prompt_of(engine, f"i{tag}x", INTERACTIVE_PROMPT)
+    batch_first = tuple((await _prompt_ids(engine, batch_text))[:PREFIX])
+    interactive_first = tuple((await _prompt_ids(engine, interactive_text))[:PREFIX])
+    assert batch_first != interactive_first
+    async with paused_engine(engine.url, engine.model) as eng:
+        before = await eng.state()
+        batch = eng.chat("batch", batch_text, BATCH, BATCH_ANSWER)
+        await eng.queued(batch)
+        interactive = eng.chat("interactive", interactive_text, INTERACTIVE, INTERACTIVE_ANSWER)
+        await eng.queued(interactive)
+        await eng.release()
+        await eng.all_ended()
+        after = await eng.state()
+    await _stored_after(engine, log, f"z{tag}x")  # every event of the two requests has arrived
+    assert log.gaps == 0, f"the log lost messages: {log.summary()}"
+    assert after.preemptions - before.preemptions >= 1, f"no preemption: {before} -> {after}"
+    batch_blocks, interactive_blocks = log.chain_from(batch_first), log.chain_from(interactive_first)
+    assert len(batch_blocks) >= BATCH_PROMPT // log.block_size, (
+        f"the batch request's blocks: {len(batch_blocks)}"
+    )
+    assert len(interactive_blocks) >= INTERACTIVE_ANSWER // log.block_size, (
+        f"interactive blocks: {len(interactive_blocks)}"
+    )
+    computed_again = (log.stored_twice(batch_blocks), log.stored_twice(interactive_blocks))
+    assert computed_again[1] == 0, (
+        f"the interactive request was preempted: blocks computed twice {computed_again}"
+    )
+    assert computed_again[0] > 0, f"the batch request was never computed again: {computed_again}"
