@@ -34,7 +34,7 @@ def settings_in_env(settings: type[S], env: Mapping[str, str]) -> S:
     its empty values count as unset, names of other apps are ignored)."""
     by_name = {name: field for field, name in env_names(settings).items()}
     given = {by_name[name]: value for name, value in env.items() if name in by_name and value}
-    return settings(**given)  # the rest from the process environment, as in the child
+    return settings.model_validate(given)  # the rest from the process environment, as in the child
 
 
 def env_of(settings: type[BaseSettings], **values: str) -> dict[str, str]:
