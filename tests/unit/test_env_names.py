@@ -1,8 +1,10 @@
-"""Every `LLMFLEET_*` name in apps/ is a setting some app reads, and only settings modules spell one.
+"""Every `LLMFLEET_*` name in apps/, infra/ and docs/ is a setting some app reads, and only the
+settings modules spell one in code.
 
-Code outside `apps/<app>/settings.py` gets a name from the class (`env_name(Settings, "field")`),
-so a misspelt name is an error instead of a setting silently left at its default. Docstrings and
-comments may name a setting, but only one that exists (a renamed setting leaves no stale mention).
+Code outside `apps/<app>/settings.py` (infra included) gets a name from the class
+(`env_name(Settings, "field")`), so a misspelt name is an error instead of a setting silently left
+at its default. Docstrings, comments and docs may name a setting, but only one that exists (a
+renamed setting leaves no stale mention).
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from apps.cli.settings_registry import known_names
 
 ROOT = Path(__file__).resolve().parents[2]
 APPS = ROOT / "apps"
+CODE_DIRS = (APPS, ROOT / "infra")
+MENTION_DIRS = (APPS, ROOT / "infra", ROOT / "docs")
 NAME = re.compile(r"LLMFLEET_[A-Z0-9_]*[A-Z0-9](?![A-Z0-9_])")  # not a prefix such as `LLMFLEET_ENGINESIM_`
 
 # String literals (not docstrings) that must spell a name, and why.
@@ -28,7 +32,7 @@ ALLOWED_LITERALS = {
     ("apps/core/metrics_access.py", "LLMFLEET_METRICS_PORT"),
     ("apps/core/metrics_access.py", "LLMFLEET_METRICS_TOKEN"),
 }
-# Names mentioned in apps/ that no settings class has, and why.
+# Names mentioned that no settings class has, and why.
 NOT_SETTINGS = {"LLMFLEET_ADMIN_TOKEN": "the credentials.env line `llmfleet dev` writes for the operator"}
 
 
@@ -59,7 +63,7 @@ def literal_names(path: Path) -> set[str]:
 
 def test_only_settings_modules_spell_an_env_name_in_a_string() -> None:
     found = set()
-    for path in sorted(APPS.rglob("*.py")):
+    for path in sorted(p for d in CODE_DIRS for p in d.rglob("*.py")):
         if not _is_settings_module(path):
             rel = path.relative_to(ROOT).as_posix()
             found |= {(rel, name) for name in literal_names(path)}
@@ -74,12 +78,12 @@ def test_the_check_sees_a_literal_but_not_a_docstring(tmp_path: Path) -> None:
     assert literal_names(sample) == {"LLMFLEET_PORTT", "LLMFLEET_HOST"}
 
 
-def test_every_env_name_mentioned_in_apps_is_read_by_some_app() -> None:
+def test_every_env_name_mentioned_in_apps_infra_and_docs_is_read_by_some_app() -> None:
     known = known_names() | set(NOT_SETTINGS)
     unknown = sorted(
         {
             (path.relative_to(ROOT).as_posix(), name)
-            for path in APPS.rglob("*")
+            for path in (p for d in MENTION_DIRS for p in d.rglob("*"))
             if path.suffix in (".py", ".md")
             for name in NAME.findall(path.read_text(encoding="utf-8"))
             if name not in known

@@ -22,9 +22,9 @@ import statistics
 from collections.abc import Sequence
 from pathlib import Path
 
-from apps.loadgen.transit import added
 from apps.core.envnames import env_name
 from apps.gateway.settings import GatewaySettings
+from apps.loadgen.transit import added
 from apps.netio.fastpath import PATHS
 from apps.orchestrator.settings import OrchestratorSettings
 from tools.bench.common import machine
