@@ -11,7 +11,7 @@ UV_VERSION := 0.13.8
 JUNIT_DIR ?=
 JUNIT = $(if $(JUNIT_DIR),--junitxml=$(JUNIT_DIR)/$@.xml)
 
-.PHONY: install lock lock-check dev test lint typecheck imports unit realvllm chaos chaos-roll rules observability browser bench render-golden infra-diff infra-smoke clean
+.PHONY: install lock lock-check dev test lint typecheck imports unit realvllm chaos chaos-roll rules observability browser bench render-golden infra-diff infra-smoke config-docs clean
 
 $(BIN)/python:
 	@command -v $(PY) >/dev/null || { echo "need Python 3.11 ($(PY)) on PATH"; exit 2; }
@@ -92,6 +92,10 @@ infra-diff: $(STAMP)
 # The manifest-to-process smoke test alone (it also runs in `chaos`, marked slow).
 infra-smoke: $(STAMP)
 	$(BIN)/pytest -q tests/infra/test_manifest_smoke.py
+
+# docs/configuration.md from the apps' settings classes (tests/unit/test_config_docs.py fails when stale).
+config-docs: $(STAMP)
+	$(BIN)/python -m tools.gen_config_docs
 
 render-golden: $(STAMP)
 	$(BIN)/llmfleet infra render --stack dev > tests/fixtures/infra/dev.golden.json

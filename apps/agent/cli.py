@@ -1,6 +1,6 @@
 """`llmfleet agent`: flags → `AgentSettings` → `run_agent`.
 
-The node token is read from the environment (`LLMFLEET_NODE_TOKEN`) only; there is
+The node token is read from the environment (`AgentSettings.node_token`) only; there is
 deliberately no flag for it.
 """
 
@@ -15,6 +15,7 @@ from pydantic import ValidationError
 
 from apps.agent.main import run_agent
 from apps.agent.settings import AgentSettings
+from apps.core.envnames import env_name
 from apps.core.errors import LlmfleetError
 from apps.core.logs import setup_json_logging
 
@@ -71,7 +72,8 @@ def settings_from_args(args: argparse.Namespace) -> AgentSettings:
             f"{'.'.join(str(p) for p in e['loc']) or 'settings'}: {e['msg']}" for e in exc.errors()
         )
         if any(e["loc"] == ("node_token",) for e in exc.errors()):
-            problems = "LLMFLEET_NODE_TOKEN is not set (the node token comes from the environment only)"
+            token = env_name(AgentSettings, "node_token")
+            problems = f"{token} is not set (the node token comes from the environment only)"
         raise AgentSettingsError(problems) from None
 
 

@@ -9,12 +9,12 @@
   mint-admin-token --issuer-key FILE [--ttl S] [--subject S]
                                             an admin JWT from the local issuer's key (dev)
   register-node-pool --pool P --location cloud|onprem
-                                            store the hash of the pool token in `LLMFLEET_NODE_TOKEN`
+                                            store the hash of the pool token in env `node_token`
                                             (admits node ids `P/<instance>`); idempotent, another
                                             token rotates it; a revoked token stays revoked
 
-Env: `LLMFLEET_DATABASE_URL`, `LLMFLEET_SECRET_KEY` (create-key, register-node-pool),
-`LLMFLEET_REDIS_URL` and `LLMFLEET_NODE_TOKEN` (register-node-pool). Output is JSON.
+Env (`AdminSettings`, docs/configuration.md): the database URL, the secret key (create-key,
+register-node-pool), the Redis URL and the node token (register-node-pool). Output is JSON.
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import sys
 from datetime import datetime
 from decimal import Decimal, InvalidOperation
@@ -32,15 +31,14 @@ from typing import Any
 from psycopg_pool import AsyncConnectionPool
 from redis.asyncio import Redis
 
+from apps.cli.settings import AdminSettings
 from apps.core.db.migrate import migrate_sync
+from apps.core.envnames import env_name
 from apps.core.errors import InvalidRequest
 from apps.core.identity.keys import KeyStore
 from apps.core.identity.local_issuer import LocalIssuer
 from apps.core.ledger.teams import TeamStore
 from apps.core.nodes.store import LOCATIONS, NodeStore, PoolStatus
-
-DEFAULT_DB = "postgresql://postgres@127.0.0.1:5432/postgres"
-DEFAULT_REDIS = "redis://127.0.0.1:6379/0"
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -67,7 +65,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     mint.add_argument("--ttl", type=int, default=12 * 3600)
     mint.add_argument("--subject", default="admin")
     pool = sub.add_parser(
-        "register-node-pool", help="store a node pool's token (from LLMFLEET_NODE_TOKEN), e.g. for EKS pods"
+        "register-node-pool",
+        help=f"store a node pool's token (from {env_name(AdminSettings, 'node_token')}), e.g. for EKS pods",
     )
     pool.add_argument("--pool", required=True, help="pool id; members register as <pool>/<instance>")
     pool.add_argument("--location", required=True, choices=LOCATIONS)
@@ -99,8 +98,8 @@ def parse_credits(amount: str) -> int:
     return int(micro)
 
 
-async def _with_pool(args: argparse.Namespace, url: str) -> dict[str, Any]:
-    async with AsyncConnectionPool(url, min_size=1, max_size=2) as pool:
+async def _with_pool(args: argparse.Namespace, env: AdminSettings) -> dict[str, Any]:
+    async with AsyncConnectionPool(env.database_url, min_size=1, max_size=2) as pool:
         teams = TeamStore(pool)
         if args.action == "create-team":
             team = await teams.create_team(args.name)
@@ -110,9 +109,9 @@ async def _with_pool(args: argparse.Namespace, url: str) -> dict[str, Any]:
             return team.as_json()
         if args.action == "add-credits":
             return await teams.add_credits(_team(args), parse_credits(args.amount), "cli")
-        secret_key = _secret_key()
+        secret_key = _secret_key(env)
         if args.action == "register-node-pool":
-            return await _register_node_pool(args, pool, secret_key)
+            return await _register_node_pool(args, pool, secret_key, env)
         expires = datetime.fromisoformat(args.expires_at) if args.expires_at else None
         secret, record = await KeyStore(pool, secret_key.encode()).create(
             team=_team(args),
@@ -128,24 +127,25 @@ async def _with_pool(args: argparse.Namespace, url: str) -> dict[str, Any]:
         return {**record.as_json(), "key": secret}
 
 
-def _secret_key() -> str:
-    secret_key = os.environ.get("LLMFLEET_SECRET_KEY", "")
+def _secret_key(env: AdminSettings) -> str:
+    secret_key = env.secret_key.get_secret_value()
     if not secret_key:
-        raise InvalidRequest("LLMFLEET_SECRET_KEY must be set (the same as the gateway's)")
+        raise InvalidRequest(
+            f"{env_name(AdminSettings, 'secret_key')} must be set (the same as the gateway's)"
+        )
     return secret_key
 
 
 async def _register_node_pool(
-    args: argparse.Namespace, pool: AsyncConnectionPool[Any], secret_key: str
+    args: argparse.Namespace, pool: AsyncConnectionPool[Any], secret_key: str, env: AdminSettings
 ) -> dict[str, Any]:
     # From the environment only: a token on the command line would show in `ps` and shell history.
-    token = os.environ.get("LLMFLEET_NODE_TOKEN", "")
+    token = env.node_token.get_secret_value()
     if not token:
-        raise InvalidRequest("LLMFLEET_NODE_TOKEN must be set to the pool's token")
-    redis = Redis.from_url(os.environ.get("LLMFLEET_REDIS_URL", DEFAULT_REDIS))
+        raise InvalidRequest(f"{env_name(AdminSettings, 'node_token')} must be set to the pool's token")
+    redis = Redis.from_url(env.redis_url)
     try:
-        namespace = os.environ.get("LLMFLEET_CHANNEL_NAMESPACE", "")
-        store = NodeStore(pool, redis, secret_key.encode(), channel_namespace=namespace)
+        store = NodeStore(pool, redis, secret_key.encode(), channel_namespace=env.channel_namespace)
         result = await store.register_pool(args.pool, args.location, token, models=args.model)
     finally:
         await redis.aclose()
@@ -160,13 +160,13 @@ async def _register_node_pool(
 
 
 def run(args: argparse.Namespace) -> int:
-    url = os.environ.get("LLMFLEET_DATABASE_URL", DEFAULT_DB)
+    env = AdminSettings()
     if args.action == "migrate":
-        print(json.dumps({"applied": migrate_sync(url)}))
+        print(json.dumps({"applied": migrate_sync(env.database_url)}))
         return 0
     if args.action == "mint-admin-token":
         issuer = LocalIssuer.load_or_create(args.issuer_key)
         print(issuer.mint(args.subject, admin=True, ttl_s=args.ttl))
         return 0
-    print(json.dumps(asyncio.run(_with_pool(args, url))))
+    print(json.dumps(asyncio.run(_with_pool(args, env))))
     return 0

@@ -1,7 +1,7 @@
 """`llmfleet dev [--data-dir DIR] [--port 8080]`: the whole platform on this machine.
 
-Embedded PostgreSQL and Redis unless `LLMFLEET_DATABASE_URL` / `LLMFLEET_REDIS_URL` are
-set, migrations, one orchestrator, four enginesim engines with their agents (two 8B
+Embedded PostgreSQL and Redis unless `DevSettings` name them (the database and Redis URLs,
+docs/configuration.md), migrations, one orchestrator, four enginesim engines with their agents (two 8B
 nodes, one of them on premises, one 32B, one 70B), a gateway on the port, a demo team
 with credits and a demo key. Prints `OPENAI_BASE_URL=`, `OPENAI_API_KEY=` and
 `LLMFLEET_ADMIN_TOKEN=` (one per line) and writes them to `DIR/credentials.env`, then the console's URL
@@ -34,8 +34,11 @@ from apps.cli import roll
 from apps.cli.console_links import console_links
 from apps.cli.platform import DEMO_TEAM, LocalPlatform, PlatformConfig
 from apps.cli.procs import free_port
+from apps.cli.settings import DevSettings
+from apps.core.envnames import env_of
+from apps.gateway.settings import GatewaySettings
 
-MAX_GATEWAY_WORKERS = 64  # the gateway's own bound (`LLMFLEET_WORKERS`)
+MAX_GATEWAY_WORKERS = 64  # the gateway's own bound (`GatewaySettings.workers`)
 
 
 class _Interrupted(Exception):
@@ -92,13 +95,14 @@ def _bad_counts(args: argparse.Namespace) -> str | None:
 
 
 def _config(args: argparse.Namespace) -> PlatformConfig:
+    env = DevSettings()
     return PlatformConfig(
         data_dir=args.data_dir,
         gateway_port=args.port,
         orchestrators=args.orchestrators,
         gateway_workers=args.gateway_workers,
-        database_url=os.environ.get("LLMFLEET_DATABASE_URL") or None,
-        redis_url=os.environ.get("LLMFLEET_REDIS_URL") or None,
+        database_url=env.database_url or None,
+        redis_url=env.redis_url or None,
         speed=args.speed,
     )
 
@@ -119,7 +123,9 @@ def run(args: argparse.Namespace) -> int:
         prometheus_bin = prometheus_binary()  # before anything starts: a clear error, exit 2
         # Its port is known before the gateway starts: the console's admin view reads SLOs from it.
         prometheus_port = free_port()
-        config.gateway_env["LLMFLEET_PROMETHEUS_URL"] = f"http://127.0.0.1:{prometheus_port}"
+        config.gateway_env.update(
+            env_of(GatewaySettings, prometheus_url=f"http://127.0.0.1:{prometheus_port}")
+        )
     stop = threading.Event()
     starting = True
 

@@ -27,6 +27,7 @@ from typing import TypeVar
 import psutil
 
 from apps.cli.procs import Child, ChildFailed
+from apps.core.envnames import settings_in_env
 from apps.gateway.settings import GatewaySettings
 
 T = TypeVar("T")
@@ -66,10 +67,8 @@ def serves(port: int, pid: int) -> bool:
 
 def drain_bound_s(gateway_env: Mapping[str, str]) -> float:
     """How long a retired worker may take to finish its streams (the gateway's graceful window)."""
-    env = {**os.environ, **gateway_env}  # what the gateway process was started with
-    default = GatewaySettings.model_fields["graceful_shutdown_s"].default
-    raw = env.get("LLMFLEET_GRACEFUL_SHUTDOWN_S") or default
-    return float(raw) + _DRAIN_MARGIN_S
+    settings = settings_in_env(GatewaySettings, gateway_env)  # as the gateway process read them
+    return float(settings.graceful_shutdown_s) + _DRAIN_MARGIN_S
 
 
 def roll_workers(gateway: Child, port: int, ready_timeout_s: float, drain_timeout_s: float) -> Iterator[str]:

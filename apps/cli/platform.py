@@ -26,13 +26,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from apps.agent.settings import AgentSettings
 from apps.cli.procs import Child, ChildFailed, Supervisor, free_port, llmfleet_argv
+from apps.cli.settings import DevSettings
 from apps.core.db.migrate import migrate_sync
 from apps.core.embedded import EmbeddedPostgres, EmbeddedRedis
+from apps.core.envnames import env_of
 from apps.core.identity.local_issuer import LocalIssuer
 from apps.core.secrets import new_secret
 from apps.core.sizing.plan import plan_fleet
 from apps.core.spec import load_spec
+from apps.gateway.settings import GatewaySettings
+from apps.orchestrator.settings import OrchestratorSettings
 
 MODEL_8B = "llama-3.1-8b-instruct"
 MODEL_32B = "qwen2.5-32b-instruct"
@@ -235,26 +240,20 @@ class LocalPlatform:
     def orchestrator_ws_url(self, index: int) -> str:
         return f"ws://127.0.0.1:{self.orchestrator_ports[index]}/v1/nodes/connect"
 
-    def _common_env(self) -> dict[str, str]:
-        return {
-            "LLMFLEET_DATABASE_URL": self.database_url,
-            "LLMFLEET_REDIS_URL": self.redis_url,
-            "LLMFLEET_SECRET_KEY": self.secrets["secret_key"],
-            "LLMFLEET_INTERNAL_TOKEN": self.secrets["internal_token"],
-            "LLMFLEET_STACK": self.config.stack,
-        }
+    def _common_env(self, app: type[GatewaySettings | OrchestratorSettings]) -> dict[str, str]:
+        secrets = self.secrets
+        return env_of(
+            app, database_url=self.database_url, redis_url=self.redis_url, stack=self.config.stack,
+            secret_key=secrets["secret_key"], internal_token=secrets["internal_token"],
+        )  # fmt: skip
 
     def _gateway_env(self) -> dict[str, str]:
-        return {
-            **self._common_env(),
-            "LLMFLEET_ORCHESTRATOR_URL": ",".join(
-                self.orchestrator_url(i) for i in range(len(self.orchestrator_ports))
-            ),
-            "LLMFLEET_JWKS_URL": self.jwks_url,
-            "LLMFLEET_JWT_ISSUER": self.issuer.issuer,
-            "LLMFLEET_JWT_AUDIENCE": self.issuer.audience,
-            **self.config.gateway_env,
-        }
+        urls = ",".join(self.orchestrator_url(i) for i in range(len(self.orchestrator_ports)))
+        own = env_of(
+            GatewaySettings, orchestrator_url=urls, jwks_url=self.jwks_url,
+            jwt_issuer=self.issuer.issuer, jwt_audience=self.issuer.audience,
+        )  # fmt: skip
+        return {**self._common_env(GatewaySettings), **own, **self.config.gateway_env}
 
     def start_gateway(self) -> Child:
         """(Re)start the gateway on its port and wait for its `/readyz`."""
@@ -270,7 +269,9 @@ class LocalPlatform:
         argv = llmfleet_argv(
             "orchestrator", "--port", str(self.orchestrator_ports[index]), "--id", self.orchestrator_id(index)
         )
-        child = self.supervisor.start(name, argv, {**self._common_env(), **self.config.orchestrator_env})
+        child = self.supervisor.start(
+            name, argv, {**self._common_env(OrchestratorSettings), **self.config.orchestrator_env}
+        )
         if index < len(self.orchestrators):
             self.orchestrators[index] = child
         else:
@@ -330,7 +331,7 @@ class LocalPlatform:
             "--gpus", str(self._plan[spec.model][1]), "--location", spec.location,
             "--journal", str(self.data_dir / "journals" / f"{node_id}.jsonl"), "--health-port", str(health),
         )  # fmt: skip
-        env = {"LLMFLEET_NODE_TOKEN": self.node_tokens[node_id], **self.config.agent_env}
+        env = {**env_of(AgentSettings, node_token=self.node_tokens[node_id]), **self.config.agent_env}
         (self.data_dir / "journals").mkdir(parents=True, exist_ok=True)
         child = self.supervisor.start(f"agent-{node_id}", argv, env)
         self.agents[node_id] = child
@@ -375,8 +376,7 @@ class LocalPlatform:
         try:
             async with AsyncConnectionPool(self.database_url, min_size=1, max_size=2, open=False) as pool:
                 # Issues tokens only (publishes nothing); the children read the namespace themselves.
-                namespace = os.environ.get("LLMFLEET_CHANNEL_NAMESPACE", "")
-                store = NodeStore(pool, redis, secret, channel_namespace=namespace)
+                store = NodeStore(pool, redis, secret, channel_namespace=DevSettings().channel_namespace)
                 for spec in self.config.nodes:
                     self.node_tokens[spec.node_id] = await store.issue_token(spec.node_id, spec.location)
                 teams = TeamStore(pool)

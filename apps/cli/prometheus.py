@@ -3,13 +3,12 @@
 It scrapes every process of the platform (gateway, orchestrators, agents' health ports, the
 engines' `vllm:*` pages) and loads the same rule groups as the cluster's PrometheusRule
 (`infra.manifests.alerts`, thresholds from the platform's stack). The binary is Debian's
-`prometheus` (on PATH, or `LLMFLEET_PROMETHEUS`); it listens on loopback on a free port, keeps
+`prometheus` (on PATH, or `DevSettings.prometheus`); it listens on loopback on a free port, keeps
 its TSDB in the data directory and runs as a supervised child of the platform.
 """
 
 from __future__ import annotations
 
-import os
 import shutil
 import urllib.request
 from dataclasses import dataclass, field
@@ -19,6 +18,8 @@ import yaml
 
 from apps.cli.platform import LocalPlatform
 from apps.cli.procs import Child, free_port
+from apps.cli.settings import DevSettings
+from apps.core.envnames import env_name
 from apps.core.errors import LlmfleetError
 from apps.core.sizing.plan import plan_fleet
 from apps.core.spec import load_spec
@@ -33,11 +34,11 @@ class PrometheusMissing(LlmfleetError):
 
 
 def prometheus_binary() -> str:
-    found = os.environ.get("LLMFLEET_PROMETHEUS") or shutil.which("prometheus")
+    found = DevSettings().prometheus or shutil.which("prometheus")
     if not found:
         raise PrometheusMissing(
             "the prometheus binary is not on PATH (Debian: `apt-get install prometheus`;"
-            " or set LLMFLEET_PROMETHEUS=/path/to/prometheus)"
+            f" or set {env_name(DevSettings, 'prometheus')}=/path/to/prometheus)"
         )
     return found
 

@@ -8,7 +8,8 @@ import asyncio
 from apps.core.errors import SpecError
 from apps.enginesim.faults import Faults
 from apps.enginesim.profiles import known_profiles
-from apps.enginesim.server import EngineSimSettings, run_enginesim, setup_logging
+from apps.enginesim.server import run_enginesim, setup_logging
+from apps.enginesim.settings import EngineSimSettings
 
 
 def configure(parser: argparse.ArgumentParser) -> None:

@@ -13,10 +13,8 @@ import logging
 import socket
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Literal
 
 from aiohttp import web
-from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from apps.core.aio import stop_on_signals
 from apps.core.logs import setup_json_logging
@@ -26,36 +24,9 @@ from apps.enginesim.engine import Engine
 from apps.enginesim.faults import FaultBox, Faults
 from apps.enginesim.metrics import EngineMetrics
 from apps.enginesim.profiles import EngineProfile, get_profile
+from apps.enginesim.settings import EngineSimSettings
 
 log = logging.getLogger("llmfleet.enginesim")
-
-
-class EngineSimSettings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="LLMFLEET_ENGINESIM_", extra="forbid")
-
-    model: str = "tiny"  # the served model name
-    profile: str | None = None  # default: the model name when it is a profile, else "tiny"
-    host: str = "127.0.0.1"
-    port: int = 8000  # 0 picks a free port (in-process tests)
-    speed: float = 1.0
-    seed: int = 0
-    max_num_seqs: int | None = None
-    max_model_len: int | None = None
-    num_blocks: int | None = None
-    max_num_batched_tokens: int | None = None  # vLLM's: the token budget of one step
-    stack: str = "prod"  # where the catalog profiles come from
-    # vLLM's `--scheduling-policy`: `fcfs` (its default) refuses a non-zero request `priority`.
-    scheduling_policy: Literal["fcfs", "priority"] = "fcfs"
-    loading_s: float = 0.0
-    faults: Faults = Faults()
-    # Append one JSON line per streamed request (its `user`, arrival and first-content monotonic
-    # times) to this file: benchmarks subtract the engine's own TTFT from the client's.
-    timing_log: str | None = None
-    # vLLM's `--enable-prefix-caching` (on by default), `--enable-prompt-tokens-details`, and its
-    # dev-mode routes (`VLLM_SERVER_DEV_MODE=1`: `/pause`, `/resume`, `/is_paused`).
-    enable_prefix_caching: bool = True
-    enable_prompt_tokens_details: bool = False
-    dev_mode: bool = False
 
 
 @dataclass

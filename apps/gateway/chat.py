@@ -263,6 +263,7 @@ class ChatHandler:
                 cleanup=lambda outcome: self._after_relay(ex, upstream, outcome),
                 cleanup_timeout_s=self._s.cleanup_timeout_s,
                 max_request_s=self._s.max_request_s,
+                fast_paths=self._s.netio_fastpaths,
             )  # type: ignore[return-value]
         return await self._collect(upstream, ex, headers, receive)
 

@@ -58,8 +58,10 @@ class RelayResponse:
         cleanup: Callable[[RelayOutcome], Awaitable[None]],
         cleanup_timeout_s: float,
         max_request_s: float | None = None,
+        fast_paths: str,
     ) -> None:
         self._upstream = upstream
+        self._fast_paths = fast_paths  # the `netio_fastpaths` setting
         self._max_request_s = max_request_s
         self._headers = headers
         self._first_token_s = first_token_s
@@ -77,7 +79,7 @@ class RelayResponse:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         headers = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache")]
         headers += [(k.lower().encode(), v.encode()) for k, v in self._headers.items()]
-        self._direct = direct_writer(scope)
+        self._direct = direct_writer(scope, switch=self._fast_paths)
         self._now = asyncio.get_running_loop().time
         self._last = self._now()
         self._started = self._last

@@ -9,6 +9,7 @@ import redis.asyncio as aioredis
 from psycopg_pool import AsyncConnectionPool
 
 from apps.core.clock import SYSTEM
+from apps.core.envnames import env_name
 from apps.core.fairboard import RedisQueueBoard
 from apps.core.identity.console_sessions import ConsoleSessions
 from apps.core.identity.jwt_verify import JwtVerifier
@@ -107,7 +108,7 @@ def jwt_verifier(settings: GatewaySettings) -> JwtVerifier:
 
 async def build_deps(settings: GatewaySettings) -> GatewayDeps:
     if not settings.secret_key:
-        raise ValueError("LLMFLEET_SECRET_KEY is required")
+        raise ValueError(f"{env_name(GatewaySettings, 'secret_key')} is required")
     spec = load_spec(settings.stack)
     secret = settings.secret_key.encode()
     pool, node_pool = await pg_pools(settings)

@@ -5,11 +5,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import sys
 
+from apps.core.envnames import env_name
 from apps.loadgen.config import LoadConfig
 from apps.loadgen.runner import Progress, run_load
+from apps.loadgen.settings import LoadgenSettings
 from apps.loadgen.trace import write_trace
 
 
@@ -17,8 +18,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--base-url", required=True, help="e.g. http://127.0.0.1:8000/v1")
     parser.add_argument(
         "--api-key",
-        default=os.environ.get("LLMFLEET_API_KEY", ""),
-        help="sent as `Authorization: Bearer KEY` (default: env LLMFLEET_API_KEY, else none)",
+        default=LoadgenSettings().api_key,
+        help=f"sent as `Authorization: Bearer KEY` (default: env {env_name(LoadgenSettings, 'api_key')}, else none)",
     )
     parser.add_argument("--model", required=True)
     parser.add_argument("--concurrency", type=int, default=1, help="streams in flight (open loop: the cap)")

@@ -21,8 +21,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pydantic_settings import BaseSettings, SettingsConfigDict
-
+from apps.core.envnames import env_name
+from apps.modelsync.settings import ModelSyncSettings
 from apps.modelsync.sync import ModelSyncError, sync_model
 from apps.modelsync.upload import upload_model
 
@@ -34,20 +34,13 @@ MISSING_EXTRA = (
 )
 
 
-class ModelSyncSettings(BaseSettings):
-    """Environment defaults (`LLMFLEET_MODEL_BUCKET`, ...); flags win over them."""
-
-    model_config = SettingsConfigDict(env_prefix="LLMFLEET_")
-
-    model_bucket: str | None = None
-    model_cache_dir: Path = Path("/models")
-    s3_endpoint_url: str | None = None
-    aws_region: str | None = None
-
-
 def _common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--bucket", help="S3 bucket of the models (env LLMFLEET_MODEL_BUCKET)")
-    parser.add_argument("--endpoint-url", help="S3 endpoint override (env LLMFLEET_S3_ENDPOINT_URL)")
+    parser.add_argument(
+        "--bucket", help=f"S3 bucket of the models (env {env_name(ModelSyncSettings, 'model_bucket')})"
+    )
+    parser.add_argument(
+        "--endpoint-url", help=f"S3 endpoint override (env {env_name(ModelSyncSettings, 's3_endpoint_url')})"
+    )
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -55,7 +48,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", help="model name, e.g. llama-3.1-8b-instruct (required to copy)")
     parser.add_argument("--revision", help="model revision (S3 prefix below the name; required to copy)")
     parser.add_argument(
-        "--dest", type=Path, help="cache root (env LLMFLEET_MODEL_CACHE_DIR, default /models)"
+        "--dest",
+        type=Path,
+        help=f"cache root (env {env_name(ModelSyncSettings, 'model_cache_dir')}, default /models)",
     )
     actions = parser.add_subparsers(dest="action", metavar="{upload}")
     upload = actions.add_parser(
@@ -91,7 +86,8 @@ def _store(args: argparse.Namespace, settings: ModelSyncSettings) -> Boto3Object
 def _bucket(args: argparse.Namespace, settings: ModelSyncSettings) -> str:
     bucket = args.bucket or settings.model_bucket
     if not bucket:
-        raise ModelSyncError("no bucket: pass --bucket or set LLMFLEET_MODEL_BUCKET", param="bucket")
+        name = env_name(ModelSyncSettings, "model_bucket")
+        raise ModelSyncError(f"no bucket: pass --bucket or set {name}", param="bucket")
     return str(bucket)
 
 

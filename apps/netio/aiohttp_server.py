@@ -55,9 +55,12 @@ class ChunkWriter:
         return True
 
 
-def chunk_writer(request: web.BaseRequest, response: web.StreamResponse) -> ChunkWriter | None:
-    """A `ChunkWriter` for `response` when the probe passes and the fast path is on, else None."""
-    if not fastpath.enabled(fastpath.AIOHTTP_CHUNK):
+def chunk_writer(
+    request: web.BaseRequest, response: web.StreamResponse, *, switch: str
+) -> ChunkWriter | None:
+    """A `ChunkWriter` for `response` when the probe passes and the fast path is on under `switch`
+    (the app's `netio_fastpaths` setting), else None."""
+    if not fastpath.enabled(fastpath.AIOHTTP_CHUNK, switch):
         return None
     if not response.prepared or not response.chunked or response.compression:
         return None

@@ -3,7 +3,8 @@
 Every fast path in this package writes on a framework's transport behind its back (see README.md
 next to this file). Each one is:
 
-* switched by `LLMFLEET_NETIO_FASTPATHS`, read when a path is probed: unset or `on` = all on,
+* switched by the app's `netio_fastpaths` setting (read once at start-up, docs/configuration.md):
+  unset or `on` = all on,
   `off` = all off (every write takes the framework's public API), or a comma-separated list of
   the paths to keep on (`uvicorn_chunk,aiohttp_chunk`), so each can be measured on and off;
 * counted in `llmfleet_netio_path_total{path, mode}`: `mode="fast"` for the pieces the fast path
@@ -13,13 +14,9 @@ next to this file). Each one is:
 
 from __future__ import annotations
 
-import os
-from collections.abc import Mapping
 from typing import Final
 
 from prometheus_client import CollectorRegistry, Counter
-
-ENV: Final = "LLMFLEET_NETIO_FASTPATHS"
 
 UVICORN_CHUNK: Final = "uvicorn_chunk"  # gateway: relayed chunk framed onto uvicorn's transport
 AIOHTTP_CHUNK: Final = "aiohttp_chunk"  # orchestrator: relayed chunk framed onto aiohttp's transport
@@ -28,9 +25,10 @@ PATHS: Final = (UVICORN_CHUNK, AIOHTTP_CHUNK)
 # `engine_first_piece`, the agent's synchronous first-chunk write from the engine socket's callback.
 
 
-def enabled(path: str, environ: Mapping[str, str] | None = None) -> bool:
-    """Whether the fast path `path` may be used (the capability probe decides whether it can)."""
-    value = (os.environ if environ is None else environ).get(ENV, "on").strip().lower()
+def enabled(path: str, switch: str) -> bool:
+    """Whether the fast path `path` may be used under `switch`, an app's `netio_fastpaths` setting
+    (the capability probe decides whether it can)."""
+    value = switch.strip().lower()
     if value in ("", "on", "1", "true", "all"):
         return True
     if value in ("off", "0", "false", "none"):

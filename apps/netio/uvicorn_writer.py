@@ -67,10 +67,11 @@ class DirectWriter:
         return True
 
 
-def direct_writer(scope: Scope) -> DirectWriter | None:
+def direct_writer(scope: Scope, *, switch: str) -> DirectWriter | None:
     """A `DirectWriter` for this request when the server is uvicorn's httptools protocol (and the
-    fast path is switched on); None: every chunk goes through ASGI `send`."""
-    if not fastpath.enabled(fastpath.UVICORN_CHUNK):
+    fast path is on under `switch`, the app's `netio_fastpaths` setting); None: every chunk goes
+    through ASGI `send`."""
+    if not fastpath.enabled(fastpath.UVICORN_CHUNK, switch):
         return None
     send = scope.get(RAW_SEND_KEY)
     cycle = getattr(send, "__self__", None)

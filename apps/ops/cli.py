@@ -11,12 +11,13 @@ unknown model, a malformed week or time) is one line on stderr and exit 2.
 from __future__ import annotations
 
 import argparse
-import os
 from pathlib import Path
 
+from apps.core.envnames import env_name
 from apps.core.sizing.plan import plan_fleet
 from apps.core.spec import StackSpec, load_spec
 from apps.ops.promapi import OpsError, Prometheus
+from apps.ops.settings import OpsSettings
 from apps.ops.window import iso_week, window
 
 
@@ -32,12 +33,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     cost.add_argument("--week", required=True, help="ISO week, e.g. 2026-W49 (UTC)")
     cost.add_argument("--out", type=Path, help="directory for cost-<week>.md, .csv and .png")
     cost.add_argument("--step", type=float, default=300.0, help="sampling step in seconds (default 300)")
+    env = OpsSettings()
     for p in (drift, cost):
-        p.add_argument(
-            "--prometheus-url", default=os.environ.get("LLMFLEET_PROMETHEUS_URL", "http://127.0.0.1:9090")
-        )
-        p.add_argument("--database-url", default=os.environ.get("LLMFLEET_DATABASE_URL", ""))
-        p.add_argument("--stack", default=os.environ.get("LLMFLEET_STACK", "dev"))
+        p.add_argument("--prometheus-url", default=env.prometheus_url)
+        p.add_argument("--database-url", default=env.database_url)
+        p.add_argument("--stack", default=env.stack)
         p.add_argument("--model", help="only this model (drift)" if p is drift else argparse.SUPPRESS)
 
 
@@ -49,7 +49,8 @@ def _inputs(args: argparse.Namespace) -> tuple[StackSpec, Prometheus, str]:
             f"unknown model {model!r} (stack {spec.name}: {', '.join(spec.models)})", param="model"
         )
     if not args.database_url:
-        raise OpsError("no ledger database: --database-url or LLMFLEET_DATABASE_URL", param="database_url")
+        name = env_name(OpsSettings, "database_url")
+        raise OpsError(f"no ledger database: --database-url or {name}", param="database_url")
     return spec, Prometheus(args.prometheus_url), args.database_url
 
 

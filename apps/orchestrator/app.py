@@ -18,6 +18,7 @@ from psycopg_pool import AsyncConnectionPool
 from redis.asyncio import BlockingConnectionPool, Redis
 
 from apps.core.aio import stop_on_signals
+from apps.core.envnames import env_name
 from apps.core.errors import LlmfleetError
 from apps.core.ledger.pg import PgLedger
 from apps.core.metering import settle_usage
@@ -121,9 +122,11 @@ def create_app(settings: OrchestratorSettings, deps: OrchestratorDeps) -> web.Ap
 
 async def build_deps(settings: OrchestratorSettings) -> tuple[OrchestratorDeps, AsyncConnectionPool]:
     if not settings.secret_key.get_secret_value():
-        raise LlmfleetError("LLMFLEET_SECRET_KEY is not set (the server key for node token hashes)")
+        name = env_name(OrchestratorSettings, "secret_key")
+        raise LlmfleetError(f"{name} is not set (the server key for node token hashes)")
     if not settings.internal_token.get_secret_value():
-        raise LlmfleetError("LLMFLEET_INTERNAL_TOKEN is not set (the bearer the gateway uses)")
+        name = env_name(OrchestratorSettings, "internal_token")
+        raise LlmfleetError(f"{name} is not set (the bearer the gateway uses)")
     spec = load_spec(settings.stack)
     # Autocommit, as the gateway's: the ledger's settle and cancel are single statements (one round
     # trip each instead of BEGIN, statement, COMMIT); multi-statement writes use `transaction()`.

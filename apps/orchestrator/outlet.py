@@ -19,8 +19,11 @@ from apps.orchestrator.streams import ChunkEv, RequestStream
 
 
 class GatewayOutlet:
-    def __init__(self, request: web.Request, dreq: DispatchRequest, *, resumable: bool) -> None:
+    def __init__(
+        self, request: web.Request, dreq: DispatchRequest, *, resumable: bool, fast_paths: str
+    ) -> None:
         self.request = request
+        self._fast_paths = fast_paths  # the `netio_fastpaths` setting
         self.dreq = dreq
         self.response: web.StreamResponse | None = None
         self.chunks = 0  # SSE events written (the usage event counts, [DONE] does not)
@@ -54,7 +57,7 @@ class GatewayOutlet:
         """After the first write (which also put aiohttp's buffered headers out): the following
         chunks go from the node socket's reader onto the gateway's transport, when the probe allows."""
         assert self.response is not None
-        self._direct = chunk_writer(self.request, self.response)
+        self._direct = chunk_writer(self.request, self.response, switch=self._fast_paths)
         if self._direct is not None:
             stream.sink = self.through
 

@@ -99,7 +99,12 @@ class _Relay:
         self.plane = plane
         self.request = request
         self.dreq = dreq
-        self.out = GatewayOutlet(request, dreq, resumable=can_resume(dreq, plane.deps.resume_models))
+        self.out = GatewayOutlet(
+            request,
+            dreq,
+            resumable=can_resume(dreq, plane.deps.resume_models),
+            fast_paths=plane.settings.netio_fastpaths,
+        )
         self.outcome = "ok"
         self._t0 = plane.deps.monotonic()
         self.queued_s = 0.0  # time in the model's queue waiting for a node (all attempts)

@@ -15,8 +15,10 @@ from infra.manifests.netpol import network_policies
 from infra.manifests.node_agent import NODE_POOL, NODE_TOKEN_SECRET
 from infra.manifests.platform import (
     APP_SECRET,
+    APP_SECRET_FIELDS,
     NodePoolRegistration,
     PlatformTarget,
+    app_secret_key,
     migrate_job,
     platform_objects,
 )
@@ -49,16 +51,10 @@ class PlatformApps(pulumi.ComponentResource):
             "metadata": meta(APP_SECRET, "llmfleet"),
             "type": "Opaque",
             "stringData": pulumi.Output.secret(
+                # In the order of APP_SECRET_FIELDS: database_url, redis_url, internal_token, secret_key.
                 pulumi.Output.all(
                     args.database_url, args.redis_url, internal_token.result, secret_key.result
-                ).apply(
-                    lambda v: {
-                        "LLMFLEET_DATABASE_URL": v[0],
-                        "LLMFLEET_REDIS_URL": v[1],
-                        "LLMFLEET_INTERNAL_TOKEN": v[2],
-                        "LLMFLEET_SECRET_KEY": v[3],
-                    }
-                )
+                ).apply(lambda v: {app_secret_key(f): v[i] for i, f in enumerate(APP_SECRET_FIELDS)})
             ),
         }
         KubeObject(secret, k8s_opts)

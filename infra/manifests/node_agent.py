@@ -4,6 +4,7 @@ what is left of a Spot reclaim notice on the spot pool)."""
 
 from __future__ import annotations
 
+from infra.manifests.appenv import AgentSettings, from_secret
 from infra.manifests.common import AGENT_HEALTH_PORT, NAMESPACE, NODE_PORT, VLLM_PORT, Manifest
 from infra.manifests.vllm_target import Capacity, Timing, VllmTarget
 
@@ -72,10 +73,7 @@ def agent_container(t: VllmTarget, tm: Timing, capacity: Capacity) -> Manifest:
         "args": _agent_args(t, tm, capacity),
         "env": [
             {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
-            {
-                "name": "LLMFLEET_NODE_TOKEN",
-                "valueFrom": {"secretKeyRef": {"name": NODE_TOKEN_SECRET, "key": "token"}},
-            },
+            from_secret(AgentSettings, "node_token", NODE_TOKEN_SECRET, "token"),
         ],
         "ports": [{"name": "agent", "containerPort": AGENT_HEALTH_PORT}],
         # /readyz follows registration and drain state; /livez stays 200 while draining.

@@ -8,8 +8,9 @@ and the drift, and exits 1 above the stack's threshold: the failed Job is what
 from __future__ import annotations
 
 from infra.manifests.alerts import DRIFT_JOB
+from infra.manifests.appenv import OpsSettings, from_secret
 from infra.manifests.common import PROMETHEUS_URL, Manifest, labels, meta, restricted_context
-from infra.manifests.platform import APP_SECRET, SYSTEM_POOL_SELECTOR
+from infra.manifests.platform import APP_SECRET, SYSTEM_POOL_SELECTOR, app_secret_key
 
 DRIFT_SCHEDULE = "20 0 * * *"  # 00:20 UTC: the previous day's scrapes are in
 
@@ -24,10 +25,7 @@ def drift_cron_job(stack: str, image: str) -> Manifest:
         "image": image,
         "args": args,
         "env": [
-            {
-                "name": "LLMFLEET_DATABASE_URL",
-                "valueFrom": {"secretKeyRef": {"name": APP_SECRET, "key": "LLMFLEET_DATABASE_URL"}},
-            }
+            from_secret(OpsSettings, "database_url", APP_SECRET, app_secret_key("database_url")),
         ],
         "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"memory": "256Mi"}},
         "securityContext": restricted_context(),

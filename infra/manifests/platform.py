@@ -11,6 +11,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from apps.core.spec import load_spec
+from infra.manifests.appenv import (
+    AdminSettings,
+    GatewaySettings,
+    OrchestratorSettings,
+    env_name,
+    from_secret,
+    value,
+)
 from infra.manifests.common import (
     GATEWAY_METRICS_PORT,
     GATEWAY_PORT,
@@ -29,6 +37,15 @@ from infra.manifests.common import (
 PUBLIC_PATHS = ("/v1", "/admin", "/console")
 
 APP_SECRET = "llmfleet-app"
+# The settings the app Secret holds, each under the environment name the apps read it from.
+APP_SECRET_FIELDS = ("database_url", "redis_url", "internal_token", "secret_key")
+
+
+def app_secret_key(field: str) -> str:
+    """The app Secret's key holding `field` (the same name in every app that reads it)."""
+    return env_name(OrchestratorSettings, field)
+
+
 # Gateway shutdown (README "Deploys without downtime"): endpoints are removed in parallel with the
 # pod's termination, so the preStop sleep keeps it serving while that propagates; then SIGTERM, and
 # the streams in flight get GATEWAY_DRAIN_S to finish (a 2k-token answer at 20 tokens/s is 100 s)
@@ -67,28 +84,27 @@ class NodePoolRegistration:
 
 
 def _env(app: str, stack: str) -> list[Manifest]:
-    keys = ["LLMFLEET_DATABASE_URL", "LLMFLEET_REDIS_URL", "LLMFLEET_INTERNAL_TOKEN", "LLMFLEET_SECRET_KEY"]
-    env: list[Manifest] = [
-        {"name": key, "valueFrom": {"secretKeyRef": {"name": APP_SECRET, "key": key}}} for key in keys
-    ]
-    env.append({"name": "LLMFLEET_STACK", "value": stack})
+    settings = GatewaySettings if app == "gateway" else OrchestratorSettings
+    env = [from_secret(settings, f, APP_SECRET, app_secret_key(f)) for f in APP_SECRET_FIELDS]
+    env.append(value(settings, "stack", stack))
     if app == "gateway":
         env.append(
-            {
-                "name": "LLMFLEET_ORCHESTRATOR_URL",
-                "value": f"http://orchestrator.{NAMESPACE}.svc:{ORCHESTRATOR_PORT}",
-            }
+            value(
+                GatewaySettings,
+                "orchestrator_url",
+                f"http://orchestrator.{NAMESPACE}.svc:{ORCHESTRATOR_PORT}",
+            )
         )
-        env.append({"name": "LLMFLEET_METRICS_PORT", "value": str(GATEWAY_METRICS_PORT)})
-        env.append({"name": "LLMFLEET_PROMETHEUS_URL", "value": PROMETHEUS_URL})  # the console's SLO status
-        env.append({"name": "LLMFLEET_GRACEFUL_SHUTDOWN_S", "value": str(GATEWAY_DRAIN_S)})
-        env.append({"name": "LLMFLEET_KEEPALIVE_S", "value": str(GATEWAY_KEEPALIVE_S)})
+        env.append(value(GatewaySettings, "metrics_port", str(GATEWAY_METRICS_PORT)))
+        env.append(value(GatewaySettings, "prometheus_url", PROMETHEUS_URL))  # the console's SLO status
+        env.append(value(GatewaySettings, "graceful_shutdown_s", str(GATEWAY_DRAIN_S)))
+        env.append(value(GatewaySettings, "keepalive_s", str(GATEWAY_KEEPALIVE_S)))
     if app == "orchestrator":
         # KEDA starts replicas from zero here: a request for a model without a node is told when
         # one should be ready (apps/orchestrator/coldstart.py) instead of waiting the queue limit.
-        env.append({"name": "LLMFLEET_SCALE_FROM_ZERO", "value": "true"})
-        env.append({"name": "LLMFLEET_NODE_PORT", "value": str(NODE_PORT)})
-        env.append({"name": "LLMFLEET_METRICS_PORT", "value": str(ORCHESTRATOR_METRICS_PORT)})
+        env.append(value(OrchestratorSettings, "scale_from_zero", "true"))
+        env.append(value(OrchestratorSettings, "node_port", str(NODE_PORT)))
+        env.append(value(OrchestratorSettings, "metrics_port", str(ORCHESTRATOR_METRICS_PORT)))
     return env
 
 
@@ -255,16 +271,12 @@ def _job_container(name: str, image: str, args: list[str], env: list[Manifest]) 
 def migrate_job(image: str, stack: str, node_pool: NodePoolRegistration) -> Manifest:
     """`llmfleet admin migrate`, then `llmfleet admin register-node-pool` with the cloud node
     token, before the apps roll out (both idempotent; Pulumi replaces the Job on change)."""
-    app_env = {e["name"]: e for e in _env("migrate", stack)}
+    db_env = from_secret(AdminSettings, "database_url", APP_SECRET, app_secret_key("database_url"))
     pool_env = [
-        app_env[key] for key in ("LLMFLEET_DATABASE_URL", "LLMFLEET_REDIS_URL", "LLMFLEET_SECRET_KEY")
+        from_secret(AdminSettings, f, APP_SECRET, app_secret_key(f))
+        for f in ("database_url", "redis_url", "secret_key")
     ]
-    pool_env.append(
-        {
-            "name": "LLMFLEET_NODE_TOKEN",
-            "valueFrom": {"secretKeyRef": {"name": node_pool.token_secret, "key": "token"}},
-        }
-    )
+    pool_env.append(from_secret(AdminSettings, "node_token", node_pool.token_secret, "token"))
     register_args = ["admin", "register-node-pool", "--pool", node_pool.pool, "--location", "cloud"]
     # The pool's pods serve the stack's catalog and nothing else: a pod with the pool's token that
     # claims another model is refused (issue 21 item 4).
@@ -284,11 +296,7 @@ def migrate_job(image: str, stack: str, node_pool: NodePoolRegistration) -> Mani
                     "nodeSelector": dict(SYSTEM_POOL_SELECTOR),
                     "securityContext": {"runAsNonRoot": True, "runAsUser": 10001, "runAsGroup": 10001},
                     # Init containers run in order and first: the pool row needs the current schema.
-                    "initContainers": [
-                        _job_container(
-                            "migrate", image, ["admin", "migrate"], [app_env["LLMFLEET_DATABASE_URL"]]
-                        )
-                    ],
+                    "initContainers": [_job_container("migrate", image, ["admin", "migrate"], [db_env])],
                     "containers": [_job_container("register-node-pool", image, register_args, pool_env)],
                 },
             },

@@ -73,6 +73,7 @@ async def run_relay(
         cleanup=cleanup,
         cleanup_timeout_s=2.0,
         max_request_s=kw.get("max_request_s"),
+        fast_paths="on",
     )
     await relay({"type": "http"}, client.receive, client.send)
     return relay.outcome, calls
@@ -229,6 +230,7 @@ async def test_usage_not_watched_when_the_client_did_not_ask() -> None:
         watch_usage=False,
         cleanup=cleanup,
         cleanup_timeout_s=2.0,
+        fast_paths="on",
     )
     await relay({"type": "http"}, client.receive, client.send)
     assert relay.outcome.ended == "done"

@@ -54,5 +54,5 @@ def test_only_uvicorns_httptools_protocol_gets_a_direct_writer() -> None:
     async def plain_send(message: dict[str, Any]) -> None:
         return None
 
-    assert direct_writer({"type": "http"}) is None
-    assert direct_writer({"type": "http", RAW_SEND_KEY: plain_send}) is None
+    assert direct_writer({"type": "http"}, switch="on") is None
+    assert direct_writer({"type": "http", RAW_SEND_KEY: plain_send}, switch="on") is None

@@ -24,16 +24,29 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from apps.cli.procs import free_port as _free_port
+from apps.core.envnames import env_name
+from apps.gateway.settings import GatewaySettings
 from apps.netio import fastpath
 from apps.netio.aiohttp_server import ChunkWriter, chunk_writer
 from apps.netio.uvicorn_writer import GatewayApp, direct_writer
+from apps.orchestrator.settings import OrchestratorSettings
 
 
 def test_the_switch_reads_on_off_and_a_list_of_paths() -> None:
-    assert all(fastpath.enabled(p, {}) for p in fastpath.PATHS)
-    assert not any(fastpath.enabled(p, {fastpath.ENV: "off"}) for p in fastpath.PATHS)
-    only = {fastpath.ENV: "aiohttp_chunk, "}
-    assert [p for p in fastpath.PATHS if fastpath.enabled(p, only)] == ["aiohttp_chunk"]
+    assert all(fastpath.enabled(p, "on") for p in fastpath.PATHS)
+    assert not any(fastpath.enabled(p, " Off") for p in fastpath.PATHS)
+    assert [p for p in fastpath.PATHS if fastpath.enabled(p, "aiohttp_chunk, ")] == ["aiohttp_chunk"]
+
+
+@pytest.mark.parametrize("settings", [GatewaySettings, OrchestratorSettings])
+def test_the_switch_is_each_apps_setting_read_at_start_up(
+    settings: type[GatewaySettings] | type[OrchestratorSettings], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert env_name(settings, "netio_fastpaths") == "LLMFLEET_NETIO_FASTPATHS"
+    monkeypatch.delenv("LLMFLEET_NETIO_FASTPATHS", raising=False)
+    assert settings().netio_fastpaths == "on"
+    monkeypatch.setenv("LLMFLEET_NETIO_FASTPATHS", "uvicorn_chunk")
+    assert settings().netio_fastpaths == "uvicorn_chunk"
 
 
 def test_the_metric_counts_fast_and_fallback_pieces_per_path() -> None:
@@ -65,7 +78,8 @@ async def _serve_uvicorn(app: Any) -> tuple[uvicorn.Server, asyncio.Task[None], 
 async def test_uvicorn_direct_writer_frames_chunks_as_uvicorn_does(
     switch: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv(fastpath.ENV, switch)
+    monkeypatch.setenv(env_name(GatewaySettings, "netio_fastpaths"), switch)
+    fast_paths = GatewaySettings().netio_fastpaths  # as the gateway reads it at start-up
     probed: list[bool] = []
 
     class Body:
@@ -73,7 +87,7 @@ async def test_uvicorn_direct_writer_frames_chunks_as_uvicorn_does(
             await send(
                 {"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain")]}
             )
-            writer = direct_writer(scope)
+            writer = direct_writer(scope, switch=fast_paths)
             probed.append(writer is not None)
             for piece in (b"one ", b"two ", b"three"):
                 if writer is None or not writer.write(piece):
@@ -101,7 +115,7 @@ async def test_uvicorn_direct_writer_is_not_offered_for_a_plain_starlette_send()
     seen: list[object] = []
 
     async def endpoint(request: Request) -> StreamingResponse:
-        seen.append(direct_writer(request.scope))
+        seen.append(direct_writer(request.scope, switch="on"))
         return StreamingResponse(gen())
 
     from starlette.applications import Starlette
@@ -131,16 +145,17 @@ async def _serve_aiohttp(app: web.Application) -> tuple[web.AppRunner, int]:
 async def test_aiohttp_chunk_writer_frames_chunks_as_aiohttp_does(
     switch: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv(fastpath.ENV, switch)
+    monkeypatch.setenv(env_name(OrchestratorSettings, "netio_fastpaths"), switch)
+    fast_paths = OrchestratorSettings().netio_fastpaths  # as the orchestrator reads it at start-up
     probed: list[bool] = []
 
     async def handler(request: web.Request) -> web.StreamResponse:
         response = web.StreamResponse()
         response.enable_chunked_encoding()
-        assert chunk_writer(request, response) is None  # not prepared yet
+        assert chunk_writer(request, response, switch=fast_paths) is None  # not prepared yet
         await response.prepare(request)
         await response.write(b"head ")  # puts the buffered headers out
-        writer = chunk_writer(request, response)
+        writer = chunk_writer(request, response, switch=fast_paths)
         probed.append(writer is not None)
         for piece in (b"one ", b"", b"two"):
             if writer is None or not writer.write(piece):

@@ -3,10 +3,11 @@
   .venv/bin/python -m tools.bench fastpaths [--rounds 3] [--streams 200] [--max-tokens 64]
       [--configs on,off,-uvicorn_chunk,...] [--out FILE]
 
-A configuration is a value of `LLMFLEET_NETIO_FASTPATHS` for the whole platform: `on` (every fast
+A configuration is a value of `LLMFLEET_NETIO_FASTPATHS` (the gateway's and the orchestrators'
+`netio_fastpaths` setting) for the whole platform: `on` (every fast
 path), `off` (every write through the framework's public API) or `-<path>` (every path but that
-one). Each round starts one platform per configuration (fresh processes: the switch is read when a
-path is probed) in a rotation whose first configuration moves by one each round, and runs one
+one). Each round starts one platform per configuration (fresh processes: each reads the switch at
+start-up) in a rotation whose first configuration moves by one each round, and runs one
 direct/platform pair of `tools.bench platform` on it (N steady streams, the same ramp for all).
 Per configuration the pairs of all rounds are pooled (percentiles over every sample). The ratio
 columns compare each configuration with `on` of the same round (its neighbour in time), reported
@@ -21,8 +22,11 @@ import statistics
 from collections.abc import Sequence
 from pathlib import Path
 
+from apps.core.envnames import env_name
+from apps.gateway.settings import GatewaySettings
 from apps.loadgen.transit import added
-from apps.netio.fastpath import ENV, PATHS
+from apps.netio.fastpath import PATHS
+from apps.orchestrator.settings import OrchestratorSettings
 from tools.bench.common import machine
 from tools.bench.platform import _direct, _platform_run, bench_platform
 from tools.bench.platform_report import Run, pooled
@@ -56,7 +60,8 @@ def _added(pair: tuple[Run, Run], what: str, q: str) -> float | None:
 
 
 def _one(config: str, streams: int, ramp_s: float, args: argparse.Namespace) -> tuple[Run, Run]:
-    os.environ[ENV] = switch_value(config)
+    for settings in (GatewaySettings, OrchestratorSettings):  # the same name; each app reads its own
+        os.environ[env_name(settings, "netio_fastpaths")] = switch_value(config)
     with bench_platform(args.speed) as (platform, procs):
         relay = [procs["gateway"], procs["orchestrator"], procs["agent"]]
         direct = _direct(platform, streams, args, ramp_s, "steady")

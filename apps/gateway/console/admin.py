@@ -15,6 +15,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from apps.core.envnames import env_name
 from apps.core.errors import LlmfleetError
 from apps.core.sizing.plan import plan_fleet
 from apps.gateway.admin_routes import amount_microcredits, valid_node_id
@@ -22,9 +23,12 @@ from apps.gateway.console.forms import Problem, clean_text, first
 from apps.gateway.console.session import Session
 from apps.gateway.console.views import Console, csv_response, to_signin
 from apps.gateway.inputs import parse_id
+from apps.gateway.settings import GatewaySettings
 from apps.gateway.slo import SloStatus
 
-NOT_CONFIGURED = SloStatus(error="Prometheus is not configured (set LLMFLEET_PROMETHEUS_URL).")
+NOT_CONFIGURED = SloStatus(
+    error=f"Prometheus is not configured (set {env_name(GatewaySettings, 'prometheus_url')})."
+)
 CAPACITY_HEADER = (
     "model",
     "ready_nodes",

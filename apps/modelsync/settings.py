@@ -1,0 +1,20 @@
+"""Environment defaults of `llmfleet model-sync` (env prefix `LLMFLEET_`); its flags win over them.
+
+docs/configuration.md lists the environment names (generated: tools/gen_config_docs.py).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class ModelSyncSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="LLMFLEET_")
+
+    model_bucket: str | None = Field(None, description="S3 bucket of the models (`--bucket` wins)")
+    model_cache_dir: Path = Field(Path("/models"), description="the models' cache root (`--dest` wins)")
+    s3_endpoint_url: str | None = Field(None, description="S3 endpoint override (`--endpoint-url` wins)")
+    aws_region: str | None = Field(None, description="AWS region of the S3 client")
