@@ -4,7 +4,7 @@ body leaves the gateway, so engine-only controls (`kv_transfer_params`, `chat_te
 `chat_template_kwargs`, `logits_processors`, `mm_processor_kwargs`, `priority`, `request_id`,
 `guided_*`/`structured_outputs`, `best_of`, ...) can never be set by a client.
 
-The engine extras allowed (vLLM's sampling parameters; README "Security" lists them too):
+The engine extras allowed (vLLM's sampling parameters; docs/security.md lists them too):
 `top_k`, `min_p`, `repetition_penalty`, `length_penalty`, `min_tokens`, `ignore_eos`,
 `stop_token_ids`, `include_stop_str_in_output`, `skip_special_tokens`,
 `spaces_between_special_tokens`. To allow another one, add it here with a reason.

@@ -172,7 +172,7 @@ async def test_engine_400_reaches_the_client_and_cancels_the_reservation(fleet: 
     res = await fleet.dispatch(request_id, fleet.body(5000), wants_usage=True)
 
     # Engine refused the body before any output: its status with `param`, nothing retried
-    # (apps/core/protocol/dispatch.py; README "engine answer" table: 400 -> 400 invalid_request_error).
+    # (apps/core/protocol/dispatch.py; docs/agent.md "engine answer" table: 400 -> 400 invalid_request_error).
     assert res.status == 400, res.payloads
     assert res.content_type.startswith("application/json")
     body = json.loads(res.payloads[0])

@@ -87,7 +87,7 @@ def _brief_peak(world: World) -> dict[str, object]:
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_brief_peak_on_prod_keeps_every_models_queue_wait_p95_under_5s_and_no_503() -> None:
-    """The regression test of README "Will it scale?" (one brief-peak run, about 5 s of CPU quiet).
+    """The regression test of docs/simulator.md "Will it scale?" (one brief-peak run, about 5 s of CPU quiet).
 
     Seeds 0-6 were checked by hand when the office-hours pre-scale went in (docs/simulator.md);
     without it the 32B's p95 is 9.3 s (seed 0) and the 8B passes only when its burst pods find the
