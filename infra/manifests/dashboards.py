@@ -85,7 +85,7 @@ def overview_panels(spec: StackSpec) -> list[Panel]:
                 "team {{team_id}} {{class}}",
             ),
             unit="s",
-            desc='The fair queue by team (weights, batch behind interactive): README "Sharing the fleet".',
+            desc='The fair queue by team (weights, batch behind interactive): docs/quotas-and-billing.md "Sharing the fleet".',
         ),
         _p(
             "KV-cache use per replica",

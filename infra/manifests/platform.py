@@ -46,7 +46,7 @@ def app_secret_key(field: str) -> str:
     return env_name(OrchestratorSettings, field)
 
 
-# Gateway shutdown (README "Deploys without downtime"): endpoints are removed in parallel with the
+# Gateway shutdown (docs/deploy.md "Deploys without downtime"): endpoints are removed in parallel with the
 # pod's termination, so the preStop sleep keeps it serving while that propagates; then SIGTERM, and
 # the streams in flight get GATEWAY_DRAIN_S to finish (a 2k-token answer at 20 tokens/s is 100 s)
 # before they are cancelled (and settled); the grace period covers both plus slack for the exit.
