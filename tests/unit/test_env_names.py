@@ -33,7 +33,10 @@ ALLOWED_LITERALS = {
     ("apps/core/metrics_access.py", "LLMFLEET_METRICS_TOKEN"),
 }
 # Names mentioned that no settings class has, and why.
-NOT_SETTINGS = {"LLMFLEET_ADMIN_TOKEN": "the credentials.env line `llmfleet dev` writes for the operator"}
+NOT_SETTINGS = {
+    "LLMFLEET_ADMIN_TOKEN": "the credentials.env line `llmfleet dev` writes for the operator",
+    "LLMFLEET_REQUIRE_REAL_VLLM": "the test harness's switch (tests/conformance/conftest.py, set by `make realvllm`)",
+}
 
 
 def _is_settings_module(path: Path) -> bool:
