@@ -2,11 +2,10 @@
 
 Owns the life of one request on this node:
 
-* The body goes to the engine's `/v1/chat/completions` with `stream: true`,
-  `stream_options.include_usage: true` forced (measured on vLLM 0.32:
-  `{}` gives no usage; docs/vllm-facts.md §2) and `continuous_usage_stats: true`, so
-  every chunk carries the running usage (`tally.py`); that per-chunk usage is cut out of
-  the forwarded bytes unless the client asked for it itself.
+* The engine's body is built here, once, from the assignment (`engine_body`,
+  `apps/core/protocol/engine.py`): streaming, usage on every chunk (the running usage,
+  `tally.py`; cut out of the forwarded bytes unless the client asked for it itself), the
+  budget's `max_tokens` and `n`, the priority, a resumed stream's continuation.
 * SSE events are forwarded as `chunk` frames, each the engine's `data: ...\\n\\n` bytes
   as text. Events that arrive in one socket read are coalesced into one frame (no timer,
   so coalescing adds no latency). The usage chunk and `[DONE]` are not forwarded; the
@@ -34,11 +33,12 @@ import asyncio
 import enum
 import logging
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 from apps.agent import errors
 from apps.agent.engine import EngineClient
 from apps.agent.tally import TokenTally
+from apps.core.protocol.engine import engine_body, wants_chunk_usage
 from apps.core.protocol.node import Assign, Chunk, Done, Error
 from apps.core.protocol.openai import (
     DONE_PAYLOAD,
@@ -90,26 +90,6 @@ class RelayTimeouts:
     idle_s: float = 60.0
 
 
-def engine_body(assign: Assign) -> dict[str, Any]:
-    """The body as the engine gets it: streaming with usage forced on, on every chunk too."""
-    body = dict(assign.body)
-    body["model"] = assign.model
-    body["stream"] = True
-    options = body.get("stream_options")
-    options = dict(options) if isinstance(options, dict) else {}
-    options["include_usage"] = True
-    options["continuous_usage_stats"] = True
-    body["stream_options"] = options
-    return body
-
-
-def client_wants_chunk_usage(assign: Assign) -> bool:
-    """The client asked for per-chunk usage itself (the gateway drops the option when the client
-    did not ask for usage at all, apps/gateway/validate.py)."""
-    options = assign.body.get("stream_options")
-    return isinstance(options, dict) and options.get("continuous_usage_stats") is True
-
-
 def _finish_reason(payload: bytes) -> str | None:
     at = payload.find(_FINISH_MARK)
     if at < 0:
@@ -127,7 +107,7 @@ class Relay:
         self._engine = engine
         self._sink = sink
         self._timeouts = timeouts
-        self._body = engine_body(assign)
+        self._body = engine_body(assign)  # the one place the engine's body is built
         self._scope: asyncio.Timeout | None = None
         self._abort_reason: str | None = None
         self._handoff = False
@@ -135,8 +115,8 @@ class Relay:
         # What has happened so far, for partial usage.
         self.events_sent = 0  # SSE events forwarded (role chunk included)
         self.tokens = 0  # content chunks (the first-token logic; billing only without a tally)
-        n = assign.body.get("n")
-        self.tally = TokenTally(client_wants_chunk_usage(assign), n if isinstance(n, int) and n > 1 else 1)
+        n = self._body.get("n")
+        self.tally = TokenTally(wants_chunk_usage(assign), n if isinstance(n, int) and n > 1 else 1)
         self.finish_reason: str | None = None
         self.outcome: Outcome | None = None
 

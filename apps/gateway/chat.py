@@ -60,8 +60,8 @@ from apps.gateway.validate import (
     KeyCaps,
     check_ssrf,
     parse_body,
-    upstream_body,
     validate_chat,
+    wire_body,
 )
 from apps.netio import fastpath
 
@@ -216,15 +216,18 @@ class ChatHandler:
     async def _dispatch(
         self, chat: ChatRequest, principal: Principal, team_id: int, ex: Exchange, receive: Receive
     ) -> Response:
+        budget = chat.budget
         dreq = DispatchRequest(
             request_id=ex.request_id,
             team_id=team_id,
             key_id=principal.key_id,
             model=chat.model,
-            body=upstream_body(chat),
+            body=wire_body(chat),
             client_wants_usage=chat.wants_usage,
-            max_prompt_tokens=chat.estimated_prompt_tokens,
-            max_completion_tokens=chat.worst_case_completion_tokens,
+            client_wants_chunk_usage=chat.wants_chunk_usage,
+            max_prompt_tokens=budget.prompt_tokens,
+            max_completion_tokens=budget.completion_tokens,
+            n=budget.n,
             team_weight=principal.team_weight,
             priority_class=principal.priority_class,
             deadlines=Deadlines(

@@ -23,6 +23,7 @@ from aiohttp import web
 from pydantic import ValidationError
 
 from apps.core.aio import shielded
+from apps.core.budget import Usage
 from apps.core.errors import (
     ForwardedError,
     InvalidRequest,
@@ -41,7 +42,7 @@ from apps.core.sharing import PriorityClass
 from apps.orchestrator.handover import STOPPING, refuse_dispatch
 from apps.orchestrator.logs import event
 from apps.orchestrator.outlet import GatewayOutlet
-from apps.orchestrator.plane import ControlPlane
+from apps.orchestrator.plane import ControlPlane, assignment
 from apps.orchestrator.queue import Share
 from apps.orchestrator.resume import Outcome, Reason, Resumer, can_resume, resume_reason
 from apps.orchestrator.scheduling.view import NodeView, PickRequest
@@ -189,7 +190,7 @@ class _Relay:
             dreq.request_id,
             frozenset(excluded),
             settings.kv_cache_max,
-            usage_bound=_usage_bound(dreq),
+            budget=dreq.budget,
             resumable=self.out.sent is not None,
             reserve_fraction=(
                 settings.batch_reserve_fraction if dreq.priority_class is PriorityClass.BATCH else 0.0
@@ -221,7 +222,7 @@ class _Relay:
         plane, dreq = self.plane, self.dreq
         stream = RequestStream(dreq.request_id, node.node_id, plane.settings.relay_queue_events)
         try:
-            if not await plane.start(node, dreq, stream):
+            if not await plane.start(node, assignment(dreq), stream):
                 return Retry.UNREACHABLE
             first = await stream.next(dreq.deadlines.first_token_s)
             if first is None:
@@ -332,15 +333,15 @@ class _Relay:
         return False, ev
 
     async def _settle_partial(self, error: Error) -> None:
-        prompt, completion = error.prompt_tokens, error.completion_tokens
         # Held against the events this relay wrote, as the settle script holds a `done`
         # (apps/orchestrator/tolerance.py); the socket's owner flagged a disagreement already.
-        completion = self.plane.settings.usage_tolerance.settled(completion, self.out.chunks)
-        if self.dreq.max_prompt_tokens is not None:
-            prompt = min(prompt, self.dreq.max_prompt_tokens)
-        if self.dreq.max_completion_tokens is not None:
-            completion = min(completion, self.dreq.max_completion_tokens)
-        await shielded(self.plane.deps.settle(self.dreq.request_id, prompt, completion), CLEANUP_S, "settle")
+        completion = self.plane.settings.usage_tolerance.settled(error.completion_tokens, self.out.chunks)
+        usage = self.dreq.budget.clamp(Usage(error.prompt_tokens, completion)).usage
+        await shielded(
+            self.plane.deps.settle(self.dreq.request_id, usage.prompt_tokens, usage.completion_tokens),
+            CLEANUP_S,
+            "settle",
+        )
 
     async def _record_partial(self, node: NodeView) -> None:
         """What the sweeper bills if the node never reports (`settle.partial_usage`)."""
@@ -378,17 +379,10 @@ class _Relay:
 
 def _share(dreq: DispatchRequest) -> Share:
     """Who the fair queue charges and how much: the prompt plus the expected answer, in tokens."""
-    bound = _usage_bound(dreq)
+    total = dreq.budget.total
     return Share(
         team=dreq.team_id,
         weight=dreq.team_weight,
         klass=dreq.priority_class,
-        cost=float(sum(bound)) if bound is not None else 1.0,
+        cost=float(total) if total is not None else 1.0,
     )
-
-
-def _usage_bound(dreq: DispatchRequest) -> tuple[int, int] | None:
-    """The worst case the gateway reserved for, recorded with the assignment for the settle."""
-    if dreq.max_prompt_tokens is None or dreq.max_completion_tokens is None:
-        return None
-    return dreq.max_prompt_tokens, dreq.max_completion_tokens
