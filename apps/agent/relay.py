@@ -38,6 +38,7 @@ from typing import Protocol
 from apps.agent import errors
 from apps.agent.engine import EngineClient
 from apps.agent.tally import TokenTally
+from apps.core.error_table import NODE_DRAINING, SERVICE_UNAVAILABLE, TIMEOUT, UPSTREAM_ERROR, WireError
 from apps.core.protocol.engine import engine_body, wants_chunk_usage
 from apps.core.protocol.node import Assign, Chunk, Done, Error
 from apps.core.protocol.openai import (
@@ -55,7 +56,6 @@ log = logging.getLogger("llmfleet.agent.relay")
 _ROLE_MARK = b'"delta":{"role"'
 _FINISH_MARK = b'"finish_reason":"'
 _MAX_ERROR_BODY = 64 * 1024
-DRAINING = "node_draining"  # the `error_type` of a stream handed off by a drain (resumed elsewhere)
 
 
 async def _read_bounded(resp: HttpResponse, limit: int) -> bytes:
@@ -162,21 +162,19 @@ class Relay:
                 return await self._stream(scope)
         except TimeoutError:
             if self._abort_reason is not None and self._handoff and self.events_sent > 0:
-                return await self._failed(503, "the node drained before the answer finished", DRAINING, None)
+                return await self._failed(NODE_DRAINING, "the node drained before the answer finished")
             if self._abort_reason is not None:
                 return await self._aborted()
-            return await self._failed(
-                504, f"engine timed out waiting for {self._deadline_phase}", "server_error", None
-            )
+            return await self._failed(TIMEOUT, f"engine timed out waiting for {self._deadline_phase}")
         except Unreachable:
-            return await self._failed(503, "engine unreachable", "service_unavailable", None)
+            return await self._failed(SERVICE_UNAVAILABLE, "engine unreachable")
         except (ConnectionError, ValueError) as exc:
             # ConnectionError: the engine died mid-response (or dropped the connection before
             # answering); ValueError: an SSE event over the size bound, or a malformed response.
             log.warning(
                 "engine stream broke", extra={"request_id": self.request_id, "error": type(exc).__name__}
             )
-            return await self._failed(502, "engine closed the stream", "server_error", None)
+            return await self._failed(UPSTREAM_ERROR, "engine closed the stream")
         finally:
             self._scope = None
 
@@ -187,7 +185,7 @@ class Relay:
             if resp.status != 200:
                 raw = await _read_bounded(resp, _MAX_ERROR_BODY)
                 err = errors.from_http(resp.status, raw)
-                return await self._failed(err.status, err.message, err.error_type, err.param)
+                return await self._failed(err.entry, err.message, err.param)
             self._deadline_phase = "the first token"
             return await self._read_events(resp, scope, loop)
         finally:
@@ -214,7 +212,7 @@ class Relay:
                     if out:
                         await self._forward(out, urgent)
                     err = errors.from_stream_event(payload)
-                    return await self._failed(err.status, err.message, err.error_type, err.param)
+                    return await self._failed(err.entry, err.message, err.param)
                 else:
                     out.append(sse_event(self.tally.take(payload)))
                     if _ROLE_MARK not in payload:
@@ -250,7 +248,7 @@ class Relay:
                 completion_tokens=self.completion_tokens,
                 finish_reason=self.finish_reason,
             )
-        return await self._failed(502, "engine closed the stream before it finished", "server_error", None)
+        return await self._failed(UPSTREAM_ERROR, "engine closed the stream before it finished")
 
     def _note_output(self, scope: asyncio.Timeout, loop: asyncio.AbstractEventLoop) -> None:
         if self._abort_reason is not None:
@@ -294,12 +292,13 @@ class Relay:
             finish_reason="abort",
         )
 
-    async def _failed(self, status: int, message: str, error_type: str, param: str | None) -> Error:
+    async def _failed(self, entry: WireError, message: str, param: str | None = None) -> Error:
+        """The `error` frame of `entry` (apps/core/error_table.py)."""
         return Error(
             request_id=self.request_id,
-            status=status,
+            status=entry.status,
             message=message,
-            error_type=error_type,
+            error_type=entry.frame_type,
             param=param,
             chunks_sent=self.events_sent,
             prompt_tokens=await self._prompt_tokens(),

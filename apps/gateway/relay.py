@@ -21,7 +21,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from apps.core.aio import shielded
-from apps.core.protocol.openai import SSE_DONE, SseSplitter, error_body, is_usage_event, parse_usage, sse_json
+from apps.core.error_table import UPSTREAM_ERROR, stream_error
+from apps.core.protocol.openai import SSE_DONE, SseSplitter, is_usage_event, parse_usage
 from apps.gateway.ports import Upstream
 from apps.netio.uvicorn_writer import DirectWriter, direct_writer
 
@@ -209,5 +210,5 @@ class RelayResponse:
             self.outcome.completion_tokens = usage.completion_tokens
 
     async def _fail(self, send: Send, message: str) -> None:
-        body = sse_json(error_body(message, "server_error", None, "upstream_error")) + SSE_DONE
+        body = stream_error(UPSTREAM_ERROR, message)
         await send({"type": "http.response.body", "body": body, "more_body": False})

@@ -24,8 +24,8 @@ from pydantic import ValidationError
 
 from apps.core.aio import shielded
 from apps.core.budget import Usage
+from apps.core.error_table import TIMEOUT, UPSTREAM_ERROR, for_frame, stream_error
 from apps.core.errors import (
-    ForwardedError,
     InvalidRequest,
     LlmfleetError,
     NotFound,
@@ -37,7 +37,7 @@ from apps.core.errors import (
 from apps.core.nodes import keys
 from apps.core.protocol.dispatch import QUEUE_WAIT_HEADER, DispatchRequest, InternalToken
 from apps.core.protocol.node import Error
-from apps.core.protocol.openai import SSE_DONE, error_body, sse_event, sse_json
+from apps.core.protocol.openai import SSE_DONE, sse_event
 from apps.core.sharing import PriorityClass
 from apps.orchestrator.handover import STOPPING, refuse_dispatch
 from apps.orchestrator.logs import event
@@ -235,9 +235,7 @@ class _Relay:
                 if frame.chunks_sent == 0 and frame.status >= 500:
                     return Retry.NODE_ERROR
                 self.outcome = f"engine_{frame.status}"
-                exc = ForwardedError(
-                    frame.message, status=frame.status, error_type=frame.error_type, param=frame.param
-                )
+                exc = for_frame(frame.status, frame.error_type).exception(frame.message, frame.param)
                 return await self._fail_before_output(exc)
             response = await self.out.open(node.node_id, self.queued_s)
             if isinstance(first, ChunkEv):
@@ -292,16 +290,21 @@ class _Relay:
 
     async def _end_mid_stream(self, node: NodeView, ev: ErrorEv | LostEv | None) -> None:
         """A stream that failed after output (and did not resume): one error event and [DONE]."""
+        param = None
         if ev is None:
-            message, status = f"no output from the node for {self.dreq.deadlines.idle_s:g} s", 504
+            entry, message = TIMEOUT, f"no output from the node for {self.dreq.deadlines.idle_s:g} s"
         elif isinstance(ev, ErrorEv):
             self.outcome = "node_error_mid_stream"
-            message, status = ev.frame.message, ev.frame.status
+            entry, message, param = (
+                for_frame(ev.frame.status, ev.frame.error_type),
+                ev.frame.message,
+                ev.frame.param,
+            )
         else:
             self.outcome = f"lost_mid_stream_{ev.reason.value}"
-            message, status = "the node serving this request was lost", 502
+            entry, message = UPSTREAM_ERROR, "the node serving this request was lost"
             await self._record_partial(node)
-        await self.out.write(sse_json(error_body(message, "server_error", None, status)) + SSE_DONE)
+        await self.out.write(stream_error(entry, message, param))
 
     async def _resume(
         self, node: NodeView, reason: Reason, ev: ErrorEv | LostEv | None

@@ -30,6 +30,7 @@ from typing import Any
 
 from apps.core.aio import shielded
 from apps.core.budget import Budget
+from apps.core.error_table import NODE_DRAINING
 from apps.core.errors import LlmfleetError
 from apps.core.nodes import keys
 from apps.core.nodes.state import ROUTABLE
@@ -43,7 +44,6 @@ from apps.orchestrator.streams import ChunkEv, DoneEv, ErrorEv, LostEv, RequestS
 
 _CLEANUP_S = 5.0
 ASSIGN_ATTEMPTS = 3  # nodes tried for the continuation (one unreachable node is not the end)
-DRAINING = "node_draining"  # the agent's `error_type` for a stream its drain handed off
 _NO_RESUME_FIELDS = ("logprobs", "top_logprobs", "tools", "functions", "prompt_logprobs")
 
 
@@ -325,7 +325,7 @@ def resume_reason(ev: ErrorEv | LostEv | None) -> Reason | None:
     if ev is None:
         return Reason.IDLE_TIMEOUT
     if isinstance(ev, ErrorEv):
-        if ev.frame.error_type == DRAINING:
+        if ev.frame.error_type == NODE_DRAINING.node_type:
             return Reason.DRAIN  # the node's drain budget ran out (a spot reclaim): hand it over
         return Reason.ENGINE_ERROR if ev.frame.status >= 500 else None
     if ev.reason.value in ("relay_overflow", "shutdown"):

@@ -158,7 +158,10 @@ def test_the_orchestrator_accepts_every_version() -> None:
 def test_a_version_4_assign_carries_intent_and_an_older_node_gets_the_engine_body() -> None:
     """Version 4: the client's body and the intent; the agent builds the engine's body once. A node
     before version 4 gets that body built (and no field it would refuse)."""
-    body = {"messages": [{"role": "user", "content": "hi"}], "stream_options": {"continuous_usage_stats": True}}
+    body = {
+        "messages": [{"role": "user", "content": "hi"}],
+        "stream_options": {"continuous_usage_stats": True},
+    }
     assign = proto.Assign(
         request_id="r1",
         model="m",
