@@ -25,8 +25,10 @@ class WireError:
     code: str
     status: int
     type: str
-    after_first_chunk: bool  # can also end a stream that started (as an SSE error event)
+    after_first_chunk: bool  # can end a stream that started (as an SSE error event)
     meaning: str
+    by: tuple[str, ...]  # the processes that raise it: gateway, orchestrator, agent
+    before_first_chunk: bool = True  # can be the HTTP answer
     node_type: str = ""  # the `error_type` of the agent's `error` frame, when it is not `type`
 
     @property
@@ -47,8 +49,20 @@ class WireError:
         )
 
 
-def _e(code: str, status: int, type_: str, after: bool, meaning: str, node_type: str = "") -> WireError:
-    return WireError(code, status, type_, after, meaning, node_type)
+GW, ORCH, AGENT = "gateway", "orchestrator", "agent"
+
+
+def _e(
+    code: str,
+    status: int,
+    type_: str,
+    after: bool,
+    meaning: str,
+    by: tuple[str, ...] = (GW,),
+    node_type: str = "",
+    before: bool = True,
+) -> WireError:
+    return WireError(code, status, type_, after, meaning, by, before, node_type)
 
 
 INVALID = "invalid_request_error"
@@ -56,10 +70,29 @@ UNAVAILABLE = "service_unavailable"
 SERVER = "server_error"
 RATE = "rate_limit_error"
 
-INVALID_REQUEST = _e("invalid_request", 400, INVALID, True, "the body is invalid, or the engine refused it")
-MODEL_NOT_FOUND = _e("model_not_found", 404, INVALID, True, "no such model (or the engine does not serve it)")
-UPSTREAM_ERROR = _e("upstream_error", 502, SERVER, True, "the engine or its node failed, or was lost")
-TIMEOUT = _e("timeout", 504, SERVER, True, "no first token, or no output for the idle deadline")
+INVALID_REQUEST = _e(
+    "invalid_request", 400, INVALID, True, "the body is invalid, or the engine refused it", (GW, ORCH, AGENT)
+)
+MODEL_NOT_FOUND = _e(
+    "model_not_found",
+    404,
+    INVALID,
+    True,
+    "no such model (or the engine does not serve it)",
+    (GW, ORCH, AGENT),
+)
+UPSTREAM_ERROR = _e(
+    "upstream_error", 502, SERVER, True, "the engine or its node failed, or was lost", (GW, ORCH, AGENT)
+)
+TIMEOUT = _e(
+    "timeout",
+    502,
+    SERVER,
+    True,
+    "no first token, or no output for the idle deadline",
+    (GW, ORCH, AGENT),
+    "timeout",
+)
 SERVICE_UNAVAILABLE = _e(
     "service_unavailable", 503, UNAVAILABLE, True, "no node, or the engine is overloaded"
 )
@@ -88,7 +121,7 @@ TABLE: tuple[WireError, ...] = (
         401,
         "authentication_error",
         False,
-        "no valid key (also expired_api_key, invalid_jwt)",
+        "no valid key",
     ),
     _e(
         "insufficient_balance",
@@ -97,20 +130,28 @@ TABLE: tuple[WireError, ...] = (
         False,
         "the team's balance cannot cover the worst case",
     ),
+    _e("expired_api_key", 401, "authentication_error", False, "the key expired"),
+    _e("invalid_jwt", 401, "authentication_error", False, "the bearer JWT is not valid"),
+    _e("expired_jwt", 401, "authentication_error", False, "the bearer JWT expired"),
     _e("model_not_allowed", 403, "permission_error", False, "the key may not use the model"),
+    _e("no_team", 403, "permission_error", False, "the identity belongs to no team"),
     MODEL_NOT_FOUND,
     _e("rpm", 429, RATE, False, "the key's requests per minute"),
     _e("tokens_per_day", 429, RATE, False, "the key's tokens per day"),
     _e("max_streams", 429, RATE, False, "the key's concurrent requests"),
     _e("team_max_streams", 429, RATE, False, "the team's concurrent requests"),
     _e("team_tokens_per_minute", 429, RATE, False, "the team's tokens per minute"),
-    _e("queue_full", 429, RATE, False, "the model's queue is full"),
-    _e("team_queue_full", 429, RATE, False, "the team's lanes of the model's queue are full"),
+    _e("queue_full", 429, RATE, False, "the model's queue is full", (ORCH,)),
+    _e("team_queue_full", 429, RATE, False, "the team's lanes of the model's queue are full", (ORCH,)),
     UPSTREAM_ERROR,
     SERVICE_UNAVAILABLE,
-    _e("queue_timeout", 503, UNAVAILABLE, False, "no node within the queue wait"),
+    _e("queue_timeout", 503, UNAVAILABLE, False, "no node within the queue wait", (ORCH,)),
     _e("no_orchestrator", 503, UNAVAILABLE, False, "the gateway reaches no orchestrator"),
-    _e("model_loading", 503, UNAVAILABLE, False, "the model is starting from zero nodes"),
+    _e("dispatch_timeout", 503, UNAVAILABLE, False, "the orchestrator did not answer within the deadlines"),
+    _e("ledger_unavailable", 503, UNAVAILABLE, False, "the ledger (PostgreSQL) is unreachable"),
+    _e("redis_unavailable", 503, UNAVAILABLE, False, "the quota store (Redis) is unreachable"),
+    _e("model_unavailable", 503, UNAVAILABLE, False, "no node serves the model and none can start", (ORCH,)),
+    _e("model_loading", 503, UNAVAILABLE, False, "the model is starting from zero nodes", (ORCH,)),
     _e("shutting_down", 503, UNAVAILABLE, False, "the gateway is stopping"),
     NODE_DRAINING,
     TIMEOUT,
@@ -129,7 +170,7 @@ def for_frame(status: int, error_type: str) -> WireError:
         return INVALID_REQUEST
     if status == 503:
         return SERVICE_UNAVAILABLE
-    if status == 504:
+    if status == 504 or (status == TIMEOUT.status and error_type == TIMEOUT.node_type):
         return TIMEOUT
     return UPSTREAM_ERROR
 

@@ -23,15 +23,12 @@ from starlette.types import Receive
 from apps.core.aio import shielded
 from apps.core.errors import (
     DuplicateRequestId,
-    ForwardedError,
-    InvalidRequest,
     LlmfleetError,
     PayloadTooLarge,
     PermissionDenied,
     RateLimited,
     StoreUnavailable,
     Unavailable,
-    UpstreamFailed,
 )
 from apps.core.identity.principal import Principal
 from apps.core.protocol.dispatch import QUEUE_WAIT_HEADER, Deadlines, DispatchRequest
@@ -48,7 +45,7 @@ from apps.gateway.exchange import (
     ratelimit_headers,
     request_id_for,
     scoped_request_id,
-    upstream_envelope,
+    upstream_error,
 )
 from apps.gateway.metrics import GatewayMetrics
 from apps.gateway.ports import DispatchUnavailable, Upstream
@@ -280,20 +277,7 @@ class ChatHandler:
             # Something may have run on a node: the orchestrator settles, we must not cancel.
             ex.reserved, ex.handed_over = False, True
             self._m.reservations_open.dec()
-        message, error_type, param, code = upstream_envelope(raw, upstream.status)
-        hint = header_seconds(retry_after)
-        exc_cls = {429: RateLimited, 503: Unavailable}.get(upstream.status)
-        if exc_cls is not None:  # queue_full, queue_timeout...: the orchestrator's code reaches the client
-            raise exc_cls(message, param=param, code=code, retry_after=hint if hint is not None else 5.0)
-        if upstream.status in NOTHING_RAN:  # the engine's or orchestrator's 4xx, as it was given
-            raise ForwardedError(
-                message,
-                status=upstream.status,
-                error_type=error_type or InvalidRequest.type,
-                param=param,
-                code=code or InvalidRequest.code,
-            )
-        raise UpstreamFailed(message, code=code if upstream.status >= 500 else None)
+        raise upstream_error(upstream.status, raw, retry_after)
 
     async def _collect(
         self, upstream: Upstream, ex: Exchange, headers: dict[str, str], receive: Receive

@@ -339,12 +339,8 @@ class _Relay:
         # Held against the events this relay wrote, as the settle script holds a `done`
         # (apps/orchestrator/tolerance.py); the socket's owner flagged a disagreement already.
         completion = self.plane.settings.usage_tolerance.settled(error.completion_tokens, self.out.chunks)
-        usage = self.dreq.budget.clamp(Usage(error.prompt_tokens, completion)).usage
-        await shielded(
-            self.plane.deps.settle(self.dreq.request_id, usage.prompt_tokens, usage.completion_tokens),
-            CLEANUP_S,
-            "settle",
-        )
+        prompt, completion = self.dreq.budget.clamp(Usage(error.prompt_tokens, completion)).usage
+        await shielded(self.plane.deps.settle(self.dreq.request_id, prompt, completion), CLEANUP_S, "settle")
 
     async def _record_partial(self, node: NodeView) -> None:
         """What the sweeper bills if the node never reports (`settle.partial_usage`)."""
@@ -378,6 +374,17 @@ class _Relay:
         # Nothing ran: the reservation must not wait for the sweeper (idempotent: the
         # gateway may cancel it too).
         await shielded(self.plane.deps.ledger.cancel(self.dreq.request_id), CLEANUP_S, "ledger_cancel")
+
+
+def mid_stream_error(ev: ErrorEv | LostEv | None, idle_s: float) -> bytes:
+    """The end of a stream that failed after output: the node's error, a lost node, or silence
+    past the idle deadline (None), as its entry of apps/core/error_table.py."""
+    if ev is None:
+        return stream_error(TIMEOUT, f"no output from the node for {idle_s:g} s")
+    if isinstance(ev, ErrorEv):
+        frame = ev.frame
+        return stream_error(for_frame(frame.status, frame.error_type), frame.message, frame.param)
+    return stream_error(UPSTREAM_ERROR, "the node serving this request was lost")
 
 
 def _share(dreq: DispatchRequest) -> Share:
