@@ -5,6 +5,7 @@ same wire form, before the first chunk (the HTTP answer) and after it (one SSE e
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -127,3 +128,9 @@ def test_the_orchestrators_own_mid_stream_ends_are_table_entries() -> None:
 def test_the_engines_statuses_map_to_table_entries(status: int, code: str) -> None:
     err = from_http(status, b'{"error": {"message": "m", "type": "t", "code": 0}}')
     assert err.entry is BY_CODE[code]
+
+
+def test_docs_errors_lists_the_table() -> None:
+    doc = (Path(__file__).parents[2] / "docs" / "errors.md").read_text()
+    for entry in TABLE:
+        assert f"| `{entry.code}` | {entry.status} | `{entry.type}` |" in doc, entry.code
