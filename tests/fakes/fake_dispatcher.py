@@ -32,7 +32,7 @@ class FakeUpstream:
         if owner.status != 200:
             self.headers = {**self.headers, "retry-after": "3"}
         body = request.body
-        self.tokens = owner.tokens if owner.tokens is not None else int(body.get("max_tokens") or 8)
+        self.tokens = owner.tokens if owner.tokens is not None else (request.budget.max_tokens or 8)
         self.prompt_tokens = 11
         self.produced = 0
         self._settled = False
