@@ -31,7 +31,6 @@ class FakeUpstream:
         self.headers: Mapping[str, str] = {"x-llmfleet-queue-wait": "0.25"}
         if owner.status != 200:
             self.headers = {**self.headers, "retry-after": "3"}
-        body = request.body
         self.tokens = owner.tokens if owner.tokens is not None else (request.budget.max_tokens or 8)
         self.prompt_tokens = 11
         self.produced = 0
