@@ -21,6 +21,10 @@ Sharing (issue 19): `team_weight` (the team's weight in the orchestrators' fair 
 the values an older gateway implied (1, interactive). A `429` may carry `team_queue_full` (the
 team's lanes of the model's queue are full, or its predicted wait exceeds the limit).
 
+Issue 28: the gateway sends the client's fields and its intent (`client_wants_chunk_usage`, the
+budget's `n`) instead of an engine body; an orchestrator reads an older gateway's edited body the
+same way, but an older orchestrator refuses the new fields: roll the orchestrators first.
+
 The orchestrator settles the ledger row (`request_id`) with the engine's usage, at most the request's
 `Budget` (`max_prompt_tokens` / `max_completion_tokens`); if
 the gateway closes the connection early the orchestrator cancels the request on the
