@@ -13,12 +13,20 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from apps.core.error_table import (
+    INVALID_REQUEST,
+    MODEL_NOT_FOUND,
+    SERVICE_UNAVAILABLE,
+    TIMEOUT,
+    UPSTREAM_ERROR,
+    WireError,
+)
+
 
 @dataclass(frozen=True)
 class EngineError:
-    status: int  # the status the client should see
+    entry: WireError  # what the client sees (apps/core/error_table.py)
     message: str
-    error_type: str
     param: str | None
 
 
@@ -57,24 +65,20 @@ def parse_error_payload(raw: bytes, default_status: int) -> tuple[int, str, str 
 def classify(status: int, message: str, param: str | None) -> EngineError:
     """Map an engine status to what the client should see.
 
-    The client's own mistakes (400/404/413/422) pass through; an engine that refuses us
+    The client's own mistakes (4xx: 404, else 400) pass through; an engine that refuses us
     (401/403: its `--api-key` is misconfigured) or is overloaded (429/503) is the
     platform's problem, so it becomes a 5xx that the orchestrator may retry elsewhere
     while no chunk has been sent.
     """
-    if status in (400, 413, 422):
-        return EngineError(400, message, "invalid_request_error", param)
     if status == 404:
-        return EngineError(404, message, "invalid_request_error", param)
+        return EngineError(MODEL_NOT_FOUND, message, param)
     if status in (401, 403):
-        return EngineError(
-            502, "the engine refused the node agent (check its --api-key)", "server_error", None
-        )
+        return EngineError(UPSTREAM_ERROR, "the engine refused the node agent (check its --api-key)", None)
     if status in (429, 503):
-        return EngineError(503, message, "service_unavailable", None)
+        return EngineError(SERVICE_UNAVAILABLE, message, None)
     if 400 <= status < 500:
-        return EngineError(status, message, "invalid_request_error", param)
-    return EngineError(502 if status != 504 else 504, message, "server_error", None)
+        return EngineError(INVALID_REQUEST, message, param)
+    return EngineError(TIMEOUT if status == 504 else UPSTREAM_ERROR, message, None)
 
 
 def from_http(status: int, raw: bytes) -> EngineError:

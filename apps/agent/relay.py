@@ -2,11 +2,10 @@
 
 Owns the life of one request on this node:
 
-* The body goes to the engine's `/v1/chat/completions` with `stream: true`,
-  `stream_options.include_usage: true` forced (measured on vLLM 0.32:
-  `{}` gives no usage; docs/vllm-facts.md §2) and `continuous_usage_stats: true`, so
-  every chunk carries the running usage (`tally.py`); that per-chunk usage is cut out of
-  the forwarded bytes unless the client asked for it itself.
+* The engine's body is built here, once, from the assignment (`engine_body`,
+  `apps/core/protocol/engine.py`): streaming, usage on every chunk (the running usage,
+  `tally.py`; cut out of the forwarded bytes unless the client asked for it itself), the
+  budget's `max_tokens` and `n`, the priority, a resumed stream's continuation.
 * SSE events are forwarded as `chunk` frames, each the engine's `data: ...\\n\\n` bytes
   as text. Events that arrive in one socket read are coalesced into one frame (no timer,
   so coalescing adds no latency). The usage chunk and `[DONE]` are not forwarded; the
@@ -34,11 +33,13 @@ import asyncio
 import enum
 import logging
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 from apps.agent import errors
 from apps.agent.engine import EngineClient
 from apps.agent.tally import TokenTally
+from apps.core.error_table import NODE_DRAINING, SERVICE_UNAVAILABLE, TIMEOUT, UPSTREAM_ERROR, WireError
+from apps.core.protocol.engine import engine_body, wants_chunk_usage
 from apps.core.protocol.node import Assign, Chunk, Done, Error
 from apps.core.protocol.openai import (
     DONE_PAYLOAD,
@@ -55,7 +56,6 @@ log = logging.getLogger("llmfleet.agent.relay")
 _ROLE_MARK = b'"delta":{"role"'
 _FINISH_MARK = b'"finish_reason":"'
 _MAX_ERROR_BODY = 64 * 1024
-DRAINING = "node_draining"  # the `error_type` of a stream handed off by a drain (resumed elsewhere)
 
 
 async def _read_bounded(resp: HttpResponse, limit: int) -> bytes:
@@ -90,26 +90,6 @@ class RelayTimeouts:
     idle_s: float = 60.0
 
 
-def engine_body(assign: Assign) -> dict[str, Any]:
-    """The body as the engine gets it: streaming with usage forced on, on every chunk too."""
-    body = dict(assign.body)
-    body["model"] = assign.model
-    body["stream"] = True
-    options = body.get("stream_options")
-    options = dict(options) if isinstance(options, dict) else {}
-    options["include_usage"] = True
-    options["continuous_usage_stats"] = True
-    body["stream_options"] = options
-    return body
-
-
-def client_wants_chunk_usage(assign: Assign) -> bool:
-    """The client asked for per-chunk usage itself (the gateway drops the option when the client
-    did not ask for usage at all, apps/gateway/validate.py)."""
-    options = assign.body.get("stream_options")
-    return isinstance(options, dict) and options.get("continuous_usage_stats") is True
-
-
 def _finish_reason(payload: bytes) -> str | None:
     at = payload.find(_FINISH_MARK)
     if at < 0:
@@ -127,7 +107,7 @@ class Relay:
         self._engine = engine
         self._sink = sink
         self._timeouts = timeouts
-        self._body = engine_body(assign)
+        self._body = engine_body(assign)  # the one place the engine's body is built
         self._scope: asyncio.Timeout | None = None
         self._abort_reason: str | None = None
         self._handoff = False
@@ -135,8 +115,8 @@ class Relay:
         # What has happened so far, for partial usage.
         self.events_sent = 0  # SSE events forwarded (role chunk included)
         self.tokens = 0  # content chunks (the first-token logic; billing only without a tally)
-        n = assign.body.get("n")
-        self.tally = TokenTally(client_wants_chunk_usage(assign), n if isinstance(n, int) and n > 1 else 1)
+        n = self._body.get("n")
+        self.tally = TokenTally(wants_chunk_usage(assign), n if isinstance(n, int) and n > 1 else 1)
         self.finish_reason: str | None = None
         self.outcome: Outcome | None = None
 
@@ -182,21 +162,19 @@ class Relay:
                 return await self._stream(scope)
         except TimeoutError:
             if self._abort_reason is not None and self._handoff and self.events_sent > 0:
-                return await self._failed(503, "the node drained before the answer finished", DRAINING, None)
+                return await self._failed(NODE_DRAINING, "the node drained before the answer finished")
             if self._abort_reason is not None:
                 return await self._aborted()
-            return await self._failed(
-                504, f"engine timed out waiting for {self._deadline_phase}", "server_error", None
-            )
+            return await self._failed(TIMEOUT, f"engine timed out waiting for {self._deadline_phase}")
         except Unreachable:
-            return await self._failed(503, "engine unreachable", "service_unavailable", None)
+            return await self._failed(SERVICE_UNAVAILABLE, "engine unreachable")
         except (ConnectionError, ValueError) as exc:
             # ConnectionError: the engine died mid-response (or dropped the connection before
             # answering); ValueError: an SSE event over the size bound, or a malformed response.
             log.warning(
                 "engine stream broke", extra={"request_id": self.request_id, "error": type(exc).__name__}
             )
-            return await self._failed(502, "engine closed the stream", "server_error", None)
+            return await self._failed(UPSTREAM_ERROR, "engine closed the stream")
         finally:
             self._scope = None
 
@@ -207,7 +185,7 @@ class Relay:
             if resp.status != 200:
                 raw = await _read_bounded(resp, _MAX_ERROR_BODY)
                 err = errors.from_http(resp.status, raw)
-                return await self._failed(err.status, err.message, err.error_type, err.param)
+                return await self._failed(err.entry, err.message, err.param)
             self._deadline_phase = "the first token"
             return await self._read_events(resp, scope, loop)
         finally:
@@ -234,7 +212,7 @@ class Relay:
                     if out:
                         await self._forward(out, urgent)
                     err = errors.from_stream_event(payload)
-                    return await self._failed(err.status, err.message, err.error_type, err.param)
+                    return await self._failed(err.entry, err.message, err.param)
                 else:
                     out.append(sse_event(self.tally.take(payload)))
                     if _ROLE_MARK not in payload:
@@ -270,7 +248,7 @@ class Relay:
                 completion_tokens=self.completion_tokens,
                 finish_reason=self.finish_reason,
             )
-        return await self._failed(502, "engine closed the stream before it finished", "server_error", None)
+        return await self._failed(UPSTREAM_ERROR, "engine closed the stream before it finished")
 
     def _note_output(self, scope: asyncio.Timeout, loop: asyncio.AbstractEventLoop) -> None:
         if self._abort_reason is not None:
@@ -314,12 +292,13 @@ class Relay:
             finish_reason="abort",
         )
 
-    async def _failed(self, status: int, message: str, error_type: str, param: str | None) -> Error:
+    async def _failed(self, entry: WireError, message: str, param: str | None = None) -> Error:
+        """The `error` frame of `entry` (apps/core/error_table.py)."""
         return Error(
             request_id=self.request_id,
-            status=status,
+            status=entry.status,
             message=message,
-            error_type=error_type,
+            error_type=entry.frame_type,
             param=param,
             chunks_sent=self.events_sent,
             prompt_tokens=await self._prompt_tokens(),

@@ -23,15 +23,12 @@ from starlette.types import Receive
 from apps.core.aio import shielded
 from apps.core.errors import (
     DuplicateRequestId,
-    ForwardedError,
-    InvalidRequest,
     LlmfleetError,
     PayloadTooLarge,
     PermissionDenied,
     RateLimited,
     StoreUnavailable,
     Unavailable,
-    UpstreamFailed,
 )
 from apps.core.identity.principal import Principal
 from apps.core.protocol.dispatch import QUEUE_WAIT_HEADER, Deadlines, DispatchRequest
@@ -48,7 +45,7 @@ from apps.gateway.exchange import (
     ratelimit_headers,
     request_id_for,
     scoped_request_id,
-    upstream_envelope,
+    upstream_error,
 )
 from apps.gateway.metrics import GatewayMetrics
 from apps.gateway.ports import DispatchUnavailable, Upstream
@@ -60,8 +57,8 @@ from apps.gateway.validate import (
     KeyCaps,
     check_ssrf,
     parse_body,
-    upstream_body,
     validate_chat,
+    wire_body,
 )
 from apps.netio import fastpath
 
@@ -216,15 +213,18 @@ class ChatHandler:
     async def _dispatch(
         self, chat: ChatRequest, principal: Principal, team_id: int, ex: Exchange, receive: Receive
     ) -> Response:
+        budget = chat.budget
         dreq = DispatchRequest(
             request_id=ex.request_id,
             team_id=team_id,
             key_id=principal.key_id,
             model=chat.model,
-            body=upstream_body(chat),
+            body=wire_body(chat),
             client_wants_usage=chat.wants_usage,
-            max_prompt_tokens=chat.estimated_prompt_tokens,
-            max_completion_tokens=chat.worst_case_completion_tokens,
+            client_wants_chunk_usage=chat.wants_chunk_usage,
+            max_prompt_tokens=budget.prompt_tokens,
+            max_completion_tokens=budget.completion_tokens,
+            n=budget.n,
             team_weight=principal.team_weight,
             priority_class=principal.priority_class,
             deadlines=Deadlines(
@@ -278,20 +278,7 @@ class ChatHandler:
             # Something may have run on a node: the orchestrator settles, we must not cancel.
             ex.reserved, ex.handed_over = False, True
             self._m.reservations_open.dec()
-        message, error_type, param, code = upstream_envelope(raw, upstream.status)
-        hint = header_seconds(retry_after)
-        exc_cls = {429: RateLimited, 503: Unavailable}.get(upstream.status)
-        if exc_cls is not None:  # queue_full, queue_timeout...: the orchestrator's code reaches the client
-            raise exc_cls(message, param=param, code=code, retry_after=hint if hint is not None else 5.0)
-        if upstream.status in NOTHING_RAN:  # the engine's or orchestrator's 4xx, as it was given
-            raise ForwardedError(
-                message,
-                status=upstream.status,
-                error_type=error_type or InvalidRequest.type,
-                param=param,
-                code=code or InvalidRequest.code,
-            )
-        raise UpstreamFailed(message, code=code if upstream.status >= 500 else None)
+        raise upstream_error(upstream.status, raw, retry_after)
 
     async def _collect(
         self, upstream: Upstream, ex: Exchange, headers: dict[str, str], receive: Receive

@@ -13,7 +13,14 @@ from dataclasses import dataclass, field
 
 from starlette.requests import Request
 
-from apps.core.errors import LlmfleetError
+from apps.core.errors import (
+    ForwardedError,
+    InvalidRequest,
+    LlmfleetError,
+    RateLimited,
+    Unavailable,
+    UpstreamFailed,
+)
 from apps.core.identity.principal import Principal
 from apps.core.quota.admission import Admission, Verdict
 
@@ -95,6 +102,25 @@ def upstream_envelope(raw: bytes, status: int) -> tuple[str, str | None, str | N
         return value if isinstance(value, str) and value else None
 
     return message, text("type"), text("param"), text("code")
+
+
+def upstream_error(status: int, raw: bytes, retry_after: str | None) -> LlmfleetError:
+    """The error an orchestrator's answer before the first chunk becomes (apps/core/error_table.py:
+    its status, type and code reach the client as they were given)."""
+    message, error_type, param, code = upstream_envelope(raw, status)
+    hint = header_seconds(retry_after)
+    exc_cls = {429: RateLimited, 503: Unavailable}.get(status)
+    if exc_cls is not None:  # queue_full, queue_timeout...: the orchestrator's code reaches the client
+        return exc_cls(message, param=param, code=code, retry_after=hint if hint is not None else 5.0)
+    if status in NOTHING_RAN:  # the engine's or orchestrator's 4xx, as it was given
+        return ForwardedError(
+            message,
+            status=status,
+            error_type=error_type or InvalidRequest.type,
+            param=param,
+            code=code or InvalidRequest.code,
+        )
+    return UpstreamFailed(message, code=code if status >= 500 else None)
 
 
 def header_seconds(value: str | None) -> float | None:

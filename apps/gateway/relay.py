@@ -21,7 +21,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from apps.core.aio import shielded
-from apps.core.protocol.openai import SSE_DONE, SseSplitter, error_body, is_usage_event, parse_usage, sse_json
+from apps.core.error_table import TIMEOUT, UPSTREAM_ERROR, WireError, stream_error
+from apps.core.protocol.openai import SSE_DONE, SseSplitter, is_usage_event, parse_usage
 from apps.gateway.ports import Upstream
 from apps.netio.uvicorn_writer import DirectWriter, direct_writer
 
@@ -94,10 +95,12 @@ class RelayResponse:
                 relay.add_done_callback(lambda _t: (watcher.cancel(), watchdog.cancel()))
             if self.outcome.ended == "timeout":
                 if self._over_max_time():
-                    await self._fail(send, f"maximum request time ({self._max_request_s:g} s) exceeded")
+                    await self._fail(
+                        send, f"maximum request time ({self._max_request_s:g} s) exceeded", TIMEOUT
+                    )
                 else:
                     phase = "first token" if self.outcome.first_byte_at is None else "idle"
-                    await self._fail(send, f"upstream {phase} timeout")
+                    await self._fail(send, f"upstream {phase} timeout", TIMEOUT)
         except OSError:
             self.outcome.ended = "disconnect"
         finally:
@@ -210,6 +213,6 @@ class RelayResponse:
             self.outcome.prompt_tokens = usage.prompt_tokens
             self.outcome.completion_tokens = usage.completion_tokens
 
-    async def _fail(self, send: Send, message: str) -> None:
-        body = sse_json(error_body(message, "server_error", None, "upstream_error")) + SSE_DONE
+    async def _fail(self, send: Send, message: str, entry: WireError = UPSTREAM_ERROR) -> None:
+        body = stream_error(entry, message)
         await send({"type": "http.response.body", "body": body, "more_body": False})

@@ -6,7 +6,8 @@ message and 16 for the chat template. A byte-level BPE token always covers at le
 byte, so this is an upper bound for every tokenizer the catalog uses.
 
 SSRF: `apps.gateway.ssrf`. What goes to the engine: `apps.gateway.fields` (the OpenAI chat
-fields and an explicit allowlist of engine sampling extras; every other field is dropped).
+fields and an explicit allowlist of engine sampling extras; every other field is dropped), with
+the request's `Budget` and intent beside it (the agent builds the engine's body).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from apps.core.budget import Budget
 from apps.core.errors import InvalidRequest, NotFound
 from apps.core.spec import StackSpec
 from apps.gateway.fields import forwarded
@@ -27,8 +29,8 @@ __all__ = [
     "check_ssrf",
     "is_public_ip",
     "parse_body",
-    "upstream_body",
     "validate_chat",
+    "wire_body",
 ]
 
 
@@ -41,6 +43,13 @@ class ChatRequest:
     max_tokens: int  # the effective per-choice bound, sent to the engine as `max_tokens`
     estimated_prompt_tokens: int
     n: int = 1
+    wants_chunk_usage: bool = False  # usage on every chunk too (only with `wants_usage`)
+
+    @property
+    def budget(self) -> Budget:
+        """The request's token budget (apps/core/budget.py), built here once: the prompt bound and
+        n x max_tokens, the worst case the reservation covers."""
+        return Budget(self.estimated_prompt_tokens, self.worst_case_completion_tokens, self.n)
 
     @property
     def worst_case_completion_tokens(self) -> int:
@@ -187,7 +196,7 @@ def validate_chat(body: dict[str, Any], spec: StackSpec, caps: KeyCaps = NO_CAPS
     if not isinstance(stream, bool):
         raise InvalidRequest("'stream' must be a boolean.", param="stream")
     options = body.get("stream_options")
-    wants_usage = False
+    wants_usage = wants_chunk_usage = False
     if options is not None:
         if not isinstance(options, dict):
             raise InvalidRequest("'stream_options' must be an object.", param="stream_options")
@@ -195,6 +204,7 @@ def validate_chat(body: dict[str, Any], spec: StackSpec, caps: KeyCaps = NO_CAPS
         if include is not None and not isinstance(include, bool):
             raise InvalidRequest("'include_usage' must be a boolean.", param="stream_options.include_usage")
         wants_usage = bool(include)
+        wants_chunk_usage = wants_usage and options.get("continuous_usage_stats") is True
     model_spec = spec.models.get(model)
     if model_spec is None:
         raise NotFound(f"The model `{model}` does not exist.", param="model")
@@ -223,6 +233,7 @@ def validate_chat(body: dict[str, Any], spec: StackSpec, caps: KeyCaps = NO_CAPS
         max_tokens=effective,
         estimated_prompt_tokens=prompt,
         n=n,
+        wants_chunk_usage=wants_chunk_usage,
     )
 
 
@@ -254,20 +265,8 @@ def _capped_max_tokens(
     return effective
 
 
-def upstream_body(req: ChatRequest) -> dict[str, Any]:
-    """The client's body (its OpenAI fields and allowed engine extras only) with streaming and usage forced on and the effective `max_tokens` set, so
-    the engine can never produce more than the reservation covers (`n` x `max_tokens`)."""
-    body = forwarded(req.body)
-    body["max_tokens"] = req.max_tokens
-    if "max_completion_tokens" in body:  # vLLM prefers it over `max_tokens`: both say the same
-        body["max_completion_tokens"] = req.max_tokens
-    body["n"] = req.n
-    body["stream"] = True
-    options = dict(body.get("stream_options") or {})
-    if not req.wants_usage:
-        # vLLM sends per-chunk usage only with include_usage; forcing that on must not give a
-        # client per-chunk usage it did not ask for (the agent keeps it only when this is set).
-        options.pop("continuous_usage_stats", None)
-    options["include_usage"] = True
-    body["stream_options"] = options
-    return body
+def wire_body(req: ChatRequest) -> dict[str, Any]:
+    """What the gateway forwards: the client's OpenAI fields and allowed engine extras only. The
+    engine's body is built from it and the request's intent at the agent
+    (apps/core/protocol/engine.py), once."""
+    return forwarded(req.body)

@@ -19,6 +19,7 @@ from typing import Any
 
 from redis.asyncio import Redis
 
+from apps.core.budget import UNBOUNDED, Budget
 from apps.core.nodes import keys
 from apps.core.nodes.state import derive_state
 from apps.core.nodes.store import as_text, decode_hash
@@ -61,7 +62,8 @@ return -1
 
 _ACQUIRE_LUA = """
 -- KEYS: node hash, inflight zset, req hash, quarantined set.
--- ARGV: request_id, max, now, expiry, node_id, origin, req_ttl_s, max_prompt, max_completion, resumable
+-- ARGV: request_id, max, now, expiry, node_id, origin, req_ttl_s, resumable, then the budget's
+-- field/value pairs (`Budget.to_fields`, none when unbounded)
 if redis.call('SISMEMBER', KEYS[4], ARGV[5]) == 1 then return -1 end
 local h = redis.call('HMGET', KEYS[1], 'conn', 'draining', 'orchestrator_id')
 if not h[1] then return -1 end
@@ -71,8 +73,8 @@ if redis.call('ZCARD', KEYS[2]) >= tonumber(ARGV[2]) then return 0 end
 redis.call('ZADD', KEYS[2], ARGV[4], ARGV[1])
 redis.call('EXPIRE', KEYS[2], ARGV[7])
 redis.call('HSET', KEYS[3], 'node', ARGV[5], 'origin', ARGV[6])
-if ARGV[8] ~= '' then redis.call('HSET', KEYS[3], 'max_prompt', ARGV[8], 'max_completion', ARGV[9]) end
-if ARGV[10] == '1' then redis.call('HSET', KEYS[3], 'resumable', '1') end
+if ARGV[8] == '1' then redis.call('HSET', KEYS[3], 'resumable', '1') end
+if #ARGV > 8 then redis.call('HSET', KEYS[3], unpack(ARGV, 9)) end
 redis.call('HINCRBY', KEYS[3], 'attempt', 1)
 redis.call('EXPIRE', KEYS[3], ARGV[7])
 return {1, h[3] or ''}
@@ -214,18 +216,17 @@ class Fleet:
         request_id: str,
         origin: str,
         *,
-        usage_bound: tuple[int, int] | None = None,
+        budget: Budget = UNBOUNDED,
         resumable: bool = False,
         capacity: int | None = None,
     ) -> int:
         """1 taken; 0 full (`capacity` slots in use; default the node's `max_num_seqs`); -1 node
         gone (or quarantined); -2 draining. Records `req:{id}` = {node, origin, attempt} and,
-        given, the usage bound the settle caps the node's report at and whether the stream may
+        the request's budget (`Budget.to_fields`: the bounds the settle caps the node's report at) and whether the stream may
         resume elsewhere (`resumable`: a mid-stream error of this node is not settled from its own
         report, see `settle.py`). When taken, the fleet view's entry carries the node's owner as
         Redis has it now (`get(node_id).owner`)."""
         now = self._clock()
-        bound = [str(usage_bound[0]), str(usage_bound[1])] if usage_bound is not None else ["", ""]
         answer = await self._acquire(
             keys=[
                 keys.node_hash(node.node_id),
@@ -241,8 +242,8 @@ class Fleet:
                 node.node_id,
                 origin,
                 int(self._max_request_s) + 60,
-                *bound,
                 "1" if resumable else "0",
+                *(item for pair in budget.to_fields().items() for item in pair),
             ],
         )
         if isinstance(answer, list):  # taken: {1, the replica owning the node's socket now}

@@ -9,6 +9,7 @@ other replicas, the fleet view, the model queues and the pub/sub bus. Relays cal
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -16,15 +17,18 @@ from typing import Any, Protocol
 from pydantic import ValidationError
 from redis.asyncio import Redis
 
+from apps.core.budget import Budget
 from apps.core.clock import SYSTEM
 from apps.core.ledger.api import Ledger, SettleResult
 from apps.core.nodes.state import NodeState
 from apps.core.nodes.store import NodeStore, as_text
 from apps.core.protocol import bus as msgs
 from apps.core.protocol.dispatch import DispatchRequest
+from apps.core.protocol.engine import legacy_assign
 from apps.core.protocol.node import (
     CLOSE_REVOKED,
     CLOSE_SUPERSEDED,
+    INTENT_VERSION,
     Assign,
     Cancel,
     Chunk,
@@ -32,8 +36,8 @@ from apps.core.protocol.node import (
     Drain,
     Error,
     decode_node_frame,
+    encode,
 )
-from apps.core.sharing import VLLM_PRIORITY
 from apps.orchestrator.bus import Bus
 from apps.orchestrator.coldstart import ColdStarts
 from apps.orchestrator.connection import NodeConnection, RemoteRoute
@@ -48,9 +52,34 @@ from apps.orchestrator.settings import OrchestratorSettings
 from apps.orchestrator.streams import ChunkEv, DoneEv, ErrorEv, LostEv, LostReason, RequestStream
 
 
-def engine_body(dreq: DispatchRequest) -> dict[str, Any]:
-    """The engine's body: the client's, with the class as vLLM's per-request `priority`."""
-    return {**dreq.body, "priority": VLLM_PRIORITY[dreq.priority_class]}
+def assignment(
+    dreq: DispatchRequest, budget: Budget | None = None, continuation: str | None = None
+) -> Assign:
+    """The node's assignment: the client's body and the request's intent, as data (the agent
+    builds the engine's body, `apps/core/protocol/engine.py`); a resumed stream passes its
+    budget's remainder and the text to continue."""
+    return Assign(
+        request_id=dreq.request_id,
+        model=dreq.model,
+        body=dreq.body,
+        budget=dreq.budget if budget is None else budget,
+        wants_chunk_usage=dreq.wants_chunk_usage,
+        priority_class=dreq.priority_class,
+        continuation=continuation,
+    )
+
+
+def for_node(conn: NodeConnection, assign: Assign) -> Assign:
+    """The assignment as `conn`'s protocol version takes it."""
+    return assign if conn.version >= INTENT_VERSION else legacy_assign(assign)
+
+
+def _forwarded(msg: msgs.AssignMsg) -> Assign:
+    """The assignment another replica forwarded (from a replica older than version 4: `body` only,
+    the engine's body built there)."""
+    if msg.assign is not None:
+        return Assign.model_validate(msg.assign)
+    return Assign(request_id=msg.request_id, model=msg.model, body=dict(msg.body))
 
 
 class SettleFn(Protocol):
@@ -146,7 +175,7 @@ class ControlPlane:
                 req.model,
                 req.request_id,
                 self.id,
-                usage_bound=req.usage_bound,
+                budget=req.budget,
                 resumable=req.resumable,
                 capacity=req.capacity(node.models.get(req.model, 0)),
             )
@@ -156,18 +185,23 @@ class ControlPlane:
 
     # -- relay side ---------------------------------------------------------------
 
-    async def start(self, node: NodeView, dreq: DispatchRequest, stream: RequestStream) -> bool:
+    async def start(self, node: NodeView, assign: Assign, stream: RequestStream) -> bool:
         """Send the assignment to the node (directly or via its owner); False if nothing was sent."""
         conn = self.local.get(node.node_id)
         if conn is not None and not conn.closing.is_set() and not self._moved_away(conn, node):
             if conn.draining or conn.handing_over:
                 return False
-            conn.assigned(dreq.request_id, stream)
-            return conn.send(Assign(request_id=dreq.request_id, model=dreq.model, body=engine_body(dreq)))
+            conn.assigned(assign.request_id, stream)
+            return conn.send(for_node(conn, assign))
         stream.owner = node.owner
-        self.remote_streams[dreq.request_id] = stream
+        self.remote_streams[assign.request_id] = stream
+        # `body` as a replica older than version 4 sends it on; `assign`, the intent, for the others.
         message = msgs.AssignMsg(
-            origin=self.id, request_id=dreq.request_id, model=dreq.model, body=engine_body(dreq)
+            origin=self.id,
+            request_id=assign.request_id,
+            model=assign.model,
+            body=legacy_assign(assign).body,
+            assign=json.loads(encode(assign)),
         )
         self.metrics.forwarded.labels(op="assign").inc()
         return await self.bus.to_node(node.node_id, message) > 0
@@ -293,7 +327,7 @@ class ControlPlane:
             return
         if conn is not None and not conn.closing.is_set() and not conn.draining:
             conn.assigned(request_id, RemoteRoute(msg.origin))
-            if conn.send(Assign(request_id=request_id, model=msg.model, body=dict(msg.body))):
+            if conn.send(for_node(conn, _forwarded(msg))):
                 if conn.handing_over:  # assigned just before the handover began: relayed from here
                     self._spawn(self.bus.to_replica(msg.origin, msgs.HandoverMsg(request_id=request_id)))
                 return

@@ -23,8 +23,9 @@ from aiohttp import web
 from pydantic import ValidationError
 
 from apps.core.aio import shielded
+from apps.core.budget import Usage
+from apps.core.error_table import TIMEOUT, UPSTREAM_ERROR, for_frame, stream_error
 from apps.core.errors import (
-    ForwardedError,
     InvalidRequest,
     LlmfleetError,
     NotFound,
@@ -36,12 +37,12 @@ from apps.core.errors import (
 from apps.core.nodes import keys
 from apps.core.protocol.dispatch import QUEUE_WAIT_HEADER, DispatchRequest, InternalToken
 from apps.core.protocol.node import Error
-from apps.core.protocol.openai import SSE_DONE, error_body, sse_event, sse_json
+from apps.core.protocol.openai import SSE_DONE, sse_event
 from apps.core.sharing import PriorityClass
 from apps.orchestrator.handover import STOPPING, refuse_dispatch
 from apps.orchestrator.logs import event
 from apps.orchestrator.outlet import GatewayOutlet
-from apps.orchestrator.plane import ControlPlane
+from apps.orchestrator.plane import ControlPlane, assignment
 from apps.orchestrator.queue import Share
 from apps.orchestrator.resume import Outcome, Reason, Resumer, can_resume, resume_reason
 from apps.orchestrator.scheduling.view import NodeView, PickRequest
@@ -194,7 +195,7 @@ class _Relay:
             dreq.request_id,
             frozenset(excluded),
             settings.kv_cache_max,
-            usage_bound=_usage_bound(dreq),
+            budget=dreq.budget,
             resumable=self.out.sent is not None,
             reserve_fraction=(
                 settings.batch_reserve_fraction if dreq.priority_class is PriorityClass.BATCH else 0.0
@@ -226,7 +227,7 @@ class _Relay:
         plane, dreq = self.plane, self.dreq
         stream = RequestStream(dreq.request_id, node.node_id, plane.settings.relay_queue_events)
         try:
-            if not await plane.start(node, dreq, stream):
+            if not await plane.start(node, assignment(dreq), stream):
                 return Retry.UNREACHABLE
             first = await stream.next(dreq.deadlines.first_token_s)
             if first is None:
@@ -239,9 +240,7 @@ class _Relay:
                 if frame.chunks_sent == 0 and frame.status >= 500:
                     return Retry.NODE_ERROR
                 self.outcome = f"engine_{frame.status}"
-                exc = ForwardedError(
-                    frame.message, status=frame.status, error_type=frame.error_type, param=frame.param
-                )
+                exc = for_frame(frame.status, frame.error_type).exception(frame.message, frame.param)
                 return await self._fail_before_output(exc)
             response = await self.out.open(node.node_id, self.queued_s)
             if isinstance(first, ChunkEv):
@@ -296,16 +295,21 @@ class _Relay:
 
     async def _end_mid_stream(self, node: NodeView, ev: ErrorEv | LostEv | None) -> None:
         """A stream that failed after output (and did not resume): one error event and [DONE]."""
+        param = None
         if ev is None:
-            message, status = f"no output from the node for {self.dreq.deadlines.idle_s:g} s", 504
+            entry, message = TIMEOUT, f"no output from the node for {self.dreq.deadlines.idle_s:g} s"
         elif isinstance(ev, ErrorEv):
             self.outcome = "node_error_mid_stream"
-            message, status = ev.frame.message, ev.frame.status
+            entry, message, param = (
+                for_frame(ev.frame.status, ev.frame.error_type),
+                ev.frame.message,
+                ev.frame.param,
+            )
         else:
             self.outcome = f"lost_mid_stream_{ev.reason.value}"
-            message, status = "the node serving this request was lost", 502
+            entry, message = UPSTREAM_ERROR, "the node serving this request was lost"
             await self._record_partial(node)
-        await self.out.write(sse_json(error_body(message, "server_error", None, status)) + SSE_DONE)
+        await self.out.write(stream_error(entry, message, param))
 
     async def _resume(
         self, node: NodeView, reason: Reason, ev: ErrorEv | LostEv | None
@@ -337,14 +341,10 @@ class _Relay:
         return False, ev
 
     async def _settle_partial(self, error: Error) -> None:
-        prompt, completion = error.prompt_tokens, error.completion_tokens
         # Held against the events this relay wrote, as the settle script holds a `done`
         # (apps/orchestrator/tolerance.py); the socket's owner flagged a disagreement already.
-        completion = self.plane.settings.usage_tolerance.settled(completion, self.out.chunks)
-        if self.dreq.max_prompt_tokens is not None:
-            prompt = min(prompt, self.dreq.max_prompt_tokens)
-        if self.dreq.max_completion_tokens is not None:
-            completion = min(completion, self.dreq.max_completion_tokens)
+        completion = self.plane.settings.usage_tolerance.settled(error.completion_tokens, self.out.chunks)
+        prompt, completion = self.dreq.budget.clamp(Usage(error.prompt_tokens, completion)).usage
         await shielded(self.plane.deps.settle(self.dreq.request_id, prompt, completion), CLEANUP_S, "settle")
 
     async def _record_partial(self, node: NodeView) -> None:
@@ -381,19 +381,23 @@ class _Relay:
         await shielded(self.plane.deps.ledger.cancel(self.dreq.request_id), CLEANUP_S, "ledger_cancel")
 
 
+def mid_stream_error(ev: ErrorEv | LostEv | None, idle_s: float) -> bytes:
+    """The end of a stream that failed after output: the node's error, a lost node, or silence
+    past the idle deadline (None), as its entry of apps/core/error_table.py."""
+    if ev is None:
+        return stream_error(TIMEOUT, f"no output from the node for {idle_s:g} s")
+    if isinstance(ev, ErrorEv):
+        frame = ev.frame
+        return stream_error(for_frame(frame.status, frame.error_type), frame.message, frame.param)
+    return stream_error(UPSTREAM_ERROR, "the node serving this request was lost")
+
+
 def _share(dreq: DispatchRequest) -> Share:
     """Who the fair queue charges and how much: the prompt plus the expected answer, in tokens."""
-    bound = _usage_bound(dreq)
+    total = dreq.budget.total
     return Share(
         team=dreq.team_id,
         weight=dreq.team_weight,
         klass=dreq.priority_class,
-        cost=float(sum(bound)) if bound is not None else 1.0,
+        cost=float(total) if total is not None else 1.0,
     )
-
-
-def _usage_bound(dreq: DispatchRequest) -> tuple[int, int] | None:
-    """The worst case the gateway reserved for, recorded with the assignment for the settle."""
-    if dreq.max_prompt_tokens is None or dreq.max_completion_tokens is None:
-        return None
-    return dreq.max_prompt_tokens, dreq.max_completion_tokens

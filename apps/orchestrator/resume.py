@@ -5,9 +5,9 @@ request that could be resumed). When the node fails mid-answer (engine error eve
 missed heartbeats, silence past the idle deadline, drain that cannot finish), `Resumer` parses
 them once: the text delivered, the content tokens delivered (vLLM sends one content event per
 token; the role chunk carries none), the stream's `id` and `created`. It asks another node of the
-model to continue that text (the original request plus the text as a final assistant message,
-`continue_final_message: true`, `add_generation_prompt: false`, `max_tokens` reduced by what was
-delivered) and splices the new node's events into the same client stream: its role chunk is
+model to continue that text: the original request with the budget's remainder (`Budget.after` the
+tokens delivered) and the text as data (`continuation`; the agent builds the engine's body,
+apps/core/protocol/engine.py) and splices the new node's events into the same client stream: its role chunk is
 dropped, `id` and `created` are the original ones, and its usage chunk is rewritten to what the
 team is billed for.
 
@@ -29,20 +29,21 @@ from dataclasses import dataclass
 from typing import Any
 
 from apps.core.aio import shielded
+from apps.core.budget import Budget
+from apps.core.error_table import NODE_DRAINING
 from apps.core.errors import LlmfleetError
 from apps.core.nodes import keys
 from apps.core.nodes.state import ROUTABLE
 from apps.core.protocol.dispatch import DispatchRequest
 from apps.core.protocol.node import Error
 from apps.core.protocol.openai import SSE_DONE, sse_event
-from apps.orchestrator.plane import ControlPlane
+from apps.orchestrator.plane import ControlPlane, assignment
 from apps.orchestrator.queue import DEFAULT_SHARE, Share
 from apps.orchestrator.scheduling.view import NodeView, PickRequest
 from apps.orchestrator.streams import ChunkEv, DoneEv, ErrorEv, LostEv, RequestStream
 
 _CLEANUP_S = 5.0
 ASSIGN_ATTEMPTS = 3  # nodes tried for the continuation (one unreachable node is not the end)
-DRAINING = "node_draining"  # the agent's `error_type` for a stream its drain handed off
 _NO_RESUME_FIELDS = ("logprobs", "top_logprobs", "tools", "functions", "prompt_logprobs")
 
 
@@ -63,8 +64,8 @@ class Outcome(enum.StrEnum):
 
 
 def resumable(body: Mapping[str, Any]) -> bool:
-    """A chat stream with one choice, no logprobs and no tools."""
-    if not isinstance(body.get("messages"), list) or not body.get("stream"):
+    """A chat request (the engine always streams it) with one choice, no logprobs and no tools."""
+    if not isinstance(body.get("messages"), list):
         return False
     if body.get("n") not in (None, 1):
         return False
@@ -73,7 +74,7 @@ def resumable(body: Mapping[str, Any]) -> bool:
 
 def can_resume(dreq: DispatchRequest, models: Collection[str] | None) -> bool:
     """Resume is on for the model (`serving.resume_streams` in the stack) and the request allows it."""
-    return (models is None or dreq.model in models) and resumable(dreq.body)
+    return (models is None or dreq.model in models) and dreq.budget.n == 1 and resumable(dreq.body)
 
 
 @dataclass(frozen=True)
@@ -115,23 +116,20 @@ def delivered(sent: list[str]) -> Delivered:
     return Delivered("".join(text), tokens, chunk_id, created, finished)
 
 
-def continuation_body(body: Mapping[str, Any], done: Delivered) -> dict[str, Any] | None:
-    """The request for the second node; None when nothing is left to generate."""
+@dataclass(frozen=True)
+class Continuation:
+    budget: Budget  # what the second node may still generate
+    text: str | None  # the assistant text it continues (None: only the role chunk went out)
+
+
+def continuation(budget: Budget, done: Delivered) -> Continuation | None:
+    """The second node's part; None when nothing is left to generate."""
     if done.finished:
         return None
-    out = dict(body)
-    for key in ("max_completion_tokens", "max_tokens"):
-        asked = body.get(key)
-        if isinstance(asked, int):
-            if asked - done.tokens < 1:
-                return None
-            out[key] = asked - done.tokens
-    if done.tokens == 0:
-        return out  # only the role chunk went out: the same request, its role chunk dropped
-    out["messages"] = [*body["messages"], {"role": "assistant", "content": done.text}]
-    out["add_generation_prompt"] = False
-    out["continue_final_message"] = True
-    return out
+    rest = budget.after(done.tokens)
+    if rest is None:
+        return None
+    return Continuation(rest, done.text if done.tokens else None)
 
 
 def billed(
@@ -215,8 +213,8 @@ class Resumer:
     async def _run(self, sent: list[str], lost: NodeView, error: Error | None) -> Outcome:
         plane, dreq = self.plane, self.dreq
         done = delivered(sent)
-        body = continuation_body(dreq.body, done)
-        if body is None:
+        cont = continuation(dreq.budget, done)
+        if cont is None:
             return Outcome.NOT_POSSIBLE
         first_prompt = error.prompt_tokens if error is not None and error.prompt_tokens > 0 else None
         others = [
@@ -228,7 +226,7 @@ class Resumer:
             return Outcome.NO_NODE  # nobody to wait for: fail now, not at the deadline
         # The client has been waiting since its last chunk: within its idle deadline too.
         wait = min(dreq.deadlines.first_token_s, dreq.deadlines.idle_s)
-        started = await self._assign(body, lost, first_prompt, done, plane.deps.monotonic() + wait)
+        started = await self._assign(cont, lost, first_prompt, done, plane.deps.monotonic() + wait)
         if started is None:
             return Outcome.NO_NODE
         node, stream = started
@@ -246,13 +244,17 @@ class Resumer:
             await shielded(plane.finish(node.node_id, dreq.request_id, stream), _CLEANUP_S, "finish")
 
     async def _assign(
-        self, body: dict[str, Any], lost: NodeView, first_prompt: int | None, done: Delivered, deadline: float
+        self,
+        cont: Continuation,
+        lost: NodeView,
+        first_prompt: int | None,
+        done: Delivered,
+        deadline: float,
     ) -> tuple[NodeView, RequestStream] | None:
         """The continuation on another node, within `deadline`. A node the assignment cannot reach
         (its owner replica died and this replica's fleet view does not know it yet: nobody hears
         its channel) is left out and the next one tried, up to `ASSIGN_ATTEMPTS` nodes."""
         plane, dreq = self.plane, self.dreq
-        bound = dreq.max_prompt_tokens, dreq.max_completion_tokens
         excluded = {lost.node_id}
         for _ in range(ASSIGN_ATTEMPTS):
             pick = PickRequest(
@@ -260,7 +262,7 @@ class Resumer:
                 dreq.request_id,
                 frozenset(excluded),
                 plane.settings.kv_cache_max,
-                usage_bound=(bound[0], bound[1]) if bound[0] is not None and bound[1] is not None else None,
+                budget=dreq.budget,  # the settle caps the whole request at its own budget
             )
             try:
                 left = max(deadline - plane.deps.monotonic(), 0.0)
@@ -279,7 +281,7 @@ class Resumer:
             stream = RequestStream(dreq.request_id, node.node_id, plane.settings.relay_queue_events)
             sent = False
             try:
-                sent = await plane.start(node, dreq.model_copy(update={"body": body}), stream)
+                sent = await plane.start(node, assignment(dreq, cont.budget, cont.text), stream)
             finally:
                 if not sent:
                     stream.close()
@@ -323,7 +325,7 @@ def resume_reason(ev: ErrorEv | LostEv | None) -> Reason | None:
     if ev is None:
         return Reason.IDLE_TIMEOUT
     if isinstance(ev, ErrorEv):
-        if ev.frame.error_type == DRAINING:
+        if ev.frame.error_type == NODE_DRAINING.node_type:
             return Reason.DRAIN  # the node's drain budget ran out (a spot reclaim): hand it over
         return Reason.ENGINE_ERROR if ev.frame.status >= 500 else None
     if ev.reason.value in ("relay_overflow", "shutdown"):

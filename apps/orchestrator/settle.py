@@ -32,6 +32,7 @@ from datetime import UTC, datetime, timedelta
 
 from redis.asyncio import Redis
 
+from apps.core.budget import Usage
 from apps.core.ledger.api import Ledger
 from apps.core.nodes import keys
 from apps.core.protocol.dispatch import DispatchRequest
@@ -47,8 +48,9 @@ from apps.orchestrator.tolerance import UsageTolerance
 # report for a request that is not this node's: never assigned to anyone (`req:{id}` absent: a
 # request still queued, or one this node never got) or assigned to another node (`req:{id}`.node
 # names the node it was retried or resumed on). Only then write the done record the sweeper reads.
-# The assignment's usage bound comes back with it (the worst case the gateway reserved for):
-# the report is capped at it before the done record is written. The completion reported is also
+# The assignment's budget comes back with it (the fields `Budget.to_fields` wrote, apps/core/budget.py):
+# the report is capped at it before the done record is written, by `Budget.clamp`'s rule (the
+# script must cap atomically; tests/integration/test_budget_lua.py holds the two together). The completion reported is also
 # held against the content events the node relayed (`relayed`: this socket's count in ARGV[6],
 # '' when this socket did not carry the request, plus what earlier sockets of the node counted,
 # flushed into `req:{id}`.relayed when they closed): beyond `events x ARGV[7] + ARGV[8]` the
@@ -63,6 +65,8 @@ local req = redis.call('HMGET', KEYS[1], 'node', 'max_prompt', 'max_completion',
 if not req[1] then return {3, freed, 0, 0, 0, 0, 0, -1} end
 if req[1] ~= ARGV[1] then return {0, freed, 0, 0, 0, 0, 0, -1} end
 local record = cjson.decode(ARGV[2])
+record.prompt_tokens = tonumber(record.prompt_tokens) or 0
+record.completion_tokens = tonumber(record.completion_tokens) or 0
 local unrelayed = 0
 local relayed = -1
 if ARGV[6] ~= '' or req[7] then
@@ -312,12 +316,10 @@ def partial_usage(dreq: DispatchRequest, events: int) -> dict[str, int]:
     orchestrator (the engine's usage comes with `done`/`error`); the gateway's estimate is an upper
     bound. The completion: one token per event relayed, vLLM's one content event per token (more
     per event when its HTTP side fell behind, the role chunk counted too): the floor the relay saw.
-    Both within the reservation, so the settle never debits more than was reserved."""
-    prompt = dreq.max_prompt_tokens or 0
-    completion = events
-    if dreq.max_completion_tokens is not None:
-        completion = min(completion, dreq.max_completion_tokens)
-    return {"prompt_tokens": prompt, "completion_tokens": completion}
+    Both within the budget, so the settle never debits more than was reserved."""
+    budget = dreq.budget
+    usage = budget.clamp(Usage(budget.prompt_tokens or 0, events)).usage
+    return {"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens}
 
 
 class Sweeper:

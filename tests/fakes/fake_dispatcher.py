@@ -14,10 +14,12 @@ import time
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
+from apps.core.error_table import UPSTREAM_ERROR, stream_error
+from apps.core.errors import Unavailable
 from apps.core.ledger.api import Ledger
 from apps.core.metering import settle_usage
 from apps.core.protocol.dispatch import DispatchRequest
-from apps.core.protocol.openai import SSE_DONE, error_body, sse_event
+from apps.core.protocol.openai import SSE_DONE, sse_event
 from apps.core.protocol.vllm import chunk_payload, delta_choice, usage_block
 
 
@@ -29,8 +31,7 @@ class FakeUpstream:
         self.headers: Mapping[str, str] = {"x-llmfleet-queue-wait": "0.25"}
         if owner.status != 200:
             self.headers = {**self.headers, "retry-after": "3"}
-        body = request.body
-        self.tokens = owner.tokens if owner.tokens is not None else int(body.get("max_tokens") or 8)
+        self.tokens = owner.tokens if owner.tokens is not None else (request.budget.max_tokens or 8)
         self.prompt_tokens = 11
         self.produced = 0
         self._settled = False
@@ -55,7 +56,7 @@ class FakeUpstream:
                     await asyncio.sleep(self._owner.delay_s)
                 self.produced += 1
                 if self._owner.die_after is not None and i >= self._owner.die_after:
-                    yield sse_event(json.dumps(error_body("engine died", "server_error")).encode()) + SSE_DONE
+                    yield stream_error(UPSTREAM_ERROR, "engine died")
                     await self._settle()
                     return
                 yield self._chunk({"content": f"t{i} "})
@@ -73,7 +74,7 @@ class FakeUpstream:
     async def read_body(self) -> bytes:
         if self._owner.error is not None:
             return json.dumps(self._owner.error).encode()
-        return json.dumps(error_body("no healthy node", "service_unavailable", None, "no_node")).encode()
+        return json.dumps(Unavailable("no healthy node", code="no_node").envelope()).encode()
 
     async def _settle(self) -> None:
         if self._settled:

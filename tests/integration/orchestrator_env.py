@@ -88,6 +88,7 @@ async def start_pg_orchestrator(
     *,
     team: str,
     credits: int,
+    resume_models: frozenset[str] | None = None,
     **settings: Any,
 ) -> PgPlane:
     """One replica serving `model`, settling through `settle_usage` on a `PgLedger` like
@@ -111,6 +112,7 @@ async def start_pg_orchestrator(
         ledger=ledger,
         settle=functools.partial(settle_usage, ledger, redis),
         models={model},
+        resume_models=resume_models,
     )
     orch = await start_orchestrator(OrchestratorSettings(**values), deps)
     return PgPlane(store, ledger, created.id, orch)

@@ -57,9 +57,10 @@ async def test_non_streaming_completion_settles_and_reports_usage(env: GatewayEn
         assert r.headers["x-ratelimit-limit-tokens"] == "10000"
         assert r.headers["x-request-id"].startswith("chatcmpl-")
         sent = env.dispatcher.requests[0]
-        assert sent.body["stream"] is True
-        assert sent.body["stream_options"] == {"include_usage": True}
+        # The client's fields and its intent: the agent streams the engine with usage on.
+        assert "stream" not in sent.body
         assert sent.client_wants_usage is True
+        assert sent.wants_chunk_usage is False
         usage = (await c.get("/v1/usage", headers=auth(key))).json()
         assert usage["data"][0]["completion_tokens"] == 4
         assert usage["total"]["prompt_tokens"] == 11

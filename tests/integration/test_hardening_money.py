@@ -85,7 +85,9 @@ async def test_the_reservation_and_the_engine_get_the_same_effective_max_tokens(
             assert time.monotonic() < deadline, "the request never reached the dispatcher"
             await asyncio.sleep(0.01)
         dreq = env.dispatcher.requests[0]
-        assert dreq.body["max_tokens"] == default  # absent in the client's body: the default, sent
+        # Absent in the client's body: the default, in the budget the agent tells the engine.
+        assert "max_tokens" not in dreq.body
+        assert (dreq.budget.max_tokens, dreq.budget.n) == (default, 3)
         assert (dreq.max_prompt_tokens, dreq.max_completion_tokens) == (
             estimate_prompt_tokens(MESSAGES),
             3 * default,

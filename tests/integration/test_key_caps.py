@@ -145,7 +145,7 @@ async def test_without_max_tokens_the_default_is_clamped_to_the_caps(env: Gatewa
                 headers={"Authorization": f"Bearer {key}"},
             )
             assert r.status_code == 200, r.text
-            assert env.dispatcher.requests[-1].body["max_tokens"] == expected
+            assert env.dispatcher.requests[-1].budget.max_tokens == expected
             assert env.dispatcher.requests[-1].max_completion_tokens == expected  # what was reserved
             assert r.json()["usage"]["completion_tokens"] == expected
 

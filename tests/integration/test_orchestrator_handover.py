@@ -13,6 +13,7 @@ from apps.core.nodes import keys
 from apps.core.protocol import node as proto
 from apps.core.protocol.dispatch import RETRY_ELSEWHERE, DispatchRequest
 from apps.orchestrator.app import RunningOrchestrator
+from apps.orchestrator.plane import assignment
 from apps.orchestrator.scheduling.view import PickRequest
 from apps.orchestrator.streams import RequestStream
 from tests.fakes.fake_node import Auto, FakeNode
@@ -182,7 +183,7 @@ async def test_work_the_stopping_replica_assigns_after_its_node_moved_goes_to_th
         {"request_id": "r2", "team_id": 1, "key_id": 1, "model": "m", "body": {"messages": []}}
     )
     stream = RequestStream("r2", "n6", 64)
-    assert await a.plane.start(picked, dreq, stream)
+    assert await a.plane.start(picked, assignment(dreq), stream)
     assign = await asyncio.wait_for(new.assigns.get(), 10)
     assert assign.request_id == "r2"
     assert [f.request_id for f in node.frames if isinstance(f, proto.Assign)] == ["r1"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 
+from apps.core.protocol.engine import engine_body
 from apps.core.sharing import VLLM_PRIORITY, PriorityClass
 from tests.integration.orchestrator_env import Env, eventually
 
@@ -27,11 +28,11 @@ async def test_interactive_finds_a_slot_while_batch_fills_the_node(env: Env) -> 
     # Three of four slots: the fourth is left to interactive; the other batch requests wait.
     await eventually(lambda: _true(orch.plane.queues.depth("m") == 3))
     assert node.assigns.empty()
-    assert {a.body["priority"] for a in assigns} == {VLLM_PRIORITY[PriorityClass.BATCH]}
+    assert {engine_body(a)["priority"] for a in assigns} == {VLLM_PRIORITY[PriorityClass.BATCH]}
     interactive = asyncio.create_task(env.dispatch(orch, "i0"))
     assign = await asyncio.wait_for(node.assigns.get(), 5)
     assert assign.request_id == "i0"
-    assert assign.body["priority"] == VLLM_PRIORITY[PriorityClass.INTERACTIVE]
+    assert engine_body(assign)["priority"] == VLLM_PRIORITY[PriorityClass.INTERACTIVE]
     for task in (*batch, interactive):
         task.cancel()
     await asyncio.gather(*batch, interactive, return_exceptions=True)

@@ -17,6 +17,7 @@ from typing import Any
 from apps.core.ledger.api import ReservationStatus
 from apps.core.protocol import node as proto
 from apps.core.protocol.dispatch import DISPATCH_PATH
+from apps.core.protocol.engine import engine_body
 from apps.core.protocol.openai import sse_event
 from apps.core.protocol.vllm import chunk_payload, delta_choice, usage_block
 from tests.fakes.fake_node import FakeNode
@@ -32,6 +33,7 @@ BODY: dict[str, Any] = {
     "max_tokens": 5,
     "stream_options": {"include_usage": True},
 }
+BUDGET: dict[str, Any] = {"max_prompt_tokens": 100, "max_completion_tokens": 5}  # as the gateway sends it
 
 
 def role(chunk_id: str, created: int) -> str:
@@ -62,7 +64,7 @@ async def _continue_on(node: FakeNode, prompt: int) -> proto.Assign:
 
 async def _start_and_deliver(env: Env, orch: Any, first: FakeNode) -> Dispatch:
     env.ledger.add("r1")
-    task = asyncio.create_task(env.dispatch(orch, "r1", body=BODY, client_wants_usage=True))
+    task = asyncio.create_task(env.dispatch(orch, "r1", body=BODY, client_wants_usage=True, **BUDGET))
     assign = await asyncio.wait_for(first.assigns.get(), 5)
     await first.chunk(assign.request_id, role("chatcmpl-first", 1) + text("chatcmpl-first", 1, "A"))
     await first.chunk(assign.request_id, text("chatcmpl-first", 1, " B"))
@@ -158,10 +160,11 @@ async def test_engine_error_mid_stream_continues_on_another_node_and_bills_once(
     assert headers["x-llmfleet-node"] == "n1"
     # The continuation request: the delivered text as the assistant message to continue.
     assert assign.request_id == "r1"
-    assert assign.body["messages"] == [*BODY["messages"], {"role": "assistant", "content": "A B"}]
-    assert assign.body["continue_final_message"] is True
-    assert assign.body["add_generation_prompt"] is False
-    assert assign.body["max_tokens"] == 3
+    engine = engine_body(assign)  # what the agent sends its engine
+    assert engine["messages"] == [*BODY["messages"], {"role": "assistant", "content": "A B"}]
+    assert engine["continue_final_message"] is True
+    assert engine["add_generation_prompt"] is False
+    assert engine["max_tokens"] == 3
     assert env.ledger.status("r1") is ReservationStatus.SETTLED
     assert env.ledger.resume_prompt_tokens == {"r1": 9}
     assert _resumes(orch, "engine_error", "completed") == 1
@@ -234,7 +237,7 @@ async def test_a_second_failure_ends_the_stream_and_settles_both_parts_once(env:
     await second.error("r1", 500, "died too", chunks_sent=2, prompt_tokens=9, completion_tokens=1)
     status, _, body = await asyncio.wait_for(task, 10)
     evs = events(body)
-    assert assign.body["max_tokens"] == 3
+    assert engine_body(assign)["max_tokens"] == 3
     assert status == 200
     assert json.loads(evs[-2])["error"]["message"] == "died too"
     contents = [json.loads(e)["choices"][0]["delta"].get("content") for e in evs[:-2]]
@@ -320,7 +323,7 @@ async def test_a_replayed_abort_of_the_lost_node_waits_for_the_resume_and_does_n
     one_seq = [proto.ModelInfo(name="m", max_num_seqs=1, max_model_len=4096)]
     second = await env.node(orch, "n2", location="cloud", models=one_seq)
     env.ledger.add("r0")
-    busy = asyncio.create_task(env.dispatch(orch, "r0", body=BODY))  # holds n2's only slot
+    busy = asyncio.create_task(env.dispatch(orch, "r0", body=BODY, **BUDGET))  # holds n2's only slot
     assert (await asyncio.wait_for(second.assigns.get(), 5)).request_id == "r0"
     first = await env.node(orch, "n1")
     task = await _start_and_deliver(env, orch, first)

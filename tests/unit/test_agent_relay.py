@@ -12,6 +12,7 @@ import pytest
 
 from apps.agent.engine import EngineClient
 from apps.agent.relay import Outcome, Relay, RelayTimeouts, engine_body
+from apps.core.error_table import TIMEOUT
 from apps.core.protocol import node as proto
 from apps.core.protocol.openai import SseSplitter
 from tests.fakes.fake_engine import MODEL, FakeEngine
@@ -245,7 +246,10 @@ async def test_per_chunk_usage_reaches_a_client_that_asked_for_it(engine: FakeEn
 async def test_idle_deadline_between_tokens(engine: FakeEngine) -> None:
     frame, _, _ = await _relay(engine, _assign({"tokens": 3, "pace_s": 0.6}), idle_s=0.1, first_byte_s=5.0)
     assert isinstance(frame, proto.Error)
-    assert frame.status == 504
+    assert (frame.status, frame.error_type) == (
+        TIMEOUT.status,
+        TIMEOUT.frame_type,
+    )  # apps/core/error_table.py
     assert "timed out" in frame.message
     assert frame.chunks_sent == 1  # the role chunk came, then nothing
     await engine.wait_aborted(1)  # the upstream connection was closed

@@ -16,7 +16,7 @@ from apps.gateway.admin_routes import _opt_int, amount_microcredits, team_ref
 from apps.gateway.fields import ENGINE_SAMPLING_EXTRAS
 from apps.gateway.ssrf import check_ssrf, is_public_ip
 from apps.gateway.usage import parse_time
-from apps.gateway.validate import parse_body, upstream_body, validate_chat
+from apps.gateway.validate import parse_body, validate_chat, wire_body
 from tests.fakes.fake_gateway import StaticResolver
 
 SPEC = load_spec("dev")
@@ -137,7 +137,7 @@ def test_only_openai_fields_and_the_engine_extras_are_forwarded() -> None:
         "priority": -100,
     }
     allowed = {"top_k": 5, "min_p": 0.1, "temperature": 0.2, "seed": 7, "tools": []}
-    sent = upstream_body(validate_chat(body_with(**engine_only, **allowed), SPEC))
+    sent = wire_body(validate_chat(body_with(**engine_only, **allowed), SPEC))
     assert not set(engine_only) & set(sent)
     assert {k: sent[k] for k in allowed} == allowed
     assert {"top_k", "min_p", "ignore_eos"} <= ENGINE_SAMPLING_EXTRAS
@@ -184,7 +184,7 @@ def test_no_body_makes_the_parser_fail_other_than_with_a_4xx(raw: bytes) -> None
 @settings(max_examples=150, deadline=None)
 @given(CHAT_BODIES)
 def test_no_chat_body_makes_validation_fail_other_than_with_a_4xx(body: dict[str, Any]) -> None:
-    _client_error(lambda b: json.dumps(upstream_body(validate_chat(b, SPEC))).encode(), body)
+    _client_error(lambda b: json.dumps(wire_body(validate_chat(b, SPEC))).encode(), body)
 
 
 @settings(max_examples=150, deadline=None)

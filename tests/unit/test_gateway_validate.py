@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from apps.core.errors import InvalidRequest, NotFound
+from apps.core.protocol.engine import engine_body
+from apps.core.protocol.node import Assign
 from apps.core.spec import load_spec
 from apps.gateway.validate import (
+    ChatRequest,
     check_ssrf,
     estimate_prompt_tokens,
     is_public_ip,
-    upstream_body,
     validate_chat,
+    wire_body,
 )
 from tests.fakes.fake_gateway import StaticResolver
 
@@ -19,29 +24,44 @@ SPEC = load_spec("dev")
 MODEL = "llama-3.1-8b-instruct"
 
 
+def engine_sent(req: ChatRequest) -> dict[str, Any]:
+    """The engine's body for `req`, as the agent builds it from what the gateway sends."""
+    assign = Assign(
+        request_id="r",
+        model=req.model,
+        body=wire_body(req),
+        budget=req.budget,
+        wants_chunk_usage=req.wants_chunk_usage,
+    )
+    return engine_body(assign)
+
+
 def test_defaults_and_forced_usage() -> None:
     req = validate_chat({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "extra": 1}, SPEC)
     assert req.max_tokens == SPEC.models[MODEL].serving.default_max_tokens
     assert req.stream is False
     assert req.wants_usage is True
-    body = upstream_body(req)
+    assert "extra" not in wire_body(req)  # neither an OpenAI field nor an allowed engine extra: dropped
+    body = engine_sent(req)
     assert body["stream"] is True
-    assert body["stream_options"] == {"include_usage": True}
-    assert "extra" not in body  # neither an OpenAI field nor an allowed engine extra: dropped
+    assert body["stream_options"] == {"include_usage": True, "continuous_usage_stats": True}
+    assert body["max_tokens"] == req.max_tokens
+    assert body["n"] == 1
+    assert req.wants_chunk_usage is False
     streamed = validate_chat({"model": MODEL, "messages": [{"role": "user"}], "stream": True}, SPEC)
     assert streamed.wants_usage is False
 
 
-def test_per_chunk_usage_goes_upstream_only_for_a_client_that_wants_usage() -> None:
-    def sent(options: dict[str, object]) -> object:
+def test_per_chunk_usage_is_wanted_only_by_a_client_that_wants_usage() -> None:
+    def wants(options: dict[str, object]) -> bool:
         body = {"model": MODEL, "messages": [{"role": "user"}], "stream": True, "stream_options": options}
-        return upstream_body(validate_chat(body, SPEC))["stream_options"]
+        return validate_chat(body, SPEC).wants_chunk_usage
 
-    both = {"include_usage": True, "continuous_usage_stats": True}
-    assert sent(both) == both  # the agent keeps each chunk's usage for this client
+    assert wants({"include_usage": True, "continuous_usage_stats": True})  # the agent keeps it
     # Forcing include_usage on must not switch per-chunk usage on for a client that did not ask.
-    assert sent({"continuous_usage_stats": True}) == {"include_usage": True}
-    assert sent({"include_usage": False, "continuous_usage_stats": True}) == {"include_usage": True}
+    assert not wants({"continuous_usage_stats": True})
+    assert not wants({"include_usage": False, "continuous_usage_stats": True})
+    assert not wants({"include_usage": True})
 
 
 def test_estimate_is_an_upper_bound_on_bytes() -> None:

@@ -6,13 +6,17 @@ with the right direction's decoder and encoding again gives the same bytes.
 
 from __future__ import annotations
 
+import json
 import typing
 from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
 
+from apps.core.budget import Budget
 from apps.core.protocol import node as proto
+from apps.core.protocol.engine import engine_body, legacy_assign, wants_chunk_usage
+from apps.core.sharing import PriorityClass
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "protocol"
 NODE_TYPES = {"register", "heartbeat", "chunk", "done", "error", "drained", "handed_over"}
@@ -145,9 +149,41 @@ def test_an_encoded_frame_never_holds_a_raw_newline(path: Path) -> None:
 
 
 def test_the_orchestrator_accepts_every_version() -> None:
-    assert {1, 2, 3} == proto.SUPPORTED_VERSIONS
+    assert {1, 2, 3, 4} == proto.SUPPORTED_VERSIONS
     assert proto.BATCHING_VERSION == 2
-    assert proto.PROTOCOL_VERSION == proto.HANDOVER_VERSION == 3
+    assert proto.HANDOVER_VERSION == 3
+    assert proto.PROTOCOL_VERSION == proto.INTENT_VERSION == 4
+
+
+def test_a_version_4_assign_carries_intent_and_an_older_node_gets_the_engine_body() -> None:
+    """Version 4: the client's body and the intent; the agent builds the engine's body once. A node
+    before version 4 gets that body built (and no field it would refuse)."""
+    body = {
+        "messages": [{"role": "user", "content": "hi"}],
+        "stream_options": {"continuous_usage_stats": True},
+    }
+    assign = proto.Assign(
+        request_id="r1",
+        model="m",
+        body=body,
+        budget=Budget(30, 8, 2),
+        wants_chunk_usage=False,
+        priority_class=PriorityClass.BATCH,
+        continuation="so far",
+    )
+    assert proto.decode_server_frame(proto.encode(assign)) == assign
+    built = engine_body(assign)
+    assert (built["max_tokens"], built["n"], built["priority"], built["model"]) == (4, 2, 10, "m")
+    assert built["messages"][-1] == {"role": "assistant", "content": "so far"}
+    assert (built["continue_final_message"], built["add_generation_prompt"]) == (True, False)
+    assert built["stream_options"] == {"include_usage": True, "continuous_usage_stats": True}
+    legacy = legacy_assign(assign)
+    assert set(json.loads(proto.encode(legacy))) == {"type", "request_id", "model", "body"}
+    # The per-chunk option stays only for a client that asked (that agent reads it from the body).
+    assert legacy.body == {**built, "stream_options": {"include_usage": True}}
+    plain = proto.Assign(request_id="r1", model="m", body=body)
+    assert set(json.loads(proto.encode(plain))) == {"type", "request_id", "model", "body"}
+    assert wants_chunk_usage(plain)  # an older orchestrator's body: the option says it
 
 
 def test_handover_frames_golden_both_directions() -> None:

@@ -8,10 +8,19 @@ from typing import Any
 
 import pytest
 
+from apps.core.budget import Budget
 from apps.core.protocol.dispatch import DispatchRequest
 from apps.core.protocol.openai import sse_event
 from apps.core.protocol.vllm import chunk_payload, delta_choice, usage_block
-from apps.orchestrator.resume import Splice, billed, can_resume, continuation_body, delivered, resumable
+from apps.orchestrator.resume import (
+    Continuation,
+    Splice,
+    billed,
+    can_resume,
+    continuation,
+    delivered,
+    resumable,
+)
 
 BODY: dict[str, Any] = {
     "model": "m",
@@ -45,28 +54,21 @@ def test_delivered_counts_content_events_not_the_role_chunk() -> None:
     assert delivered([role("c1") + ev("c1", {"content": " x"}, "length")]).finished
 
 
-def test_continuation_body_continues_the_text_with_the_tokens_left() -> None:
+def test_the_continuation_is_the_text_and_the_budget_left() -> None:
     done = delivered([role("c1") + ev("c1", {"content": " a"}) + ev("c1", {"content": " b"})])
-    body = continuation_body(BODY, done)
-    assert body is not None
-    assert body["messages"] == [{"role": "user", "content": "hi"}, {"role": "assistant", "content": " a b"}]
-    assert body["continue_final_message"] is True
-    assert body["add_generation_prompt"] is False
-    assert body["max_tokens"] == 4
-    assert BODY["max_tokens"] == 6  # the original is not touched
-    with_mct = continuation_body({**BODY, "max_completion_tokens": 5, "max_tokens": None}, done)
-    assert with_mct is not None
-    assert with_mct["max_completion_tokens"] == 3
+    budget = Budget(40, 6)
+    assert continuation(budget, done) == Continuation(Budget(40, 4), " a b")
+    assert budget == Budget(40, 6)  # the original is not touched
+    assert continuation(Budget(), done) == Continuation(Budget(), " a b")  # unbounded (an older gateway)
 
 
 def test_nothing_to_continue() -> None:
     two = delivered([role("c1") + ev("c1", {"content": " a"}) + ev("c1", {"content": " b"})])
-    assert continuation_body({**BODY, "max_tokens": 2}, two) is None  # every token was delivered
-    assert continuation_body({**BODY, "max_completion_tokens": 2}, two) is None
+    assert continuation(Budget(40, 2), two) is None  # every token was delivered
     finished = delivered([role("c1") + ev("c1", {"content": " a"}, "stop")])
-    assert continuation_body(BODY, finished) is None
+    assert continuation(Budget(40, 6), finished) is None
     # Only the role chunk went out: the same request again (its role chunk is dropped by the splice).
-    assert continuation_body(BODY, delivered([role("c1")])) == BODY
+    assert continuation(Budget(40, 6), delivered([role("c1")])) == Continuation(Budget(40, 6), None)
 
 
 def test_splice_drops_the_second_role_chunk_and_keeps_the_stream_id() -> None:
@@ -122,7 +124,7 @@ def test_billing_rule(
         ({"logprobs": True}, False),
         ({"top_logprobs": 2}, False),
         ({"tools": [{"type": "function", "function": {"name": "f"}}]}, False),
-        ({"stream": False}, False),
+        ({"stream": False}, True),  # the engine streams every request (the gateway collects)
         ({"messages": None, "prompt": "x"}, False),
     ],
 )
@@ -135,3 +137,4 @@ def test_resume_is_per_model() -> None:
     assert can_resume(dreq, None)
     assert can_resume(dreq, {"m"})
     assert not can_resume(dreq, {"other"})
+    assert not can_resume(dreq.model_copy(update={"n": 2}), None)  # the budget's n

@@ -9,9 +9,11 @@ the model's prices at reserve time, so settle needs no spec and a price change n
 re-prices a request already admitted.
 
 Settle is `UPDATE ... WHERE request_id = ? AND status = 'reserved'` plus the debit in
-the same transaction; a retried settle finds no `reserved` row and is a no-op. The cost is
-capped at the reservation (the request's worst case: prompt bound + n x max_tokens, which the
-engine was told), so no report can bill more than was reserved. The debit is
+the same transaction; a retried settle finds no `reserved` row and is a no-op. The tokens come
+capped already (`apps/core/budget.py` `Budget.clamp`, the settle script); the cost is held at the
+money reserved (a money ceiling, the reservation's own invariant, not a second token cap: a
+request without a known budget, from an older gateway, is bounded by it too), so no settle can
+bill more than was reserved. The debit is
 `LEAST(capped cost, balance)`: the balance covers every open reservation, so this only falls
 short when an admin debit ate into reserved money; the shortfall is then recorded in
 `uncharged_microcredits` (a write-off, counted by the metric

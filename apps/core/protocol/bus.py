@@ -22,7 +22,8 @@ class AssignMsg(_Msg):
     origin: str
     request_id: str
     model: str
-    body: dict[str, Any] = Field(default_factory=dict)
+    body: dict[str, Any] = Field(default_factory=dict)  # the engine's body (for a replica before version 4)
+    assign: dict[str, Any] | None = None  # the `assign` frame (node protocol version 4), intent included
 
 
 class CancelMsg(_Msg):

@@ -21,7 +21,12 @@ Sharing (issue 19): `team_weight` (the team's weight in the orchestrators' fair 
 the values an older gateway implied (1, interactive). A `429` may carry `team_queue_full` (the
 team's lanes of the model's queue are full, or its predicted wait exceeds the limit).
 
-The orchestrator settles the ledger row (at most `max_prompt_tokens` / `max_completion_tokens`) (`request_id`) with the engine's usage; if
+Issue 28: the gateway sends the client's fields and its intent (`client_wants_chunk_usage`, the
+budget's `n`) instead of an engine body; an orchestrator reads an older gateway's edited body the
+same way, but an older orchestrator refuses the new fields: roll the orchestrators first.
+
+The orchestrator settles the ledger row (`request_id`) with the engine's usage, at most the request's
+`Budget` (`max_prompt_tokens` / `max_completion_tokens`); if
 the gateway closes the connection early the orchestrator cancels the request on the
 node and settles the tokens produced so far.
 """
@@ -33,6 +38,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from apps.core.budget import Budget
 from apps.core.sharing import DEFAULT_WEIGHT, MAX_WEIGHT, PriorityClass
 
 DISPATCH_PATH = "/internal/v1/dispatch"
@@ -77,14 +83,36 @@ class DispatchRequest(BaseModel):
     team_id: int
     key_id: int | None = None
     model: str
-    body: dict[str, Any]  # the client's body with `stream: true` and usage forced on
+    # The client's body (its OpenAI fields and allowed engine extras, `apps/gateway/fields.py`),
+    # as the client sent them: the agent builds the engine's body from it and the intent below
+    # (`apps.core.protocol.engine`). An older gateway sent it edited already (the same result).
+    body: dict[str, Any]
     client_wants_usage: bool = False
+    # The client asked for usage on every chunk (`stream_options.continuous_usage_stats` with
+    # usage on). None: an older gateway, which left the option in `body` only when it applied.
+    client_wants_chunk_usage: bool | None = None
     deadlines: Deadlines = Deadlines()
-    # The worst case the gateway reserved for (prompt bound, n x max_tokens): the orchestrator
-    # settles at most this, whatever a node reports (None: an older gateway, no bound known).
+    # The request's `Budget` (apps/core/budget.py), the worst case the gateway reserved for: prompt
+    # bound, n x max_tokens and n. The orchestrator settles at most this, whatever a node reports
+    # (None: an older gateway, no bound known; `n` None: an older gateway, the body's `n`).
     max_prompt_tokens: int | None = Field(default=None, ge=0)
     max_completion_tokens: int | None = Field(default=None, ge=0)
+    n: int | None = Field(default=None, ge=1)
     # The sharing model (`apps.core.sharing`): the team's weight in the fair queue and the
     # request's priority class (the key's or the JWT claim's). Absent from an older gateway: 1, interactive.
     team_weight: float = Field(default=DEFAULT_WEIGHT, gt=0, le=MAX_WEIGHT)
     priority_class: PriorityClass = PriorityClass.INTERACTIVE
+
+    @property
+    def budget(self) -> Budget:
+        n = self.n if self.n is not None else self.body.get("n")
+        return Budget(
+            self.max_prompt_tokens, self.max_completion_tokens, n if isinstance(n, int) and n > 0 else 1
+        )
+
+    @property
+    def wants_chunk_usage(self) -> bool:
+        if self.client_wants_chunk_usage is not None:
+            return self.client_wants_chunk_usage
+        options = self.body.get("stream_options")
+        return isinstance(options, dict) and options.get("continuous_usage_stats") is True

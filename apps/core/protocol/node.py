@@ -24,6 +24,12 @@ there until they end; the old socket then closes with `CLOSE_HANDED_OVER` (4011)
 node gets a 1001 close instead; an orchestrator that does not know version 3 refuses it with
 4001 and the agent steps down one version per refusal.
 
+Version 4 moves the engine's body to the agent (issue 28): `assign` carries the client's body
+as the gateway forwarded it plus the request's intent (`budget`, `wants_chunk_usage`,
+`priority_class` and, for a resumed stream, `continuation`: the text the client has), and the
+agent builds the engine's body once (`apps.core.protocol.engine.engine_body`). A version 1-3 node
+gets that body built already (`legacy_assign`), without the new fields.
+
 `chunk.delta` carries the engine's SSE bytes as text, one or more whole
 `data: {...}\\n\\n` events, never re-encoded (docs/architecture.md D5). `done` carries the engine's usage
 (or, after a cancel, the tokens produced so far) and is repeated until `done_ack`
@@ -39,10 +45,14 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
-PROTOCOL_VERSION = 3
-SUPPORTED_VERSIONS = frozenset({1, 2, 3})
+from apps.core.budget import Budget
+from apps.core.sharing import PriorityClass
+
+PROTOCOL_VERSION = 4
+SUPPORTED_VERSIONS = frozenset({1, 2, 3, 4})
 BATCHING_VERSION = 2  # from this version on a node's message may carry several frames
 HANDOVER_VERSION = 3  # from this version on a stopping orchestrator hands its sockets over
+INTENT_VERSION = 4  # from this version on `assign` carries intent and the agent builds the engine body
 
 # WebSocket close codes (4000-4999 are for applications).
 CLOSE_NORMAL = 1000
@@ -155,6 +165,14 @@ class Assign(_Frame):
     request_id: str
     model: str
     body: dict[str, Any]
+    # Version 4 (absent before: `body` is then the engine's body, built by the orchestrator).
+    budget: Budget | None = None
+    wants_chunk_usage: bool | None = None
+    priority_class: PriorityClass | None = None
+    continuation: str | None = None  # a resumed stream: the assistant text the client has
+
+
+INTENT_FIELDS = ("budget", "wants_chunk_usage", "priority_class", "continuation")
 
 
 class Cancel(_Frame):
@@ -206,6 +224,8 @@ def encode(frame: _Frame) -> str:
     """The one codec: compact JSON, fields in declaration order."""
     if type(frame) is Chunk:
         return encode_chunk(frame.request_id, frame.delta)
+    if type(frame) is Assign:  # version-4 fields only when set: a version 1-3 frame stays as it was
+        return frame.model_dump_json(exclude={f for f in INTENT_FIELDS if getattr(frame, f) is None})
     return frame.model_dump_json()
 
 

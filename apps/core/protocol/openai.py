@@ -95,12 +95,6 @@ def parse_usage(payload: bytes) -> Usage | None:
     return Usage(prompt, completion)
 
 
-def error_body(
-    message: str, type_: str, param: str | None = None, code: str | int | None = None
-) -> dict[str, Any]:
-    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
-
-
 def assemble_completion(payloads: list[bytes]) -> dict[str, Any]:
     """Fold streamed `chat.completion.chunk` payloads into one `chat.completion` body.
 

@@ -6,6 +6,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
+from apps.core.budget import UNBOUNDED, Budget
 from apps.core.nodes.state import NodeState
 
 
@@ -30,8 +31,8 @@ class PickRequest:
     request_id: str = ""
     exclude: frozenset[str] = field(default_factory=frozenset)  # nodes already tried for this request
     kv_cache_max: float = 0.95
-    # (prompt, completion) tokens the request may use at most; recorded with the assignment.
-    usage_bound: tuple[int, int] | None = None
+    # The tokens the request may use at most (apps/core/budget.py); recorded with the assignment.
+    budget: Budget = UNBOUNDED
     # The stream may resume on another node after output started: the first node's mid-stream
     # error is then settled by the relay (or the second node), not by itself (`apps/orchestrator/resume.py`).
     resumable: bool = False
