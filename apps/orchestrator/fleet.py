@@ -73,6 +73,7 @@ if redis.call('ZCARD', KEYS[2]) >= tonumber(ARGV[2]) then return 0 end
 redis.call('ZADD', KEYS[2], ARGV[4], ARGV[1])
 redis.call('EXPIRE', KEYS[2], ARGV[7])
 redis.call('HSET', KEYS[3], 'node', ARGV[5], 'origin', ARGV[6])
+redis.call('HDEL', KEYS[3], 'relayed')  -- a new node's report is held against its own events
 if ARGV[8] == '1' then redis.call('HSET', KEYS[3], 'resumable', '1') end
 if #ARGV > 8 then redis.call('HSET', KEYS[3], unpack(ARGV, 9)) end
 redis.call('HINCRBY', KEYS[3], 'attempt', 1)

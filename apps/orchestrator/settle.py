@@ -26,9 +26,10 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from redis.asyncio import Redis
 
@@ -71,6 +72,9 @@ local unrelayed = 0
 local relayed = -1
 if ARGV[6] ~= '' or req[7] then
   relayed = tonumber(req[7] or '0') + tonumber(ARGV[6] ~= '' and ARGV[6] or '0')
+  -- Kept: a second report for the request on this socket (a node reports once; only a hostile
+  -- one reports again, after this socket's count is gone) is held against the same count.
+  if ARGV[6] ~= '' then redis.call('HINCRBY', KEYS[1], 'relayed', ARGV[6]) end
   local reported = tonumber(record.completion_tokens)
   if reported > relayed * tonumber(ARGV[7]) + tonumber(ARGV[8]) then
     record.completion_tokens = math.min(reported, relayed); unrelayed = 1
@@ -165,6 +169,22 @@ class Settler:
         self.idle = asyncio.Event()
         self.idle.set()
         self._busy = 0
+        self._locks: dict[str, list[Any]] = {}  # request id -> [its lock, jobs holding or awaiting it]
+
+    @contextlib.asynccontextmanager
+    async def _ordered(self, request_id: str) -> AsyncIterator[None]:
+        """Hold the request's lock (FIFO); forgotten when no job of the request holds or awaits it."""
+        entry = self._locks.get(request_id)
+        if entry is None:
+            entry = self._locks[request_id] = [asyncio.Lock(), 0]
+        entry[1] += 1
+        try:
+            async with entry[0]:
+                yield
+        finally:
+            entry[1] -= 1
+            if entry[1] == 0:
+                del self._locks[request_id]
 
     async def submit(self, job: SettleJob) -> None:
         self.idle.clear()
@@ -180,7 +200,11 @@ class Settler:
             job = await self._queue.get()
             self._busy += 1
             try:
-                await self.handle(job)
+                # Reports for one request are handled in the order they arrived (the first one
+                # keeps the socket's relayed count for any later one: `_RECORD_DONE_LUA`). The lock
+                # is taken in the same step as the `get`, so queue order is lock order.
+                async with self._ordered(job.request_id):
+                    await self.handle(job)
             except Exception as exc:
                 # The done record stays in Redis and the agent replays the unacked done.
                 self._metrics.settles.labels(outcome="error").inc()

@@ -1,0 +1,126 @@
+"""A node reports each request once; a hostile node reports again, on the same socket, after the
+socket's relayed count for the request was taken by the first report (`node_ws._finished` pops it).
+The second report is held against the same count: the settle script keeps the count in `req:{id}`
+(`_RECORD_DONE_LUA`), and the Settler handles one request's reports in the order they came, so the
+first has kept the count before the second is read (`Settler._ordered`).
+
+Found by the property test `test_node_frames_property.py` (seed 3, one run in three under load):
+a hostile node's `error` then `done` for its own request settled 40 completion tokens against 2
+relayed events. Real Redis; the ledger settle is a recorder.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from typing import Any
+
+import pytest
+from redis.asyncio import Redis
+
+from apps.core.ledger.api import SettleOutcome, SettleResult
+from apps.core.nodes import keys
+from apps.orchestrator.fleet import Fleet
+from apps.orchestrator.metrics import Metrics
+from apps.orchestrator.settle import SettleJob, Settler
+from apps.orchestrator.tolerance import UsageTolerance
+
+MODEL = "m"
+pytestmark = pytest.mark.timeout(60)
+
+
+class Recorder:
+    """The ledger settle: records each call; `gate`, when set, holds every call until it is set."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, int, int]] = []
+        self.gate: asyncio.Event | None = None
+        self.entered = asyncio.Event()
+
+    async def __call__(
+        self, request_id: str, prompt_tokens: int, completion_tokens: int, *, resume_prompt_tokens: int = 0
+    ) -> SettleResult:
+        self.calls.append((request_id, prompt_tokens, completion_tokens))
+        self.entered.set()
+        if self.gate is not None:
+            await self.gate.wait()
+        return SettleResult(SettleOutcome.SETTLED, request_id)
+
+
+async def _settler(redis: Redis, settle: Recorder) -> Settler:
+    fleet = Fleet(redis, heartbeat_interval_s=1, heartbeat_ttl_s=3, missed_heartbeats=3, max_request_s=60)
+    return Settler(
+        redis,
+        fleet,
+        settle,
+        Metrics([MODEL]),
+        queue_size=16,
+        record_ttl_s=60,
+        channel_namespace=f"t{uuid.uuid4().hex[:6]}",
+    )
+
+
+async def _assigned(redis: Redis, node: str) -> str:
+    request_id = f"second-{uuid.uuid4().hex[:10]}"
+    await redis.hset(
+        keys.request_key(request_id), mapping={"node": node, "max_prompt": 64, "max_completion": 40}
+    )
+    return request_id
+
+
+async def test_a_second_report_on_the_same_socket_is_held_against_the_first_reports_count(
+    redis_url: str,
+) -> None:
+    redis = Redis.from_url(redis_url)
+    try:
+        settle = Recorder()
+        settler = await _settler(redis, settle)
+        node = f"hostile-{uuid.uuid4().hex[:6]}"
+        rid = await _assigned(redis, node)
+        # The first report carries the socket's count (2 events); the socket forgets it.
+        await settler.handle(SettleJob(node, rid, 5, 2, None, relayed=2))
+        # The second carries none: before the fix it was not held against anything (40 settled).
+        await settler.handle(SettleJob(node, rid, 61, 40, None, relayed=None))
+        assert settle.calls[0] == (rid, 5, 2)
+        _, _, completion = settle.calls[1]
+        assert completion <= UsageTolerance().bound(2), settle.calls
+        assert completion == 2  # beyond the tolerance: the relayed count
+    finally:
+        await redis.aclose()
+
+
+async def test_one_requests_reports_are_handled_in_order_by_concurrent_workers(redis_url: str) -> None:
+    redis = Redis.from_url(redis_url)
+    try:
+        settle = Recorder()
+        settle.gate = asyncio.Event()
+        settler = await _settler(redis, settle)
+        node = f"hostile-{uuid.uuid4().hex[:6]}"
+        rid = await _assigned(redis, node)
+        workers = asyncio.create_task(settler.run(4))
+        try:
+            await settler.submit(SettleJob(node, rid, 5, 2, None, relayed=2))
+            await settler.submit(SettleJob(node, rid, 61, 40, None, relayed=None))
+            await asyncio.wait_for(settle.entered.wait(), 10)  # the first is in its ledger settle
+            # The second is waiting for the first (or, unordered, reaches the ledger too): either
+            # state is reached without the first finishing.
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + 10
+
+            def second_waits() -> bool:
+                entry: Any = getattr(settler, "_locks", {}).get(rid)
+                return entry is not None and entry[1] == 2
+
+            while not second_waits() and len(settle.calls) < 2:
+                assert loop.time() < deadline, "the second report neither waited nor settled"
+                await asyncio.sleep(0)  # a state the workers reach within a few steps, bounded above
+            assert len(settle.calls) == 1, f"the second report ran beside the first: {settle.calls}"
+            settle.gate.set()
+            await asyncio.wait_for(settler.idle.wait(), 10)
+            assert [c[2] for c in settle.calls] == [2, 2]
+            assert rid not in settler._locks  # forgotten once no job holds or awaits it
+        finally:
+            workers.cancel()
+            await asyncio.gather(workers, return_exceptions=True)
+    finally:
+        await redis.aclose()
