@@ -97,6 +97,7 @@ def test_brief_peak_on_prod_keeps_every_models_queue_wait_p95_under_5s_and_no_50
     assert isinstance(models, dict)
     for name, m in models.items():
         assert m["rejected_503"] == 0, (name, m)
+        assert m["refused_429"] == 0, (name, m)
         assert m["queue_wait_p95_s"] < 5.0, (name, m)
 
 

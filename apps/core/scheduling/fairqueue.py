@@ -33,6 +33,9 @@ CLASSES = (PriorityClass.INTERACTIVE, PriorityClass.BATCH)
 _RATE_SAMPLES = 64  # serves remembered per model for the drain rate
 _RATE_MIN_SAMPLES = 8
 MAX_RETRY_AFTER_S = 60.0
+# The orchestrator's defaults (`queue_max_per_model`, `queue_max_per_team`), also the simulator's.
+DEFAULT_MAX_LEN = 2000
+DEFAULT_MAX_PER_TEAM = 500
 
 
 @dataclass(frozen=True, slots=True)
