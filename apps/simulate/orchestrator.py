@@ -106,6 +106,8 @@ class Orchestrator:
         f.waiting = True
         self.fair.join(model, f)
         self._expire_at(f)
+        if self.fair.head(model) is f:  # the head tries at once (another may be blocked by its exclusions)
+            self._drain(model, now)
 
     def _pick(self, f: Flight) -> Pod | None:
         pods = {p.id: p for p in self.by_model[f.req.model] if p.state in (READY, DRAINING)}
@@ -161,8 +163,8 @@ class Orchestrator:
             pod = self._pick(f)
             if pod is None:
                 return
+            self.fair.served(model, f.share, f.since)  # before leaving: its lane's offset counts
             self._leave(f, now)
-            self.fair.served(model, f.share, f.since)
             self._assign(f, pod, now)
 
     def _deliver(self, pod: Pod, result: StepResult, now: float) -> None:
