@@ -1,5 +1,6 @@
 """Per-team service counters shared by every orchestrator replica, with local decisions.
 
+The counters are `apps.core.scheduling.service.TeamCounters` (shared with `llmfleet simulate`).
 Each replica charges the tokens it hands slots to (prompt + expected answer, corrected with the
 engine's usage when the request ends) to a local pending delta; `sync` — once per fleet refresh,
 one Redis pipeline, never per dispatch — adds the deltas to `fair:svc:{model}`, reads the totals
@@ -11,7 +12,6 @@ service is at most one refresh interval old; `docs/control-plane.md` derives the
 from __future__ import annotations
 
 import json
-from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -19,29 +19,20 @@ from redis.asyncio import Redis
 
 from apps.core.clock import SYSTEM
 from apps.core.fairboard import QUEUE_KEY, QUEUE_TTL_S, SVC_KEY, SVC_TTL_S, lanes_waiting, published, text_map
+from apps.core.scheduling.service import TeamCounters
 from apps.core.sharing import PriorityClass
 
 # (class, team) -> (waiting, the oldest one's wait in seconds)
 LaneCounts = Mapping[tuple[PriorityClass, int], tuple[int, float]]
 
 
-class TeamService:
+class TeamService(TeamCounters):
+    """`TeamCounters` (`apps.core.scheduling.service`) shared across replicas through Redis."""
+
     def __init__(self, replica_id: str = "", wall_clock: Callable[[], float] = SYSTEM.wall) -> None:
+        super().__init__()
         self.replica_id = replica_id
         self._wall = wall_clock
-        self._totals: dict[str, dict[int, float]] = {}  # model -> team -> tokens, as of the last sync
-        self._pending: defaultdict[tuple[str, int], float] = defaultdict(float)
-        self._interactive_elsewhere: dict[str, int] = {}
-
-    def served(self, model: str, team: int) -> float:
-        """Tokens served to `team` on `model` by every replica (last sync + this replica's since)."""
-        return self._totals.get(model, {}).get(team, 0.0) + self._pending.get((model, team), 0.0)
-
-    def charge(self, model: str, team: int, tokens: float) -> None:
-        self._pending[(model, team)] += tokens
-
-    def interactive_elsewhere(self, model: str) -> bool:
-        return self._interactive_elsewhere.get(model, 0) > 0
 
     async def sync(self, redis: Redis, models: Iterable[str], lanes: Mapping[str, LaneCounts]) -> None:
         """Flush the deltas, publish the waiting lanes, read everything back: one round trip."""

@@ -3,9 +3,9 @@
 Phases and deadlines: queue wait (min of the request's and the replica's 30 s limit;
 503/429 + Retry-After), first token (`deadlines.first_token_s`: a connected but silent
 node is cancelled and the request retried), idle between chunks (`deadlines.idle_s`).
-A request is retried once on another node while nothing has been sent to the gateway (an
-assignment that reached no node, e.g. one whose socket was moving between replicas, is tried
-again without counting; a stopping replica sends its waiting requests to another replica); once
+A request is retried once on another node while nothing has been sent to the gateway
+(`apps.core.scheduling.retry`, shared with `llmfleet simulate`; an assignment that reached no
+node, e.g. one whose socket was moving between replicas, is tried again without counting; a stopping replica sends its waiting requests to another replica); once
 output started, a node failure resumes the stream once on another node (`resume.py`) when the
 model and the request allow it, and otherwise (or when that fails) becomes one error event and
 `data: [DONE]`.
@@ -38,6 +38,7 @@ from apps.core.nodes import keys
 from apps.core.protocol.dispatch import QUEUE_WAIT_HEADER, DispatchRequest, InternalToken
 from apps.core.protocol.node import Error
 from apps.core.protocol.openai import SSE_DONE, sse_event
+from apps.core.scheduling.retry import RetryBudget, queue_budget
 from apps.core.sharing import PriorityClass
 from apps.orchestrator.handover import STOPPING, refuse_dispatch
 from apps.orchestrator.logs import event
@@ -49,11 +50,6 @@ from apps.orchestrator.scheduling.view import NodeView, PickRequest
 from apps.orchestrator.settle import partial_usage
 from apps.orchestrator.streams import ChunkEv, DoneEv, ErrorEv, LostEv, RequestStream
 
-MAX_ATTEMPTS = 2
-# Assignments that reached no node (its socket was just moving to another replica, or nobody
-# listened on its channel): nothing ran, so they are tried again on another node without using up
-# one of the `MAX_ATTEMPTS`, this many times at most.
-MAX_UNREACHABLE = 4
 CLEANUP_S = 5.0
 
 
@@ -136,7 +132,7 @@ class _Relay:
 
     async def _dispatch(self) -> web.StreamResponse:
         """A cold-start check, then at most `MAX_ATTEMPTS` nodes (plus `MAX_UNREACHABLE` that the
-        assignment never reached): queue for one, relay from it. A stopping replica sends what
+        assignment never reached; `apps.core.scheduling.retry`): queue for one, relay from it. A stopping replica sends what
         still waits in its queue to another replica (`refuse_dispatch`)."""
         plane, dreq = self.plane, self.dreq
         queue_limit = min(dreq.deadlines.queue_wait_s, plane.settings.queue_limit_s)
@@ -148,11 +144,10 @@ class _Relay:
             except LlmfleetError as exc:
                 self.outcome = exc.code or "unavailable"
                 return await self._fail_before_output(exc)
-        attempts = unreachable = 0
-        while attempts < MAX_ATTEMPTS:
-            remaining = queue_limit - (plane.deps.monotonic() - self._t0)
-            if excluded:
-                remaining = max(1.0, remaining)  # a retry always gets a short chance to queue
+        budget = RetryBudget()
+        while budget.left():
+            elapsed = plane.deps.monotonic() - self._t0
+            remaining = queue_budget(queue_limit, elapsed, retrying=bool(excluded))
             queued_at = plane.deps.monotonic()
             try:
                 node = await plane.queues.acquire(
@@ -160,7 +155,7 @@ class _Relay:
                 )
             except LlmfleetError as exc:
                 self.queued_s += plane.deps.monotonic() - queued_at
-                if exc.code == STOPPING and attempts == 0:
+                if exc.code == STOPPING and budget.attempts == 0:
                     self.outcome = STOPPING  # nothing ran: the gateway sends it to another replica
                     return refuse_dispatch(dreq.request_id)
                 if exc.code == STOPPING:
@@ -178,11 +173,8 @@ class _Relay:
                 return result
             last_retry = result
             excluded.add(node.node_id)
-            if result is Retry.UNREACHABLE and unreachable < MAX_UNREACHABLE:
-                unreachable += 1  # nothing reached the node: not a failed attempt
-            else:
-                attempts += 1
-            if attempts < MAX_ATTEMPTS:
+            budget.spend(reached=result is not Retry.UNREACHABLE)
+            if budget.left():
                 plane.metrics.retries.labels(model=dreq.model, reason=result.value).inc()
                 event("dispatch_retry", request_id=dreq.request_id, node_id=node.node_id, reason=result.value)
         self.outcome = f"failed_{last_retry}"
@@ -360,8 +352,8 @@ class _Relay:
 
     async def _finish_ok(self, ev: DoneEv) -> None:
         # The fair queue charged the expected tokens at dispatch; the engine's usage corrects it.
-        used = min(ev.frame.prompt_tokens + ev.frame.completion_tokens, self.share.cost)
-        self.plane.shares.charge(self.dreq.model, self.share.team, used - self.share.cost)
+        used = ev.frame.prompt_tokens + ev.frame.completion_tokens
+        self.plane.shares.charge(self.dreq.model, self.share.team, self.share.correction(used))
         if self.dreq.client_wants_usage and ev.frame.usage_event:
             # One write for both: the usage event counts as a chunk, [DONE] does not.
             self.out.chunks += 1

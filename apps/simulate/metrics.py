@@ -29,9 +29,9 @@ def scrape(sim: Simulation, now: float) -> dict[str, list[tuple[Labels, float]]]
         out["vllm:num_requests_running"].append((labels, float(len(eng.running))))
         out["vllm:num_requests_waiting"].append((labels, float(len(eng.waiting))))
         out["vllm:kv_cache_usage_perc"].append((labels, eng.kv_cache_usage))
-    for model, q in sim.queues.items():
+    for model in sim.by_model:
         per = [0] * sim.orchestrators
-        for f in q:
+        for f in sim.waiting(model):
             per[f.orch] += 1
         for i, n in enumerate(per):
             out[QUEUE_METRIC].append(((("model", model), ("replica", f"orchestrator-{i}")), float(n)))
@@ -46,7 +46,8 @@ class ModelStats:
     ttft_at: list[tuple[float, float]] = field(default_factory=list)  # (arrival, ttft) for the plot
     tokens: int = 0
     served: int = 0
-    rejected: int = 0
+    rejected: int = 0  # 503: no node within the queue limit
+    refused: int = 0  # 429: the fair queue's admission (queue or team lanes full, predicted wait)
     failed: int = 0
     first_503_s: float | None = None
     first_scale_up_ready_s: float | None = None
@@ -72,7 +73,7 @@ class Recorder:
         st.tokens += f.tokens
         assert f.submitted is not None
         assert f.done is not None
-        st.waits.append(f.submitted - (f.queued_at if f.queued_at is not None else f.submitted))
+        st.waits.append(f.waited)
         if f.first_token is not None:
             ttft = f.first_token - f.req.t
             st.ttft.append(ttft)
@@ -83,10 +84,13 @@ class Recorder:
     def rejected(self, f: Flight) -> None:
         st = self.models[f.req.model]
         st.rejected += 1
-        assert f.queued_at is not None
-        st.waits.append(self.world.spec.slo.queue_limit_s)
+        assert f.done is not None
+        st.waits.append(f.waited)
         if st.first_503_s is None:
-            st.first_503_s = f.queued_at + self.world.spec.slo.queue_limit_s
+            st.first_503_s = f.done
+
+    def refused(self, f: Flight) -> None:
+        self.models[f.req.model].refused += 1
 
     def failed(self, f: Flight) -> None:
         self.models[f.req.model].failed += 1
@@ -106,7 +110,7 @@ class Recorder:
             row["models"][model] = {
                 "ready": sum(1 for p in pods if p.state == READY),
                 "desired": desired,
-                "queue": len(sim.queues[model]),
+                "queue": sim.fair.depth(model),
             }
         for name, n in sim.replicas.items():
             if n > self._last_replicas.get(name, n) and name not in self.first_scale_up_s:
@@ -117,8 +121,9 @@ class Recorder:
     def finish(self, sim: Simulation, now: float) -> None:
         self.end_s = now
         self.nodes = list(sim.karpenter.nodes)
-        for model in sim.queues:
-            sim._expire(model, now + sim.limit_s)  # what is still queued at the end times out
+        for model in sim.by_model:
+            for f in list(sim.waiting(model)):  # what is still queued at the end times out
+                sim._timeout(f, f.deadline)
 
     def gpu_hours(self) -> float:
         """Cloud GPU hours: every cloud node from its launch (EC2 bills from there) to its removal."""

@@ -32,9 +32,10 @@ def summary(rec: Recorder) -> dict[str, Any]:
         peak_ready = max((row["models"][name]["ready"] for row in rec.timeline), default=0)
         peak_desired = max((row["models"][name]["desired"] for row in rec.timeline), default=0)
         models[name] = {
-            "requests": st.served + st.rejected + st.failed,
+            "requests": st.served + st.rejected + st.refused + st.failed,
             "served": st.served,
             "rejected_503": st.rejected,
+            "refused_429": st.refused,
             "failed": st.failed,
             "queue_wait_p50_s": _r(percentile(st.waits, 50)),
             "queue_wait_p95_s": _r(percentile(st.waits, 95)),
@@ -64,6 +65,7 @@ def summary(rec: Recorder) -> dict[str, Any]:
 COLUMNS = [
     ("requests", "requests"),
     ("rejected_503", "503"),
+    ("refused_429", "429"),
     ("failed", "failed"),
     ("queue_wait_p50_s", "wait p50"),
     ("queue_wait_p95_s", "wait p95"),

@@ -3,21 +3,21 @@
 Time is simulated seconds from the trace's start. Every 15 s (the scrape interval and the HPA's
 sync period) the simulator scrapes the metrics the ScaledObjects query, lets each ScaledObject
 poll on its `pollingInterval`, reconciles Deployments to their replica counts, provisions pending
-pods and consolidates empty nodes. The orchestrator keeps one FIFO queue per model (a request
-tries the picker first when nobody waits), drops a request that waited `queue_limit_s` with a
-503, and retries a request whose node died before its first token once on another node.
+pods and consolidates empty nodes. The orchestrator is the production fair queue, picker and
+retry policy (`apps/simulate/orchestrator.py`).
 """
 
 from __future__ import annotations
 
 import heapq
 import random
-from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 
 from apps.core.batching.fastforward import FastScheduler
+from apps.core.scheduling.fairqueue import DEFAULT_MAX_LEN, DEFAULT_MAX_PER_TEAM, FairQueue
+from apps.core.scheduling.service import TeamCounters
 from apps.simulate import engines
 from apps.simulate.autoscale import Keda
 from apps.simulate.cron import CronWindow
@@ -29,7 +29,7 @@ from apps.simulate.trace import TraceRequest
 from apps.simulate.world import World, onprem_model
 
 TICK_S = 15.0
-WAKE, NODE_READY, POD_READY, SPOT_NOTICE, SPOT_KILL, TICK = range(6)
+WAKE, NODE_READY, POD_READY, SPOT_NOTICE, SPOT_KILL, TICK, EXPIRE = range(7)
 
 
 @dataclass(frozen=True)
@@ -43,7 +43,6 @@ class Settings:
     spot_notice_s: float = 120.0
     onprem_model: str | None = "auto"  # "auto": the model with the most GPUs per replica; None: no on-prem
     start: datetime = datetime(2026, 12, 1, 9, 0)  # t = 0 (UTC), for the cron triggers
-    retries: int = 1
     until_s: float | None = None
 
 
@@ -62,7 +61,15 @@ class Simulation(Orchestrator):
         self.pods: list[Pod] = []
         self.pending: list[Pod] = []
         self.by_model: dict[str, list[Pod]] = {m: [] for m in self.world.spec.models}
-        self.queues: dict[str, deque[Flight]] = {m: deque() for m in self.world.spec.models}
+        self.now = 0.0
+        self.fair: FairQueue[Flight] = FairQueue(
+            max_len=DEFAULT_MAX_LEN,
+            max_per_team=DEFAULT_MAX_PER_TEAM,
+            service=TeamCounters(),
+            clock=self._clock,
+        )
+        self.teams: dict[str, int] = {}
+        self.team_weight = self.world.spec.sharing.default_weight
         self.flights: list[Flight] = []
         self.replicas: dict[str, int] = {}
         self.kedas = {d: Keda(spec) for d, spec in self.world.scalers.items()}
@@ -82,7 +89,6 @@ class Simulation(Orchestrator):
         self.recorder = Recorder(self.world)
         self.orchestrators = self.world.infra.orchestrator_replicas
         self.limit_s = self.world.spec.slo.queue_limit_s
-        self.retries = s.retries
 
     # -- events -----------------------------------------------------------------------------
 
@@ -93,6 +99,12 @@ class Simulation(Orchestrator):
     def _wake_at(self, t: float, pod: Pod) -> None:
         self.push(t, WAKE, pod, pod.version)
 
+    def _expire_at(self, f: Flight) -> None:
+        self.push(f.deadline, EXPIRE, f, f.tries)
+
+    def _clock(self) -> float:
+        return self.now
+
     def run(self) -> Recorder:
         self._initial_fleet()
         end = self.settings.until_s or ((self.trace[-1].t if self.trace else 0.0) + 600.0)
@@ -102,7 +114,7 @@ class Simulation(Orchestrator):
         now = 0.0
         while True:
             if nxt is not None and (not self.heap or nxt.t <= self.heap[0][0]):
-                now = nxt.t
+                now = self.now = nxt.t
                 self._arrive(nxt, now)
                 nxt = next(arrivals, None)
                 continue
@@ -111,7 +123,7 @@ class Simulation(Orchestrator):
             t, _, kind, obj, version = heapq.heappop(self.heap)
             if t > end and nxt is None:
                 break
-            now = t
+            now = self.now = t
             self._dispatch(kind, obj, version, now)
         self.recorder.finish(self, now)
         return self.recorder
@@ -125,6 +137,9 @@ class Simulation(Orchestrator):
                 if result is not None:
                     self._deliver(pod, result, now)
                 engines.plan(pod, self._wake_at)
+        elif kind == EXPIRE:
+            assert isinstance(obj, Flight)
+            self._expire(obj, version, now)
         elif kind == TICK:
             self._tick(now)
         elif kind == NODE_READY:
@@ -184,8 +199,6 @@ class Simulation(Orchestrator):
         return max(keda.spec.min_replicas, warm if in_window else 0)
 
     def _tick(self, now: float) -> None:
-        for model in self.queues:
-            self._expire(model, now)
         self.samples.add(now, scrape(self, now))
         step = round(now / TICK_S)
         for name, keda in self.kedas.items():

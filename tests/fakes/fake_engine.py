@@ -1,4 +1,12 @@
-"""A tiny vLLM look-alike (aiohttp) for the agent's unit tests, until enginesim is ready.
+"""Scripted vLLM responses (aiohttp) for what enginesim does not produce: the agent's unit tests of
+other vLLM versions' and set-ups' wire variants. Everything else runs against enginesim in-process
+(`tests/fakes/engine_sim.py`): this is the engine boundary scripted, not a second engine.
+
+The variants: error bodies in every shape vLLM has used (nested, flat, the API-key middleware's
+`{"error": "Unauthorized"}`), an in-stream error before any chunk, several tokens merged into one
+chunk, an engine without per-chunk usage or without the final usage chunk, exact pacing (one token
+per piece), set gauges under the old KV metric name, a failing `/metrics` or `/health`, and the
+request bodies the engine received.
 
 Speaks what the agent uses: streaming `/v1/chat/completions` (role chunk, one chunk per
 token, finish chunk, usage chunk only with `stream_options.include_usage`, `[DONE]`),
@@ -7,7 +15,7 @@ token, finish chunk, usage chunk only with `stream_options.include_usage`, `[DON
 ignores unknown fields, so the agent forwards it untouched):
 
     {"tokens": 5, "pace_s": 0, "prompt_tokens": 12,
-     "mode": "ok" | "http_error" | "stream_error" | "die" | "no_usage" | "infinite",
+     "mode": "ok" | "http_error" | "stream_error" | "no_usage" | "infinite",
      "status": 400, "shape": "nested" | "flat" | "unauthorized", "after": 0,
      "tokens_per_chunk": 1, "chunk_usage": true}
 
@@ -205,7 +213,7 @@ class FakeEngine:
             await resp.write(_chunk(rid, self.model, {"role": "assistant", "content": ""}, usage=role_usage))
             i = 0
             while mode == "infinite" or i < tokens:
-                if mode in ("stream_error", "die") and i == after:
+                if mode == "stream_error" and i == after:
                     break
                 if pace:
                     await asyncio.sleep(pace)
@@ -217,10 +225,6 @@ class FakeEngine:
                 )
                 self.generated[rid] = written
                 i += 1
-            if mode == "die":
-                assert request.transport is not None
-                request.transport.abort()
-                return resp
             if mode == "stream_error":
                 await resp.write(_stream_error("EngineCore died", "InternalServerError", 500))
                 return resp

@@ -1,4 +1,4 @@
-"""Builds a real gateway (real PostgreSQL, Redis, local JWT issuer) around a fake dispatcher,
+"""Builds a real gateway (real PostgreSQL, Redis, node store, local JWT issuer) around a fake dispatcher,
 in-process, and optionally serves it with uvicorn on a free loopback port."""
 
 from __future__ import annotations
@@ -32,7 +32,6 @@ from apps.gateway.deps import GatewayDeps
 from apps.gateway.settings import GatewaySettings
 from apps.gateway.wiring import StoreHealth
 from tests.fakes.fake_dispatcher import FakeDispatcher
-from tests.fakes.fake_node_admin import FakeNodeAdmin
 
 SECRET = b"test-secret-key"
 
@@ -80,7 +79,6 @@ def _deps(
     jwks_url: str,
     dispatcher_factory: Callable[[PgLedger, Any], FakeDispatcher] | None,
     resolver: StaticResolver | None,
-    real_nodes: bool,
 ) -> tuple[GatewayDeps, FakeDispatcher]:
     spec = load_spec("dev")
     ledger = PgLedger(pool, {n: m.prices for n, m in spec.models.items()})
@@ -92,12 +90,7 @@ def _deps(
         keys=KeyStore(pool, SECRET, cache_ttl_s=settings.key_cache_ttl_s),
         quota=QuotaStore(redis, lease_s=settings.stream_lease_s),
         dispatcher=dispatcher,
-        # The real node store (PostgreSQL and Redis) when a test needs what it refuses.
-        nodes=(
-            NodeStore(pool, redis, SECRET, channel_namespace=settings.channel_namespace)
-            if real_nodes
-            else FakeNodeAdmin()
-        ),
+        nodes=NodeStore(pool, redis, SECRET, channel_namespace=settings.channel_namespace),
         health=StoreHealth(pool, redis),
         resolver=resolver or StaticResolver(),
         jwt=JwtVerifier(jwks_url, issuer=issuer.issuer, audience=issuer.audience),
@@ -117,7 +110,6 @@ async def gateway_env(
     serve: bool = False,
     dispatcher_factory: Callable[[PgLedger, Any], FakeDispatcher] | None = None,
     resolver: StaticResolver | None = None,
-    real_nodes: bool = False,
     **overrides: Any,
 ) -> AsyncIterator[GatewayEnv]:
     settings = GatewaySettings(
@@ -135,9 +127,7 @@ async def gateway_env(
     # pool's tasks or the issuer's thread running (the test session would hang closing its loop).
     try:
         await pool.open()
-        deps, dispatcher = _deps(
-            settings, pool, redis, issuer, jwks_url, dispatcher_factory, resolver, real_nodes
-        )
+        deps, dispatcher = _deps(settings, pool, redis, issuer, jwks_url, dispatcher_factory, resolver)
         app = create_app(settings, deps)
         env = GatewayEnv(app, deps, settings, issuer, issuer.mint("ops", admin=True), dispatcher, redis, pool)
         if serve:

@@ -30,7 +30,9 @@ from apps.agent.deps import AgentDeps
 from apps.agent.settings import AgentSettings
 from apps.agent.telemetry import NoGpuProbe
 from apps.core.protocol import node as proto
-from tests.fakes.fake_engine import MODEL, FakeEngine
+from tests.fakes.engine_sim import SimEngine, engine_sim
+from tests.fakes.engine_sim import body as engine_body
+from tests.fakes.fake_engine import FakeEngine
 
 Action = str | proto.RegisterRefused | tuple[str, int]
 F = TypeVar("F", bound=proto._Frame)
@@ -178,21 +180,32 @@ class FakeOrchestrator:
         return ws
 
 
-# -- harness: an in-process agent between a fake engine and this fake orchestrator ----
+# -- harness: an in-process agent between an engine (enginesim in-process by default) and
+# this fake orchestrator ---------------------------------------------------------------
 
 
 @dataclass
 class AgentRun:
     agent: Agent
-    engine: FakeEngine
+    engine: Any  # enginesim (in-process `SimEngine` or a process), or a FakeEngine for a vLLM variant
     orch: FakeOrchestrator
     task: asyncio.Task[int]
 
-    def assign(self, request_id: str, fake: dict[str, Any] | None = None, **body: Any) -> proto.Assign:
-        payload: dict[str, Any] = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], **body}
+    def assign(
+        self,
+        request_id: str,
+        tokens: int | None = None,
+        *,
+        endless: bool = False,
+        fake: dict[str, Any] | None = None,
+        **body: Any,
+    ) -> proto.Assign:
+        """`tokens` (or `endless`): what enginesim generates; `fake`: a FakeEngine's `x_fake`."""
+        model = self.engine.model
+        payload = {**engine_body(tokens, endless=endless, **body), "model": model}
         if fake is not None:
             payload["x_fake"] = fake
-        return proto.Assign(request_id=request_id, model=MODEL, body=payload)
+        return proto.Assign(request_id=request_id, model=model, body=payload)
 
     async def result(self, request_id: str, timeout: float = 10.0) -> proto.Done | proto.Error:
         def has(frames: list[tuple[int, proto.NodeFrame]]) -> bool:
@@ -213,7 +226,7 @@ class AgentRun:
 
 
 def agent_settings(
-    orch: FakeOrchestrator, engine: FakeEngine, journal: Path, **overrides: Any
+    orch: FakeOrchestrator, engine: SimEngine | FakeEngine, journal: Path, **overrides: Any
 ) -> AgentSettings:
     values: dict[str, Any] = {
         "orchestrator_url": orch.url,
@@ -243,17 +256,34 @@ async def stop_agent(agent: Agent, task: asyncio.Task[int]) -> None:
 async def running_agent(
     tmp_path: Path,
     *,
-    engine: FakeEngine | None = None,
+    engine: SimEngine | FakeEngine | None = None,
+    engine_speed: float = 0.2,
     orch: FakeOrchestrator | None = None,
     deps: AgentDeps | None = None,
     wait_registered: bool = True,
     more: tuple[FakeOrchestrator, ...] = (),
     **overrides: Any,
 ) -> AsyncIterator[AgentRun]:
-    """`more`: further replicas, after `orch` in the agent's URL list (a handover goes to the next)."""
-    engine = engine or FakeEngine()
+    """`more`: further replicas, after `orch` in the agent's URL list (a handover goes to the next).
+    Without `engine`: enginesim in-process (`engine_speed`)."""
+    if engine is None:
+        async with (
+            engine_sim(engine_speed) as sim,
+            running_agent(
+                tmp_path,
+                engine=sim,
+                orch=orch,
+                deps=deps,
+                wait_registered=wait_registered,
+                more=more,
+                **overrides,
+            ) as run,
+        ):
+            yield run
+        return
     orch = orch or FakeOrchestrator()
-    await engine.start()
+    if isinstance(engine, FakeEngine):
+        await engine.start()
     await orch.start()
     for other in more:
         await other.start()
@@ -274,4 +304,5 @@ async def running_agent(
             await orch.stop()
             for other in more:
                 await other.stop()
-            await engine.stop()
+            if isinstance(engine, FakeEngine):
+                await engine.stop()

@@ -107,7 +107,7 @@ async def console_session(env: GatewayEnv, token: str, page: str) -> tuple[str, 
 
 @pytest.fixture
 async def world(migrated_db_url: str, redis_url: str) -> AsyncIterator[World]:
-    async with gateway_env(migrated_db_url, redis_url, serve=True, real_nodes=True) as env:
+    async with gateway_env(migrated_db_url, redis_url, serve=True) as env:
         _, key_a = await env.team_with_key("alpha", credits=5_000_000)  # team 1, key 1
         _, key_b = await env.team_with_key("beta", credits=5_000_000)  # team 2, key 2
         await env.deps.nodes.issue_token("node-1", "onprem", models=[MODEL])

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import time
+from typing import Any
 
 import httpx
 import psycopg
 import pytest
 
 from apps.core.db.migrate import MIGRATIONS_DIR
+from apps.core.nodes import keys
+from apps.core.protocol import bus
 from apps.gateway.slo import Reading, SloStatus, indicators
 from tests.fakes.fake_gateway import GatewayEnv
 from tests.integration.console_client import signin, signin_csrf_of
@@ -314,22 +318,39 @@ async def test_bad_token_and_forged_cookie_get_no_session(env: GatewayEnv) -> No
         assert (await c.get("/console/admin")).headers["location"] == "/console/signin"
 
 
+async def _published(pubsub: Any) -> dict[str, Any]:
+    """The next message published on `pubsub`'s channels (its subscribe confirmation skipped)."""
+    async with asyncio.timeout(5):
+        while True:
+            message = await pubsub.get_message(timeout=1.0)
+            if message is not None and message["type"] == "message":
+                return dict(message)
+
+
 async def test_admin_drains_a_node(env: GatewayEnv) -> None:
-    fake = env.deps.nodes
-    await fake.issue_token("n1", "cloud")
-    fake.nodes["n1"]["state"] = "ready"  # type: ignore[attr-defined]
-    async with browser(env) as c:
-        await signin(c, env.admin_token)
-        csrf = csrf_of((await c.get("/console/admin")).text)
-        r = await c.post("/console/admin/nodes/n1/drain", data={"csrf": csrf})
-        assert r.status_code == 200
-        assert '<td class="state">draining</td>' in r.text
-        csv = (await c.get("/console/admin/capacity.csv")).text.splitlines()
-        assert csv[0].startswith("model,ready_nodes,streams_available")
-        assert any(line.startswith("llama-3.1-8b-instruct,0,0,") for line in csv)  # n1 serves no model
-        r = await c.post("/console/admin/nodes/n1/drain", data={"csrf": csrf})
-        assert r.status_code == 409
-        assert "not connected" in r.text
+    """Against the real node store: the drain goes out on the node's channel, where the replica that
+    owns its socket listens (a subscriber stands in for that replica here)."""
+    await env.deps.nodes.issue_token("n1", "cloud")
+    owner = env.redis.pubsub()
+    await owner.subscribe(keys.node_channel("n1", namespace=env.settings.channel_namespace))
+    try:
+        async with browser(env) as c:
+            await signin(c, env.admin_token)
+            csrf = csrf_of((await c.get("/console/admin")).text)
+            r = await c.post("/console/admin/nodes/n1/drain", data={"csrf": csrf})
+            assert r.status_code == 200
+            assert "Drain requested for n1." in r.text
+            message = await _published(owner)
+            assert bus.decode_node_message(message["data"]) == bus.DrainMsg()
+            csv = (await c.get("/console/admin/capacity.csv")).text.splitlines()
+            assert csv[0].startswith("model,ready_nodes,streams_available")
+            assert any(line.startswith("llama-3.1-8b-instruct,0,0,") for line in csv)  # n1 serves no model
+            await owner.unsubscribe()  # the replica let the socket go
+            r = await c.post("/console/admin/nodes/n1/drain", data={"csrf": csrf})
+            assert r.status_code == 409
+            assert "not connected" in r.text
+    finally:
+        await owner.aclose()
 
 
 async def test_pages_load_only_same_origin_assets(env: GatewayEnv) -> None:

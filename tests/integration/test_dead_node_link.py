@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -24,7 +25,8 @@ from apps.core.nodes import keys
 from apps.core.protocol.dispatch import DISPATCH_PATH
 from apps.orchestrator.app import PLANE, SWEEPER, RunningOrchestrator
 from tests.chaos.proxy import TcpProxy
-from tests.fakes.fake_engine import MODEL, FakeEngine
+from tests.fakes.engine_sim import MODEL, SimEngine, engine_sim
+from tests.fakes.engine_sim import body as engine_body
 from tests.fakes.fake_orchestrator import stop_agent
 from tests.integration.orchestrator_env import TOKEN, Env, eventually
 
@@ -46,9 +48,15 @@ async def orch(env: Env) -> RunningOrchestrator:
 @pytest.fixture
 async def proxied_agent(
     env: Env, orch: RunningOrchestrator, tmp_path: Path
-) -> AsyncIterator[tuple[Agent, TcpProxy, FakeEngine]]:
-    engine = FakeEngine()
-    await engine.start()
+) -> AsyncIterator[tuple[Agent, TcpProxy, SimEngine]]:
+    async with engine_sim() as engine, _agent_behind_proxy(env, orch, tmp_path, engine) as out:
+        yield out
+
+
+@asynccontextmanager
+async def _agent_behind_proxy(
+    env: Env, orch: RunningOrchestrator, tmp_path: Path, engine: SimEngine
+) -> AsyncIterator[tuple[Agent, TcpProxy, SimEngine]]:
     proxy = TcpProxy(orch.port)
     proxy.start()
     settings = AgentSettings(
@@ -70,14 +78,11 @@ async def proxied_agent(
         yield agent, proxy, engine
     finally:
         proxy.close()  # RST on every connection: the agent's socket ends, it can drain and stop
-        try:
-            await stop_agent(agent, task)
-        finally:
-            await engine.stop()
+        await stop_agent(agent, task)
 
 
 async def test_a_silently_cut_node_is_declared_dead_by_heartbeats_and_its_stream_fails_cleanly(
-    env: Env, orch: RunningOrchestrator, proxied_agent: tuple[Agent, TcpProxy, FakeEngine]
+    env: Env, orch: RunningOrchestrator, proxied_agent: tuple[Agent, TcpProxy, SimEngine]
 ) -> None:
     _agent, proxy, engine = proxied_agent
     plane = orch.app[PLANE]
@@ -88,12 +93,7 @@ async def test_a_silently_cut_node_is_declared_dead_by_heartbeats_and_its_stream
         "team_id": 1,
         "key_id": 1,
         "model": MODEL,
-        "body": {
-            "model": MODEL,
-            "messages": [{"role": "user", "content": "hi"}],
-            "stream": True,
-            "x_fake": {"mode": "infinite", "pace_s": 0.02},
-        },
+        "body": engine_body(endless=True, stream=True),
         "deadlines": {"queue_wait_s": 1.0, "first_token_s": 10.0, "idle_s": 30.0},
     }
     headers = {"Authorization": f"Bearer {TOKEN}"}
@@ -102,7 +102,7 @@ async def test_a_silently_cut_node_is_declared_dead_by_heartbeats_and_its_stream
         async with session.post(orch.url + DISPATCH_PATH, json=body, headers=headers) as resp:
             assert resp.status == 200
             received = await resp.content.readuntil(b"\n\n")
-            while b"t1 " not in received:  # content is flowing through the proxy
+            while received.count(b"data: ") < 3:  # content is flowing through the proxy
                 received += await resp.content.readuntil(b"\n\n")
             connections = proxy.live_connections
             proxy.blackhole()
@@ -129,13 +129,13 @@ async def test_a_silently_cut_node_is_declared_dead_by_heartbeats_and_its_stream
         assert partial["completion_tokens"] >= 2
         assert env.ledger.status("r-silent") is ReservationStatus.RESERVED
         # Nothing more goes to the silent node: a new request waits its queue limit and is refused.
-        requests_seen = len(engine.requests)
+        prefilled = await engine.metric("vllm:prompt_tokens_total")
         env.ledger.add("r-after", model=MODEL)
         refused = {**body, "request_id": "r-after"}
         async with session.post(orch.url + DISPATCH_PATH, json=refused, headers=headers) as after:
             assert after.status == 503
             assert (await after.json())["error"]["code"] == "queue_timeout"
-        assert len(engine.requests) == requests_seen
+        assert await engine.metric("vllm:prompt_tokens_total") == prefilled  # no new request
     counts = await orch.app[SWEEPER].sweep_once(datetime.now(UTC) + timedelta(seconds=120))
     assert counts["settled_partial"] == 1
     assert env.ledger.status("r-silent") is ReservationStatus.SETTLED

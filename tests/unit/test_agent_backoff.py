@@ -101,7 +101,7 @@ async def test_agent_backs_off_honours_retry_after_and_resets_only_after_ack(tmp
         regs = orch.registrations
         assert all(r.version == proto.PROTOCOL_VERSION and r.token == "nt-test" for r in regs)
         assert regs[0].models[0].max_num_seqs == 8
-        assert regs[0].models[0].max_model_len == 4096
+        assert regs[0].models[0].max_model_len == 1024  # what the engine (enginesim tiny) reports
 
 
 @pytest.mark.parametrize(
@@ -127,7 +127,7 @@ async def test_an_older_orchestrator_gets_a_lower_version_and_the_newest_is_trie
     async with running_agent(tmp_path, orch=orch, deps=deps) as run:
         assert [r.version for r in orch.registrations] == [proto.PROTOCOL_VERSION, 3, 2, 1]
         for rid in ("v1a", "v1b"):
-            await orch.send(run.assign(rid, {"tokens": 4}))
+            await orch.send(run.assign(rid, 4))
         for rid in ("v1a", "v1b"):
             await run.result(rid)
         # Version 1 has no batched messages: every message of that connection held one frame.
@@ -145,7 +145,7 @@ async def test_a_version_2_orchestrator_gets_version_2(tmp_path: Path) -> None:
     deps = AgentDeps(clock=RecordingClock(), rng=FixedRandom(0.5), gpu_probe=NoGpuProbe())
     async with running_agent(tmp_path, orch=orch, deps=deps) as run:
         assert [r.version for r in orch.registrations] == [proto.PROTOCOL_VERSION, 3, 2]
-        await orch.send(run.assign("v2", {"tokens": 4}))
+        await orch.send(run.assign("v2", 4))
         done = await run.result("v2")
         assert isinstance(done, proto.Done)
         assert done.completion_tokens == 4

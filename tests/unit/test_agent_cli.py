@@ -15,7 +15,7 @@ import pytest
 from apps.agent.cli import AgentSettingsError, configure, settings_from_args
 from apps.cli.main import main
 from apps.core.protocol import node as proto
-from tests.fakes.fake_engine import FakeEngine
+from tests.fakes.engine_sim import engine_sim
 from tests.fakes.fake_orchestrator import FakeOrchestrator
 
 BASE = [
@@ -71,30 +71,29 @@ def test_no_token_flag_exists() -> None:
 @pytest.mark.slow
 async def test_cli_process_registers_json_logs_and_drains_on_sigterm(tmp_path: Path) -> None:
     """The real `llmfleet agent` process: token from env only, JSON-lines logs, SIGTERM → exit 0."""
-    engine, orch = FakeEngine(), FakeOrchestrator()
-    await engine.start()
-    await orch.start()
-    env = {**os.environ, "LLMFLEET_NODE_TOKEN": "nt-process"}
-    cmd = [
-        sys.executable, "-m", "apps.cli.main", "agent",
-        "--orchestrator-url", orch.url, "--node-id", "proc-1", "--engine-url", engine.url,
-        "--model", engine.model, "--max-num-seqs", "4", "--journal", str(tmp_path / "j.jsonl"),
-    ]  # fmt: skip
-    proc = await asyncio.create_subprocess_exec(*cmd, env=env, stderr=asyncio.subprocess.PIPE)
-    try:
-        await orch.wait_for(lambda _: bool(orch.of_type(proto.Heartbeat)), timeout=60)
-        assert orch.registrations[0].token == "nt-process"
-        assert "nt-process" not in " ".join(cmd)
-        proc.send_signal(signal.SIGTERM)
-        async with asyncio.timeout(30):
-            _, stderr = await proc.communicate()
-        assert proc.returncode == 0
-        lines = [json.loads(line) for line in stderr.decode().splitlines() if line.strip()]
-        assert {"registered", "drained"} <= {entry["msg"] for entry in lines}
-        assert orch.of_type(proto.Drained) == [proto.Drained(reason="sigterm")]
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
-        await orch.stop()
-        await engine.stop()
+    orch = FakeOrchestrator()
+    async with engine_sim() as engine:
+        await orch.start()
+        env = {**os.environ, "LLMFLEET_NODE_TOKEN": "nt-process"}
+        cmd = [
+            sys.executable, "-m", "apps.cli.main", "agent",
+            "--orchestrator-url", orch.url, "--node-id", "proc-1", "--engine-url", engine.url,
+            "--model", engine.model, "--max-num-seqs", "4", "--journal", str(tmp_path / "j.jsonl"),
+        ]  # fmt: skip
+        proc = await asyncio.create_subprocess_exec(*cmd, env=env, stderr=asyncio.subprocess.PIPE)
+        try:
+            await orch.wait_for(lambda _: bool(orch.of_type(proto.Heartbeat)), timeout=60)
+            assert orch.registrations[0].token == "nt-process"
+            assert "nt-process" not in " ".join(cmd)
+            proc.send_signal(signal.SIGTERM)
+            async with asyncio.timeout(30):
+                _, stderr = await proc.communicate()
+            assert proc.returncode == 0
+            lines = [json.loads(line) for line in stderr.decode().splitlines() if line.strip()]
+            assert {"registered", "drained"} <= {entry["msg"] for entry in lines}
+            assert orch.of_type(proto.Drained) == [proto.Drained(reason="sigterm")]
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+            await orch.stop()

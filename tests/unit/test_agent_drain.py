@@ -16,7 +16,8 @@ from apps.agent.deps import AgentDeps, AgentState
 from apps.agent.main import run_agent
 from apps.agent.telemetry import NoGpuProbe
 from apps.core.protocol import node as proto
-from tests.fakes.fake_engine import FakeEngine
+from tests.fakes.engine_sim import body as engine_body
+from tests.fakes.engine_sim import engine_sim
 from tests.fakes.fake_orchestrator import FakeOrchestrator, agent_settings, running_agent
 
 
@@ -30,32 +31,32 @@ async def test_drain_frame_finishes_in_flight_refuses_new_work_and_exits(tmp_pat
         port = run.agent.health_port
         assert port is not None
         assert (await _get(port, "/readyz"))[0] == 200
-        await run.orch.send(run.assign("d1", {"tokens": 30, "pace_s": 0.01}))
+        await run.orch.send(run.assign("d1", 300))
         await run.orch.wait_for(lambda _: "data: " in run.chunks("d1"))
         await run.orch.send(proto.Drain(deadline_s=30))
         await run.orch.wait_for(lambda _: any(h.draining for h in run.orch.of_type(proto.Heartbeat)))
         status, body = await _get(port, "/readyz")
         assert (status, body["state"]) == (503, "draining")
         assert (await _get(port, "/livez"))[0] == 200  # draining is alive, not dead
-        await run.orch.send(run.assign("d2", {"tokens": 1}))
+        await run.orch.send(run.assign("d2", 1))
         refused = await run.result("d2")
         assert isinstance(refused, proto.Error)
         assert (refused.status, refused.chunks_sent) == (503, 0)  # retryable elsewhere
         done = await run.result("d1")
         assert isinstance(done, proto.Done)
-        assert done.completion_tokens == 30
+        assert done.completion_tokens == 300
         async with asyncio.timeout(10):
             assert await run.task == 0
         frames = [f for _, f in run.orch.frames]
         assert isinstance(frames[-1], proto.Drained)
         assert frames.index(done) < len(frames) - 1
         assert run.agent.state is AgentState.STOPPED
-        assert [r["messages"] for r in run.engine.requests] == [[{"role": "user", "content": "hi"}]]
+        assert await run.engine.finished() == 1  # d1 only: d2 never reached the engine
 
 
 async def test_drain_deadline_hands_off_what_is_left(tmp_path: Path) -> None:
     async with running_agent(tmp_path) as run:
-        await run.orch.send(run.assign("slow", {"mode": "infinite", "pace_s": 0.005}))
+        await run.orch.send(run.assign("slow", endless=True))
         await run.orch.wait_for(lambda _: run.chunks("slow").count("data: ") >= 3)
         await run.orch.send(proto.Drain(deadline_s=0.2))
         handed = await run.result("slow")
@@ -68,7 +69,8 @@ async def test_drain_deadline_hands_off_what_is_left(tmp_path: Path) -> None:
         async with asyncio.timeout(10):
             assert await run.task == 0
         assert isinstance(run.orch.frames[-1][1], proto.Drained)
-        assert await run.engine.wait_aborted(1)
+        await run.engine.idle()
+        assert await run.engine.finished() == 0  # aborted, not run to its end
 
 
 class _HeldClock:
@@ -98,7 +100,7 @@ async def test_a_drain_at_once_gets_every_handoff_to_the_orchestrator_before_the
     ids = ["h1", "h2", "h3"]
     async with running_agent(tmp_path, orch=orch, deps=AgentDeps(gpu_probe=NoGpuProbe(), clock=clock)) as run:
         for rid in ids:
-            await orch.send(run.assign(rid, {"mode": "infinite", "pace_s": 0.005}))
+            await orch.send(run.assign(rid, endless=True))
         await orch.wait_for(lambda _: all(run.chunks(rid).count("data: ") >= 3 for rid in ids))
         run.agent.drain(0.0, reason="handoff")
         # Everything is written; the agent now waits for the orchestrator's close (on its clock),
@@ -181,10 +183,11 @@ async def test_lost_connection_aborts_in_flight_and_replays_its_done(tmp_path: P
     # machine used to re-register while the abort was still reporting: `in_flight == ['cut1']`).
     clock = _GatedClock()
     async with running_agent(tmp_path, deps=AgentDeps(gpu_probe=NoGpuProbe(), clock=clock)) as run:
-        await run.orch.send(run.assign("cut1", {"mode": "infinite", "pace_s": 0.005}))
+        await run.orch.send(run.assign("cut1", endless=True))
         await run.orch.wait_for(lambda _: run.chunks("cut1").count("data: ") >= 3)
         await run.orch.cut()
-        assert await run.engine.wait_aborted(1)  # nobody to relay to: stop the GPU work
+        await run.engine.idle()  # nobody to relay to: stop the GPU work
+        assert await run.engine.finished() == 0  # aborted, not run to its end
         async with asyncio.timeout(10):
             await clock.sleeping.wait()  # backing off, not connected
         await _until(lambda: not run.agent.in_flight)  # reported: its done is in the journal
@@ -203,10 +206,11 @@ async def test_a_reconnect_while_the_abort_still_reports_replays_its_done(tmp_pa
     # `done` reaches the new connection (the journal's replay, or sent live), and a registration
     # that lists it as still in flight is answered `unknown_requests` without losing it.
     async with running_agent(tmp_path, deps=AgentDeps(gpu_probe=NoGpuProbe(), rng=_NoJitter())) as run:
-        await run.orch.send(run.assign("cut1", {"mode": "infinite", "pace_s": 0.005}))
+        await run.orch.send(run.assign("cut1", endless=True))
         await run.orch.wait_for(lambda _: run.chunks("cut1").count("data: ") >= 3)
         await run.orch.cut()
-        assert await run.engine.wait_aborted(1)
+        await run.engine.idle()
+        assert await run.engine.finished() == 0  # aborted, not run to its end
         await run.orch.wait_for(lambda fs: any(c == 2 and isinstance(f, proto.Done) for c, f in fs))
         assert run.orch.registrations[1].in_flight in ([], ["cut1"])
         dones = run.orch.of_type(proto.Done, conn=2)
@@ -218,28 +222,25 @@ async def test_a_reconnect_while_the_abort_still_reports_replays_its_done(tmp_pa
 
 
 async def test_sigterm_drains_and_exits_zero(tmp_path: Path) -> None:
-    engine, orch = FakeEngine(), FakeOrchestrator()
-    await engine.start()
-    await orch.start()
-    try:
-        settings = agent_settings(orch, engine, tmp_path / "j.jsonl", drain_timeout_s=30)
-        task = asyncio.create_task(run_agent(settings, AgentDeps(gpu_probe=NoGpuProbe())))
-        await orch.wait_for(lambda _: bool(orch.of_type(proto.Heartbeat)))
-        await orch.send(
-            proto.Assign(request_id="s1", model=engine.model, body={"x_fake": {"tokens": 20, "pace_s": 0.01}})
-        )
-        await orch.wait_for(lambda _: bool(orch.of_type(proto.Chunk)))
-        os.kill(os.getpid(), signal.SIGTERM)
-        async with asyncio.timeout(10):
-            assert await task == 0
-        (done,) = orch.of_type(proto.Done)
-        assert isinstance(done, proto.Done)
-        assert done.completion_tokens == 20
-        drained = orch.of_type(proto.Drained)
-        assert drained == [proto.Drained(reason="sigterm")]
-    finally:
-        await orch.stop()
-        await engine.stop()
+    orch = FakeOrchestrator()
+    async with engine_sim() as engine:
+        await orch.start()
+        try:
+            settings = agent_settings(orch, engine, tmp_path / "j.jsonl", drain_timeout_s=30)
+            task = asyncio.create_task(run_agent(settings, AgentDeps(gpu_probe=NoGpuProbe())))
+            await orch.wait_for(lambda _: bool(orch.of_type(proto.Heartbeat)))
+            await orch.send(proto.Assign(request_id="s1", model=engine.model, body=engine_body(200)))
+            await orch.wait_for(lambda _: bool(orch.of_type(proto.Chunk)))
+            os.kill(os.getpid(), signal.SIGTERM)
+            async with asyncio.timeout(10):
+                assert await task == 0
+            (done,) = orch.of_type(proto.Done)
+            assert isinstance(done, proto.Done)
+            assert done.completion_tokens == 200
+            drained = orch.of_type(proto.Drained)
+            assert drained == [proto.Drained(reason="sigterm")]
+        finally:
+            await orch.stop()
     # the handler is gone again: a later SIGTERM would not reach a dead agent
     assert signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, signal.default_int_handler, None)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import sys
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
@@ -14,21 +15,22 @@ import pytest
 from apps.agent.engine import parse_engine_metrics
 from apps.cli.procs import free_port as _free_port
 from apps.core.protocol import node as proto
-from tests.fakes.fake_engine import FakeEngine
 from tests.fakes.fake_orchestrator import running_agent
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow  # a second process
 
 
-class SimEngine(FakeEngine):
-    """Points the harness at an enginesim process instead of the in-process fake."""
+@dataclass
+class SimEngine:
+    """An enginesim process, for the harness (`running_agent` takes any engine with these two)."""
 
-    async def start(self) -> str:
-        return self.url
+    model: str
+    port: int
 
-    async def stop(self) -> None:
-        return None
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
 
 
 @pytest.fixture

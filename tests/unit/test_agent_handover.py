@@ -33,8 +33,9 @@ async def test_handover_moves_new_work_and_keeps_the_running_request_on_the_old_
 ) -> None:
     old = FakeOrchestrator(orchestrator_id="orch-a")
     new = FakeOrchestrator(orchestrator_id="orch-b")
-    async with running_agent(tmp_path, orch=old, more=(new,)) as run:
-        await old.send(run.assign("r1", {"tokens": 20, "pace_s": 0.05}))
+    # enginesim at 20 tokens/s: r1 (20 tokens) runs about a second, across the handover
+    async with running_agent(tmp_path, orch=old, more=(new,), engine_speed=0.02) as run:
+        await old.send(run.assign("r1", 20))
         await old.wait_for(lambda fs: any(isinstance(f, proto.Chunk) for _, f in fs))
         await old.send(proto.Handover(deadline_s=30))
         await new.wait_connections(1)
@@ -46,7 +47,7 @@ async def test_handover_moves_new_work_and_keeps_the_running_request_on_the_old_
         assert handed.orchestrator_id == "orch-b"
         assert handed.in_flight == ["r1"]
         # New work on the new socket while r1 still runs on the old one.
-        await new.send(run.assign("r2", {"tokens": 3}))
+        await new.send(run.assign("r2", 3))
         r2 = await _result_on(new, "r2")
         assert isinstance(r2, proto.Done)
         assert r2.completion_tokens == 3
@@ -61,7 +62,7 @@ async def test_handover_moves_new_work_and_keeps_the_running_request_on_the_old_
         assert len(old.of_type(proto.Heartbeat)) == beats_before
         # The old replica closes it as handed over: the agent stays registered on the new one.
         await old.close_socket(proto.CLOSE_HANDED_OVER)
-        await new.send(run.assign("r3", {"tokens": 2}))
+        await new.send(run.assign("r3", 2))
         r3 = await _result_on(new, "r3")
         assert isinstance(r3, proto.Done)
         assert run.agent.state is AgentState.READY
@@ -75,7 +76,7 @@ async def test_at_the_handover_deadline_a_running_request_ends_with_node_drainin
     old = FakeOrchestrator(orchestrator_id="orch-a")
     new = FakeOrchestrator(orchestrator_id="orch-b")
     async with running_agent(tmp_path, orch=old, more=(new,)) as run:
-        await old.send(run.assign("long", {"mode": "infinite", "pace_s": 0.01}))
+        await old.send(run.assign("long", endless=True))
         await old.wait_for(lambda fs: _content_events(run.chunks("long")) >= 3)
         await old.send(proto.Handover(deadline_s=0.3))
         result = await run.result("long")
@@ -95,8 +96,8 @@ async def test_a_refused_new_registration_moves_on_and_the_old_socket_keeps_serv
     stopping = proto.RegisterRefused(reason="orchestrator_stopping", retry_after_s=0.01)
     old = FakeOrchestrator(orchestrator_id="orch-a", script=["ack", stopping])
     new = FakeOrchestrator(orchestrator_id="orch-b", script=[stopping, "ack"])
-    async with running_agent(tmp_path, orch=old, more=(new,), backoff_base_s=0.05) as run:
-        await old.send(run.assign("r1", {"tokens": 10, "pace_s": 0.05}))
+    async with running_agent(tmp_path, orch=old, more=(new,), backoff_base_s=0.05, engine_speed=0.02) as run:
+        await old.send(run.assign("r1", 10))
         await old.send(proto.Handover(deadline_s=30))
         await new.wait_connections(2)
         async with asyncio.timeout(10):

@@ -151,7 +151,7 @@ async def test_version_2_splits_a_batch_larger_than_the_message_bound(
 
 async def test_the_agent_runs_every_frame_of_a_batched_message_from_the_orchestrator(tmp_path: Path) -> None:
     async with running_agent(tmp_path) as run:
-        await run.orch.send_batch([run.assign("b1", {"tokens": 2}), run.assign("b2", {"tokens": 3})])
+        await run.orch.send_batch([run.assign("b1", 2), run.assign("b2", 3)])
         first, second = await run.result("b1"), await run.result("b2")
         assert isinstance(first, proto.Done)
         assert isinstance(second, proto.Done)

@@ -70,7 +70,7 @@ async def test_compaction_keeps_only_pending(tmp_path: Path) -> None:
 async def test_unacked_done_is_replayed_after_a_reconnect(tmp_path: Path) -> None:
     orch = FakeOrchestrator(auto_ack_done=False)
     async with running_agent(tmp_path, orch=orch) as run:
-        await orch.send(run.assign("j1", {"tokens": 3}))
+        await orch.send(run.assign("j1", 3))
         first = await run.result("j1")
         assert isinstance(first, proto.Done)
         assert run.agent.journal.is_pending("j1")
@@ -86,7 +86,7 @@ async def test_restart_with_unacked_dones_replays_each_once(tmp_path: Path) -> N
     orch1 = FakeOrchestrator(auto_ack_done=False)
     async with running_agent(tmp_path, orch=orch1, drain_ack_wait_s=0.0) as run:
         for rid in ("x1", "x2"):
-            await orch1.send(run.assign(rid, {"tokens": 2}))
+            await orch1.send(run.assign(rid, 2))
             await run.result(rid)
     # agent 1 has exited (drained) with two dones never acknowledged
     pending = Journal(tmp_path / "journal.jsonl")
@@ -112,7 +112,7 @@ async def test_restart_with_unacked_dones_replays_each_once(tmp_path: Path) -> N
 async def test_unacked_done_is_resent_on_a_live_connection(tmp_path: Path) -> None:
     orch = FakeOrchestrator(auto_ack_done=False)
     async with running_agent(tmp_path, orch=orch, done_resend_s=0.1) as run:
-        await orch.send(run.assign("z1", {"tokens": 1}))
+        await orch.send(run.assign("z1", 1))
         await run.result("z1")
         await orch.wait_for(lambda _: len(orch.of_type(proto.Done)) >= 2)  # repeated until acked
         await orch.send(proto.DoneAck(request_id="z1"))

@@ -1,5 +1,9 @@
 """The agent relays assignments: chunks as engine bytes, done with the engine's usage,
-cancel → upstream closed and `done(abort)` with counted tokens, errors in every shape."""
+cancel → upstream closed and `done(abort)` with counted tokens, errors in every shape.
+
+The engine is enginesim in-process (`sim`); `FakeEngine` (`engine`) only for what vLLM sends and
+enginesim does not: other versions' error bodies, merged chunks, no per-chunk usage, paced and
+recorded requests."""
 
 from __future__ import annotations
 
@@ -15,6 +19,9 @@ from apps.agent.relay import Outcome, Relay, RelayTimeouts, engine_body
 from apps.core.error_table import TIMEOUT
 from apps.core.protocol import node as proto
 from apps.core.protocol.openai import SseSplitter
+from apps.enginesim.faults import Faults
+from tests.fakes.engine_sim import SimEngine, engine_sim
+from tests.fakes.engine_sim import body as sim_body
 from tests.fakes.fake_engine import MODEL, FakeEngine
 from tests.fakes.fake_orchestrator import running_agent
 
@@ -51,8 +58,12 @@ def _assign(fake: dict[str, Any] | None = None, **body: Any) -> proto.Assign:
     return proto.Assign(request_id="r1", model=MODEL, body=payload)
 
 
+def _sim_assign(tokens: int | None = None, **body: Any) -> proto.Assign:
+    return proto.Assign(request_id="r1", model="tiny", body=sim_body(tokens, **body))
+
+
 async def _relay(
-    engine: FakeEngine, assign: proto.Assign, sink: ListSink | None = None, **timeouts: float
+    engine: FakeEngine | SimEngine, assign: proto.Assign, sink: ListSink | None = None, **timeouts: float
 ) -> tuple[proto.Done | proto.Error, ListSink, Relay]:
     sink = sink or ListSink()
     async with aiohttp.ClientSession() as session:
@@ -69,6 +80,12 @@ async def engine() -> Any:
     await eng.stop()
 
 
+@pytest.fixture
+async def sim() -> Any:
+    async with engine_sim() as running:
+        yield running
+
+
 def test_engine_body_forces_streaming_and_usage() -> None:
     body = engine_body(
         _assign(stream=False, stream_options={"include_usage": False, "continuous_usage_stats": False})
@@ -80,10 +97,11 @@ def test_engine_body_forces_streaming_and_usage() -> None:
     assert engine_body(_assign())["model"] == MODEL
 
 
-async def test_stream_forwards_engine_bytes_and_reports_usage(engine: FakeEngine) -> None:
-    frame, sink, relay = await _relay(engine, _assign({"tokens": 5, "prompt_tokens": 12}, stream=False))
+async def test_stream_forwards_engine_bytes_and_reports_usage(sim: SimEngine) -> None:
+    frame, sink, relay = await _relay(sim, _sim_assign(5, stream=False))
     assert isinstance(frame, proto.Done)
-    assert (frame.prompt_tokens, frame.completion_tokens, frame.finish_reason) == (12, 5, "length")
+    prompt = await sim.prompt_tokens()
+    assert (frame.prompt_tokens, frame.completion_tokens, frame.finish_reason) == (prompt, 5, "length")
     assert frame.usage_event is not None
     assert json.loads(frame.usage_event)["usage"]["completion_tokens"] == 5
     events = sink.events()
@@ -91,13 +109,12 @@ async def test_stream_forwards_engine_bytes_and_reports_usage(engine: FakeEngine
     assert sink.first_flags == _urgent_until_first_token(sink.frames)
     assert all(b'"choices":[]' not in e and e != b"[DONE]" for e in events)
     assert b'"role":"assistant"' in events[0]
-    sent = engine.requests[0]
-    assert sent["stream"] is True
-    assert sent["stream_options"] == FORCED_OPTIONS
+    # The forced options reached the engine: it streamed (the client asked for no stream) with the
+    # final usage chunk (`usage_event`) and the running usage on every chunk (`tally.seen`).
     assert all(b'"usage"' not in e for e in events)  # the per-chunk usage the client did not ask for
     assert relay.outcome is Outcome.COMPLETED
     # docs/architecture.md D5: usage from the engine, no counting when it reports
-    assert engine.tokenize_requests == []
+    assert relay.tally.seen
 
 
 async def test_frames_up_to_the_first_token_are_urgent_and_the_rest_are_not(engine: FakeEngine) -> None:
@@ -132,13 +149,13 @@ async def test_events_that_piled_up_while_the_relay_was_busy_go_out_as_one_frame
     assert len(sink.frames) <= 2  # everything that piled up went as one frame (not one per event)
 
 
-async def test_a_finished_stream_leaves_its_connection_to_the_next_request(engine: FakeEngine) -> None:
+async def test_a_finished_stream_leaves_its_connection_to_the_next_request(sim: SimEngine) -> None:
     async with aiohttp.ClientSession() as session:
-        client = EngineClient(session, engine.url, 2.0)
+        client = EngineClient(session, sim.url, 2.0)
         try:
             used = []
             for _ in range(3):
-                relay = Relay(_assign({"tokens": 3}), client, ListSink(), RelayTimeouts())
+                relay = Relay(_sim_assign(3), client, ListSink(), RelayTimeouts())
                 assert isinstance(await relay.run(), proto.Done)
                 idle = client._streams._idle
                 assert len(idle) == 1  # back in the pool, not closed
@@ -184,15 +201,16 @@ async def test_in_stream_error_before_any_chunk_is_retryable_information(engine:
     assert sink.frames == []
 
 
-async def test_in_stream_error_mid_stream_reports_usage_so_far(engine: FakeEngine) -> None:
-    frame, _sink, relay = await _relay(engine, _assign({"mode": "stream_error", "after": 3}))
+async def test_in_stream_error_mid_stream_reports_usage_so_far(sim: SimEngine) -> None:
+    sim.set_faults(Faults(error_after_tokens=3, fail_message="EngineCore died"))
+    frame, _sink, relay = await _relay(sim, _sim_assign(20))
     assert isinstance(frame, proto.Error)
     assert frame.status == 502
     assert frame.message == "EngineCore died"
     assert frame.chunks_sent == 4  # role + 3 tokens reached the orchestrator
     # The running usage of the last chunk: the engine's own counts, no /tokenize round trip.
-    assert (frame.prompt_tokens, frame.completion_tokens) == (12, 3)
-    assert engine.tokenize_requests == []
+    assert (frame.prompt_tokens, frame.completion_tokens) == (await sim.prompt_tokens(), 3)
+    assert relay.tally.seen
     assert relay.outcome is Outcome.FAILED
 
 
@@ -209,20 +227,20 @@ async def test_an_engine_without_per_chunk_usage_is_counted_in_chunks_and_tokeni
     assert not relay.tally.seen
 
 
-async def test_engine_dying_mid_stream_is_an_error_with_partial_usage(engine: FakeEngine) -> None:
-    frame, sink, _ = await _relay(engine, _assign({"mode": "die", "after": 2}))
+async def test_engine_dying_mid_stream_is_an_error_with_partial_usage(sim: SimEngine) -> None:
+    sim.set_faults(Faults(die_after_tokens=2))
+    frame, sink, _ = await _relay(sim, _sim_assign(20))
     assert isinstance(frame, proto.Error)
     assert frame.status == 502
     assert frame.chunks_sent == 3
-    assert (frame.prompt_tokens, frame.completion_tokens) == (12, 2)
+    assert (frame.prompt_tokens, frame.completion_tokens) == (await sim.prompt_tokens(), 2)
     assert len(sink.events()) == 3
 
 
 async def test_engine_unreachable_is_retryable() -> None:
-    dead = FakeEngine()
-    await dead.start()
-    await dead.stop()  # the port is now closed
-    frame, _sink, _ = await _relay(dead, _assign())
+    async with engine_sim() as dead:
+        pass  # the port is now closed
+    frame, _sink, _ = await _relay(dead, _sim_assign(3))
     assert isinstance(frame, proto.Error)
     assert (frame.status, frame.chunks_sent) == (503, 0)
 
@@ -243,16 +261,18 @@ async def test_per_chunk_usage_reaches_a_client_that_asked_for_it(engine: FakeEn
     assert relay.tally.keep_chunk_usage
 
 
-async def test_idle_deadline_between_tokens(engine: FakeEngine) -> None:
-    frame, _, _ = await _relay(engine, _assign({"tokens": 3, "pace_s": 0.6}), idle_s=0.1, first_byte_s=5.0)
+async def test_idle_deadline_between_tokens(sim: SimEngine) -> None:
+    sim.set_faults(Faults(stall_s=0.6, stall_after_tokens=1))
+    frame, _, _ = await _relay(sim, _sim_assign(200), idle_s=0.1, first_byte_s=5.0)  # 1 s of tokens
     assert isinstance(frame, proto.Error)
     assert (frame.status, frame.error_type) == (
         TIMEOUT.status,
         TIMEOUT.frame_type,
     )  # apps/core/error_table.py
     assert "timed out" in frame.message
-    assert frame.chunks_sent == 1  # the role chunk came, then nothing
-    await engine.wait_aborted(1)  # the upstream connection was closed
+    assert frame.chunks_sent == 2  # the role chunk and one token came, then nothing
+    await sim.idle()  # the upstream connection was closed: the engine aborted the request
+    assert await sim.finished() == 0
 
 
 # -- through the whole agent (WebSocket + fake orchestrator) -------------------------
@@ -260,10 +280,10 @@ async def test_idle_deadline_between_tokens(engine: FakeEngine) -> None:
 
 async def test_assign_over_the_websocket(tmp_path: Path) -> None:
     async with running_agent(tmp_path) as run:
-        await run.orch.send(run.assign("a1", {"tokens": 4}))
+        await run.orch.send(run.assign("a1", 4))
         done = await run.result("a1")
         assert isinstance(done, proto.Done)
-        assert (done.prompt_tokens, done.completion_tokens) == (12, 4)
+        assert (done.prompt_tokens, done.completion_tokens) == (await run.engine.prompt_tokens(), 4)
         assert run.chunks("a1").count("data: ") == 5
         # the done frame comes after every chunk of its request
         kinds = [type(f).__name__ for _, f in run.orch.frames if getattr(f, "request_id", None) == "a1"]
@@ -274,7 +294,7 @@ async def test_assign_over_the_websocket(tmp_path: Path) -> None:
 async def test_cancel_closes_upstream_and_reports_tokens_so_far(tmp_path: Path) -> None:
     engine = FakeEngine(tokenize_count=99)
     async with running_agent(tmp_path, engine=engine) as run:
-        await run.orch.send(run.assign("c1", {"mode": "infinite", "pace_s": 0.005, "prompt_tokens": 21}))
+        await run.orch.send(run.assign("c1", fake={"mode": "infinite", "pace_s": 0.005, "prompt_tokens": 21}))
         await run.orch.wait_for(lambda _: run.chunks("c1").count("data: ") >= 4)
         await run.orch.send(proto.Cancel(request_id="c1"))
         done = await run.result("c1")
@@ -297,7 +317,7 @@ async def test_cancel_bills_the_engines_running_usage_when_it_merges_tokens_into
     engine = FakeEngine(tokenize_count=99)
     async with running_agent(tmp_path, engine=engine) as run:
         fake = {"mode": "infinite", "pace_s": 0.005, "tokens_per_chunk": 3, "prompt_tokens": 17}
-        await run.orch.send(run.assign("m1", fake))
+        await run.orch.send(run.assign("m1", fake=fake))
         await run.orch.wait_for(lambda _: run.chunks("m1").count("data: ") >= 4)
         await run.orch.send(proto.Cancel(request_id="m1"))
         done = await run.result("m1")
@@ -318,16 +338,16 @@ async def test_wrong_model_and_unknown_cancel(tmp_path: Path) -> None:
         err = await run.result("m1")
         assert isinstance(err, proto.Error)
         assert (err.status, err.chunks_sent) == (404, 0)
-        assert run.engine.requests == []
+        assert await run.engine.metric("vllm:prompt_tokens_total") == 0  # nothing reached the engine
 
 
 async def test_runaway_assignments_are_refused_retryably(tmp_path: Path) -> None:
     async with running_agent(tmp_path, max_in_flight=2) as run:
         for rid in ("o1", "o2"):
-            await run.orch.send(run.assign(rid, {"mode": "infinite", "pace_s": 0.01}))
+            await run.orch.send(run.assign(rid, endless=True))
         await run.orch.wait_for(lambda _: "data: " in run.chunks("o1") and "data: " in run.chunks("o2"))
-        await run.orch.send(run.assign("o3", {"tokens": 1}))
+        await run.orch.send(run.assign("o3", 1))
         err = await run.result("o3")
         assert isinstance(err, proto.Error)
         assert (err.status, err.chunks_sent) == (503, 0)
-        assert len(run.engine.requests) == 2
+        assert run.engine.busy() == 2  # o1 and o2 only

@@ -17,7 +17,7 @@ from apps.simulate.cli import _profile_start
 from apps.simulate.fleet import Pod
 from apps.simulate.report import summary
 from apps.simulate.sim import Settings, Simulation
-from apps.simulate.trace import constant, generate, profile
+from apps.simulate.trace import TraceRequest, constant, generate, profile
 from apps.simulate.world import World, build_world, onprem_model, what_if
 
 EIGHT_B = "llama-3.1-8b-instruct"
@@ -97,6 +97,7 @@ def test_brief_peak_on_prod_keeps_every_models_queue_wait_p95_under_5s_and_no_50
     assert isinstance(models, dict)
     for name, m in models.items():
         assert m["rejected_503"] == 0, (name, m)
+        assert m["refused_429"] == 0, (name, m)
         assert m["queue_wait_p95_s"] < 5.0, (name, m)
 
 
@@ -135,3 +136,25 @@ def test_onprem_choice_ignores_headroom(tmp_path: Path) -> None:
     assert onprem_model(world) == "qwen2.5-32b-instruct"
     assert onprem_model(_world()) == "qwen2.5-32b-instruct"
     assert onprem_model(world, None) is None
+
+
+def test_the_simulator_queues_by_team_like_the_orchestrator() -> None:
+    """The production fair queue, not a FIFO: a team arriving behind another team's flood is served
+    at the next free slots, before the flood's earlier arrivals (a FIFO served it last)."""
+    world = _world()
+    model = "llama-3.3-70b-instruct-fp8"
+    probe = Simulation(world, [], Settings(onprem_model=None))
+    probe._initial_fleet()
+    slots = sum(p.engine.profile.max_num_seqs for p in probe.by_model[model])
+    assert slots > 0
+    flood = [TraceRequest(i * 0.001, model, "team-a", 512, 300, 300) for i in range(3 * slots)]
+    late = [TraceRequest(1.0 + i * 0.001, model, "team-b", 512, 300, 300) for i in range(3)]
+    sim = Simulation(world, flood + late, Settings(onprem_model=None, until_s=120.0))
+    sim.run()
+    a = [f for f in sim.flights if f.req.team == "team-a"]
+    b = [f for f in sim.flights if f.req.team == "team-b"]
+    assert all(f.submitted is not None for f in b)
+    queued_a = [f.submitted for f in a if f.queued_at is not None and f.submitted is not None]
+    assert len(queued_a) >= slots // 2  # the flood waited (and was served: not all 503)
+    assert max(f.submitted for f in b if f.submitted is not None) < max(queued_a)
+    assert max(f.waited for f in b) < max(f.waited for f in a)
