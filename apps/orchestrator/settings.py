@@ -96,9 +96,13 @@ class OrchestratorSettings(BaseSettings):
 
     # Scheduling.
     queue_limit_s: float = Field(default=30.0, gt=0, description="longest wait in a model's queue for a node")
-    queue_max_per_model: int = Field(default=DEFAULT_MAX_LEN, gt=0, description="waiters per model (beyond: refused)")
+    queue_max_per_model: int = Field(
+        default=DEFAULT_MAX_LEN, gt=0, description="waiters per model (beyond: refused)"
+    )
     # One team's waiters per model (both classes): its flood is refused before it fills the queue.
-    queue_max_per_team: int = Field(default=DEFAULT_MAX_PER_TEAM, gt=0, description="one team's waiters per model")
+    queue_max_per_team: int = Field(
+        default=DEFAULT_MAX_PER_TEAM, gt=0, description="one team's waiters per model"
+    )
     # The share of each node's slots `batch` requests leave free for `interactive` ones (rounded up;
     # a node always takes at least one batch request): an interactive request arriving while batch
     # fills the fleet still finds a slot at once.
