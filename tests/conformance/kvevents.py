@@ -41,6 +41,7 @@ from tests.conformance.slots import words
 POLL_MS = 100  # how often the reader thread checks whether it should stop
 PREFIX = 16  # prompt tokens that tell requests' first blocks apart
 EVENTS_DEADLINE_S = 120.0  # bounds a broken engine only: each wait ends on an event
+LIVE_WAIT_S = 2.0  # one marker's wait while the subscription may not be live yet
 END_SEQ = (-1).to_bytes(8, "big", signed=True)  # vLLM's end of a replay
 
 
@@ -212,6 +213,28 @@ async def prompt_ids(engine: EngineUnderTest, conversation: str | list[dict[str,
         resp = await client.post(f"{engine.url}/tokenize", json={"model": engine.model, "messages": messages})
         assert resp.status_code == 200, resp.text
         return [int(t) for t in resp.json()["tokens"]]
+
+
+def wait_live(engine: EngineUnderTest, log: KvEventLog, tag: str, attempts: int = 30) -> None:
+    """Until the subscription is live: PUB drops what it sends before the subscriber's subscription
+    reached it (ZMQ's slow joiner), so a marker request whose event does not come is sent again."""
+    with httpx.Client(timeout=60.0) as client:
+        for i in range(attempts):
+            text = words(f"{tag}{i}x", 40)
+            body = {"model": engine.model, "messages": [{"role": "user", "content": text}], "max_tokens": 1}
+            tokens = client.post(
+                f"{engine.url}/tokenize", json={"model": engine.model, "messages": body["messages"]}
+            )
+            assert tokens.status_code == 200, tokens.text
+            first = tuple(int(t) for t in tokens.json()["tokens"][:PREFIX])
+            sent = client.post(f"{engine.url}/v1/chat/completions", json=body)
+            assert sent.status_code == 200, sent.text
+            try:
+                log.wait_for(lambda lg, f=first: lg.has_block_starting(f), "a marker", LIVE_WAIT_S)
+                return
+            except AssertionError:
+                continue
+    raise AssertionError(f"KV events: no marker's event came in {attempts} attempts ({log.summary()})")
 
 
 async def stored_after(engine: EngineUnderTest, log: KvEventLog, tag: str) -> None:

@@ -40,6 +40,7 @@ from tests.conformance.kvevents import (
     prompt_of,
     replay,
     stored_after,
+    wait_live,
 )
 from tests.conformance.slots import run_tag, words
 
@@ -91,6 +92,7 @@ def kv_enginesim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KvEngine]
         for engine in serve_enginesim(
             work, "--num-blocks", str(KV_TOKENS // ENGINESIM_BLOCK + 1), "--kv-events-config", config
         ):
+            wait_live(engine, log, "live")
             yield KvEngine(engine, log, replay_endpoint)
     finally:
         log.stop()
@@ -109,6 +111,7 @@ def kv_vllm(tiny_llama: tuple[str, Path], tmp_path_factory: pytest.TempPathFacto
             str((KV_TOKENS + VLLM_CPU_BLOCK) * TINY_KV_BYTES_PER_TOKEN),
             extra=("--kv-events-config", config, "--max-num-batched-tokens", str(MAX_MODEL_LEN)),
         ):  # fmt: skip
+            wait_live(engine, log, "live")
             yield KvEngine(engine, log, replay_endpoint)
     finally:
         log.stop()
