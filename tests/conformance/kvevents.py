@@ -60,6 +60,7 @@ class KvEventLog:
     stored: list[StoredBlock] = field(default_factory=list)
     removed: list[Any] = field(default_factory=list)
     last_seq: int = -1
+    first_seq: int = -1  # the first sequence number this subscriber received
     block_size: int = 0  # tokens per block, as the events say
     gaps: int = 0  # sequence numbers skipped (a lost message would make a verdict wrong)
     cleared: int = 0  # AllBlocksCleared events
@@ -99,6 +100,8 @@ class KvEventLog:
         with self._cond:
             if self.last_seq >= 0 and seq != self.last_seq + 1:
                 self.gaps += seq - self.last_seq - 1
+            if self.first_seq < 0:
+                self.first_seq = seq
             self.last_seq = seq
             self.topics.add(topic)
             self.batch_shapes.add((len(batch), batch[2] if len(batch) > 2 else None))
@@ -121,6 +124,31 @@ class KvEventLog:
             h = _hashable(block_hash)
             self.stored.append(StoredBlock(h, parent, tuple(tokens[i * size : (i + 1) * size])))
             parent = h
+
+    def backfill(self, replay_endpoint: str, timeout_s: float) -> None:
+        """Put the batches sent before this subscriber's first one (lost to the slow joiner) at the
+        front of the log, from the publisher's replay socket."""
+        early = KvEventLog(self.endpoint)
+        for topic, seq, batch in replay(replay_endpoint, 0, timeout_s):
+            if seq < self.first_seq:
+                early._take(topic, seq, batch)
+        with self._cond:
+            if (
+                early.gaps
+                or early.first_seq != min(0, self.first_seq - 1)
+                or early.last_seq != self.first_seq - 1
+            ):
+                raise AssertionError(
+                    f"replay did not give batches 0..{self.first_seq - 1}: {early.summary()}"
+                )
+            self.stored[:0] = early.stored
+            self.removed[:0] = early.removed
+            self.cleared += early.cleared
+            self.topics |= early.topics
+            self.batch_shapes |= early.batch_shapes
+            for kind, shapes in early.shapes.items():
+                self.shapes.setdefault(kind, set()).update(shapes)
+            self.first_seq = 0
 
     def wait_for(self, predicate: Callable[[KvEventLog], bool], what: str, timeout_s: float) -> None:
         """Block until `predicate(self)` holds (AssertionError after `timeout_s`)."""
@@ -215,9 +243,12 @@ async def prompt_ids(engine: EngineUnderTest, conversation: str | list[dict[str,
         return [int(t) for t in resp.json()["tokens"]]
 
 
-def wait_live(engine: EngineUnderTest, log: KvEventLog, tag: str, attempts: int = 30) -> None:
+def wait_live(
+    engine: EngineUnderTest, log: KvEventLog, tag: str, replay_endpoint: str | None = None, attempts: int = 30
+) -> None:
     """Until the subscription is live: PUB drops what it sends before the subscriber's subscription
-    reached it (ZMQ's slow joiner), so a marker request whose event does not come is sent again."""
+    reached it (ZMQ's slow joiner), so a marker request whose event does not come is sent again;
+    with a `replay_endpoint`, what was lost is then fetched from it (`backfill`)."""
     with httpx.Client(timeout=60.0) as client:
         for i in range(attempts):
             text = words(f"{tag}{i}x", 40)
@@ -231,9 +262,11 @@ def wait_live(engine: EngineUnderTest, log: KvEventLog, tag: str, attempts: int 
             assert sent.status_code == 200, sent.text
             try:
                 log.wait_for(lambda lg, f=first: lg.has_block_starting(f), "a marker", LIVE_WAIT_S)
-                return
             except AssertionError:
                 continue
+            if replay_endpoint is not None:
+                log.backfill(replay_endpoint, EVENTS_DEADLINE_S)
+            return
     raise AssertionError(f"KV events: no marker's event came in {attempts} attempts ({log.summary()})")
 
 

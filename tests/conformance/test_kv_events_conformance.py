@@ -92,7 +92,7 @@ def kv_enginesim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KvEngine]
         for engine in serve_enginesim(
             work, "--num-blocks", str(KV_TOKENS // ENGINESIM_BLOCK + 1), "--kv-events-config", config
         ):
-            wait_live(engine, log, "live")
+            wait_live(engine, log, "live", replay_endpoint)
             yield KvEngine(engine, log, replay_endpoint)
     finally:
         log.stop()
@@ -111,7 +111,7 @@ def kv_vllm(tiny_llama: tuple[str, Path], tmp_path_factory: pytest.TempPathFacto
             str((KV_TOKENS + VLLM_CPU_BLOCK) * TINY_KV_BYTES_PER_TOKEN),
             extra=("--kv-events-config", config, "--max-num-batched-tokens", str(MAX_MODEL_LEN)),
         ):  # fmt: skip
-            wait_live(engine, log, "live")
+            wait_live(engine, log, "live", replay_endpoint)
             yield KvEngine(engine, log, replay_endpoint)
     finally:
         log.stop()
@@ -263,7 +263,8 @@ async def test_the_wire_format_and_the_replay_socket(kv: KvEngine) -> None:
     assert {topic for topic, _, _ in batches} == log.topics == {b"kv"}
     assert {(len(b), b[2]) for _, _, b in batches} == log.batch_shapes == {(3, 0)}
     assert all(isinstance(b[0], float) and b[1] for _, _, b in batches)
-    assert all(frozenset(e) == WIRE[e["type"]] for _, _, b in batches for e in b[1])
+    replayed = {(e["type"], frozenset(e)) for _, _, b in batches for e in b[1]}
+    assert all(keys == WIRE[kind] for kind, keys in replayed), replayed
     assert "BlockStored" in log.shapes, log.shapes
     assert all(shapes == {WIRE[kind]} for kind, shapes in log.shapes.items()), log.shapes
     later = await asyncio.to_thread(replay, kv.replay_endpoint, seqs[-1], 30.0)
