@@ -5,8 +5,9 @@ step with events is one ZMQ PUB message of three frames, the topic, an 8-byte bi
 number (from 0, no gaps) and a msgpack payload encoded by msgspec from the same structs vLLM uses:
 an `EventBatch` array `[ts, events, data_parallel_rank]` (rank 0), each event a map tagged `"type"`
 (`BlockStored`, `BlockRemoved`, `AllBlocksCleared`) with vLLM's fields, defaults omitted. The
-values follow vLLM's `BlockPool`: medium "GPU", group 0, no LoRA, `extra_keys` one entry per block
-(the cache salt for a request's first block, else None).
+values follow vLLM's `BlockPool` and `KVCacheManager.take_events`: medium "GPU" (on CPU too), group
+0, `kv_cache_spec_kind` "full_attention" on stores, no LoRA, `extra_keys` one entry per block (the
+cache salt for a request's first block, else None).
 
 What the events say comes from the scheduler's prefix cache (`apps/core/batching/prefix_cache.py`).
 The engine loop only hands each step's events to a queue (`publish` never blocks: a full queue
@@ -38,6 +39,7 @@ from apps.enginesim.settings import KvEventsConfig
 log = logging.getLogger("llmfleet.enginesim")
 
 MEDIUM_GPU = "GPU"
+FULL_ATTENTION = "full_attention"  # vLLM's KVCacheSpecKind of a plain decoder's KV cache group
 END_SEQ = (-1).to_bytes(8, "big", signed=True)
 POLL_S = 0.1  # how often the publisher thread looks at the replay socket when idle
 
@@ -105,6 +107,7 @@ def wire_events(events: Sequence[KvEvent], block_size: int) -> list[KVCacheEvent
                     lora_name=None,
                     extra_keys=keys,
                     group_idx=0,
+                    kv_cache_spec_kind=FULL_ATTENTION,  # vLLM's KVCacheManager annotates each store
                 )
             )
     return out

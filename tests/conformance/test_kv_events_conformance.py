@@ -57,7 +57,7 @@ WIRE = {
     "BlockStored": frozenset(
         {
             "type", "block_hashes", "parent_block_hash", "token_ids", "block_size",
-            "lora_id", "medium", "lora_name", "extra_keys", "group_idx",
+            "lora_id", "medium", "lora_name", "extra_keys", "group_idx", "kv_cache_spec_kind",
         }
     ),
     "BlockRemoved": frozenset({"type", "block_hashes", "medium", "group_idx"}),
@@ -263,8 +263,21 @@ async def test_the_wire_format_and_the_replay_socket(kv: KvEngine) -> None:
     assert {topic for topic, _, _ in batches} == log.topics == {b"kv"}
     assert {(len(b), b[2]) for _, _, b in batches} == log.batch_shapes == {(3, 0)}
     assert all(isinstance(b[0], float) and b[1] for _, _, b in batches)
-    replayed = {(e["type"], frozenset(e)) for _, _, b in batches for e in b[1]}
-    assert all(keys == WIRE[kind] for kind, keys in replayed), replayed
+    replayed = {(e["type"], tuple(sorted(e))) for _, _, b in batches for e in b[1]}
+    assert all(set(keys) == WIRE[kind] for kind, keys in replayed), replayed
+    values = {
+        (e["medium"], e["group_idx"], e.get("kv_cache_spec_kind"), e.get("lora_id"), e.get("lora_name"))
+        for _, _, b in batches
+        for e in b[1]
+        if e["type"] != "AllBlocksCleared"
+    }
+    assert values <= {("GPU", 0, "full_attention", None, None), ("GPU", 0, None, None, None)}, values
+    assert all(
+        e["extra_keys"] == [None] * len(e["block_hashes"])
+        for _, _, b in batches
+        for e in b[1]
+        if e["type"] == "BlockStored"
+    )
     assert "BlockStored" in log.shapes, log.shapes
     assert all(shapes == {WIRE[kind]} for kind, shapes in log.shapes.items()), log.shapes
     later = await asyncio.to_thread(replay, kv.replay_endpoint, seqs[-1], 30.0)

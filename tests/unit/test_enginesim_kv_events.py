@@ -160,7 +160,7 @@ def test_batches_go_out_in_vllms_wire_format_and_replay(
         {
             "type": "BlockStored", "block_hashes": [7, 8], "parent_block_hash": None,
             "token_ids": list(range(2 * BS)), "block_size": BS, "lora_id": None, "medium": "GPU",
-            "lora_name": None, "extra_keys": [["s"], None], "group_idx": 0,
+            "lora_name": None, "extra_keys": [["s"], None], "group_idx": 0, "kv_cache_spec_kind": "full_attention",
         }
     ]  # fmt: skip
     assert second[1] == [
