@@ -109,8 +109,11 @@ def _submit(state: SimState, job: chat.ChatJob) -> tuple[OutputStream, dict[str,
         by_seq[seq_id] = choice
         # vLLM caches full blocks of generated tokens too: the choice's planned answer is hashed
         # with its prompt (a block is cached only once its tokens are computed).
-        ids = job.prompt_token_ids + tuple(textgen.answer_token_ids(choice.words))
-        hashes = block_hashes(ids, state.profile.block_size, job.cache_salt) if state.prefix_caching else ()
+        ids: tuple[int, ...] = ()
+        hashes: tuple[int, ...] = ()
+        if state.prefix_caching:
+            ids = job.prompt_token_ids + tuple(textgen.answer_token_ids(choice.words))
+            hashes = block_hashes(ids, state.profile.block_size, job.cache_salt)
         state.engine.submit(
             seq_id,
             job.prompt_tokens,
