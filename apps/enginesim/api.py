@@ -103,15 +103,17 @@ def _error(exc: chat.VllmError) -> web.Response:
 def _submit(state: SimState, job: chat.ChatJob) -> tuple[OutputStream, dict[str, chat.Choice]]:
     sink = OutputStream(job.request_id)
     by_seq: dict[str, chat.Choice] = {}
-    hashes = (
-        block_hashes(job.prompt_token_ids, state.profile.block_size, job.cache_salt)
-        if state.prefix_caching
-        else ()
-    )
     job.prompt_details = state.prompt_details
     for choice in job.choices:
         seq_id = f"{job.request_id}-{choice.index}"
         by_seq[seq_id] = choice
+        # vLLM caches full blocks of generated tokens too: the choice's planned answer is hashed
+        # with its prompt (a block is cached only once its tokens are computed).
+        ids: tuple[int, ...] = ()
+        hashes: tuple[int, ...] = ()
+        if state.prefix_caching:
+            ids = job.prompt_token_ids + tuple(textgen.answer_token_ids(choice.words))
+            hashes = block_hashes(ids, state.profile.block_size, job.cache_salt)
         state.engine.submit(
             seq_id,
             job.prompt_tokens,
@@ -120,6 +122,8 @@ def _submit(state: SimState, job: chat.ChatJob) -> tuple[OutputStream, dict[str,
             sink=sink,
             priority=job.priority,
             block_hashes=hashes,
+            token_ids=ids,
+            cache_salt=job.cache_salt,
         )
     return sink, by_seq
 

@@ -7,9 +7,10 @@ import asyncio
 
 from apps.core.errors import SpecError
 from apps.enginesim.faults import Faults
+from apps.enginesim.kvevents import KvEventsError
 from apps.enginesim.profiles import known_profiles
 from apps.enginesim.server import run_enginesim, setup_logging
-from apps.enginesim.settings import EngineSimSettings
+from apps.enginesim.settings import EngineSimSettings, KvEventsConfig
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -51,6 +52,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="serve vLLM's dev-mode routes POST /pause, POST /resume, GET /is_paused (VLLM_SERVER_DEV_MODE=1)",
     )
+    parser.add_argument(
+        "--kv-events-config",
+        metavar="JSON",
+        help="as vLLM's: publish KV cache events over ZMQ, e.g. "
+        '\'{"enable_kv_cache_events": true, "endpoint": "tcp://*:5557", "topic": "kv"}\'',
+    )
     faults = parser.add_argument_group("fault injection (also at run time: POST /_sim/faults)")
     faults.add_argument("--loading-s", type=float, default=0.0, help="refuse connections for T s at start")
     faults.add_argument("--die-after-tokens", type=int, help="drop each stream's connection after K tokens")
@@ -86,6 +93,10 @@ def run(args: argparse.Namespace) -> int:
         )
     except ValueError as exc:
         raise SpecError(f"invalid fault flags: {exc}", param="faults") from None
+    try:
+        kv_events = KvEventsConfig.model_validate_json(args.kv_events_config or "{}")
+    except ValueError as exc:
+        raise SpecError(f"invalid --kv-events-config: {exc}", param="kv_events_config") from None
     settings = EngineSimSettings(
         model=args.model,
         profile=args.profile,
@@ -105,10 +116,13 @@ def run(args: argparse.Namespace) -> int:
         enable_prefix_caching=args.enable_prefix_caching,
         enable_prompt_tokens_details=args.enable_prompt_tokens_details,
         dev_mode=args.dev_mode,
+        kv_events_config=kv_events,
     )
     setup_logging()
     try:
         asyncio.run(run_enginesim(settings))
+    except KvEventsError as exc:
+        raise SpecError(str(exc), param="kv_events_config") from None
     except OSError as exc:
         raise SpecError(
             f"cannot serve on {args.host}:{args.port}: {exc.strerror or exc}", param="port"

@@ -22,13 +22,22 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from collections.abc import Callable
+from collections.abc import Sequence as Seq
+from typing import Protocol
 
+from apps.core.batching.prefix_cache import KvEvent
 from apps.core.batching.profile import EngineProfile
 from apps.core.batching.scheduler import Scheduler, Sequence, StepResult, TokenOut
 from apps.enginesim.metrics import EngineMetrics
 
 CATCH_UP_WALL_S = 0.05
 PAUSE_MODES = ("keep", "wait")
+
+
+class KvEventSink(Protocol):
+    """Where each step's KV cache events go (`kvevents.ZmqEventPublisher`); must not block."""
+
+    def publish(self, events: Seq[KvEvent]) -> None: ...
 
 
 class OutputStream:
@@ -67,6 +76,7 @@ class Engine:
         speed: float = 1.0,
         clock: Callable[[], float] | None = None,
         scheduling_policy: str = "fcfs",
+        kv_events: KvEventSink | None = None,
     ) -> None:
         if speed <= 0:
             raise ValueError(f"speed must be greater than 0, got {speed}")
@@ -75,7 +85,8 @@ class Engine:
         self.speed = speed
         self._clock = clock or (lambda: asyncio.get_running_loop().time())
         self._t0: float | None = None
-        self.scheduler = Scheduler(profile, scheduling_policy)
+        self.scheduler = Scheduler(profile, scheduling_policy, kv_events=kv_events is not None)
+        self._kv_events = kv_events
         self._streams: dict[str, OutputStream] = {}
         self._wake = asyncio.Event()
         # Preempted requests not yet scheduled again: vLLM counts a preemption in
@@ -103,6 +114,8 @@ class Engine:
         sink: OutputStream | None = None,
         priority: int = 0,
         block_hashes: tuple[int, ...] = (),
+        token_ids: tuple[int, ...] = (),
+        cache_salt: str | None = None,
     ) -> OutputStream:
         seq = Sequence(
             request_id=request_id,
@@ -112,6 +125,8 @@ class Engine:
             arrival_s=self.sim_now(),
             priority=priority,
             block_hashes=block_hashes,
+            token_ids=token_ids,
+            cache_salt=cache_salt,
         )
         self.scheduler.add(seq)
         stream = sink or OutputStream(request_id)
@@ -140,6 +155,7 @@ class Engine:
         if clear_cache:
             for request_id in sched.reset_prefix_cache(reset_running=True):
                 self._preempted[request_id] = self._preempted.get(request_id, 0) + 1
+            self._publish_kv_events()
         self._update_gauges()
 
     def resume(self) -> None:
@@ -197,7 +213,14 @@ class Engine:
             self._deliver(result)
             self._update_gauges()
 
+    def _publish_kv_events(self) -> None:
+        if self._kv_events is not None:
+            events = self.scheduler.prefix.take_events()
+            if events:
+                self._kv_events.publish(events)
+
     def _deliver(self, result: StepResult) -> None:
+        self._publish_kv_events()  # one batch per step, as vLLM's scheduler publishes
         m = self.metrics
         if result.batch:
             m.iteration_tokens.observe(result.scheduled_tokens)

@@ -22,6 +22,7 @@ from apps.enginesim.api import STATE_KEY, SimState, TimingLog, add_routes
 from apps.enginesim.devmode import add_dev_routes
 from apps.enginesim.engine import Engine
 from apps.enginesim.faults import FaultBox, Faults
+from apps.enginesim.kvevents import make_publisher
 from apps.enginesim.metrics import EngineMetrics
 from apps.enginesim.profiles import EngineProfile, get_profile
 from apps.enginesim.settings import EngineSimSettings
@@ -74,7 +75,19 @@ def create_app(settings: EngineSimSettings, deps: EngineSimDeps | None = None) -
         profile.block_size,
         prefix_caching=settings.enable_prefix_caching,
     )
-    engine = Engine(profile, metrics, speed=settings.speed, scheduling_policy=settings.scheduling_policy)
+    # vLLM publishes KV cache events only with prefix caching on (no block is ever cached without).
+    publisher = (
+        make_publisher(settings.kv_events_config, profile.block_size)
+        if settings.enable_prefix_caching
+        else None
+    )
+    engine = Engine(
+        profile,
+        metrics,
+        speed=settings.speed,
+        scheduling_policy=settings.scheduling_policy,
+        kv_events=publisher,
+    )
     state = SimState(
         served_model=settings.model,
         profile=profile,
@@ -103,6 +116,8 @@ def create_app(settings: EngineSimSettings, deps: EngineSimDeps | None = None) -
             await asyncio.wait_for(asyncio.shield(task), timeout=5)
         if state.timing is not None:
             state.timing.close()  # the lines of streams still open at shutdown
+        if publisher is not None:
+            publisher.shutdown()
 
     app.cleanup_ctx.append(engine_ctx)
     return app

@@ -7,10 +7,35 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from apps.enginesim.faults import Faults
+
+
+class KvEventsConfig(BaseModel):
+    """vLLM's `--kv-events-config` (`vllm/config/kv_events.py`): the same keys and defaults."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enable_kv_cache_events: bool = False
+    publisher: Literal["null", "zmq"] | None = None  # unset: "zmq" when enabled, else "null"
+    endpoint: str = "tcp://*:5557"  # bound when `*`, `::`, ipc:// or inproc://; else connected to
+    replay_endpoint: str | None = None  # a ROUTER socket (always bound) replaying buffered batches
+    buffer_steps: int = Field(10_000, ge=1)  # batches kept for replay
+    hwm: int = Field(100_000, ge=0)  # the PUB socket's high-water mark
+    max_queue_size: int = Field(100_000, ge=1)  # batches waiting for the publisher thread
+    topic: str = ""
+
+    @model_validator(mode="after")
+    def _default_publisher(self) -> KvEventsConfig:
+        if self.publisher is None:
+            self.publisher = "zmq" if self.enable_kv_cache_events else "null"
+        return self
+
+    @property
+    def publishes(self) -> bool:
+        return self.enable_kv_cache_events and self.publisher == "zmq"
 
 
 class EngineSimSettings(BaseSettings):
@@ -47,3 +72,6 @@ class EngineSimSettings(BaseSettings):
     enable_prefix_caching: bool = Field(True, description="vLLM's `--enable-prefix-caching`")
     enable_prompt_tokens_details: bool = Field(False, description="vLLM's `--enable-prompt-tokens-details`")
     dev_mode: bool = Field(False, description="vLLM's dev-mode routes (`/pause`, `/resume`, `/is_paused`)")
+    kv_events_config: KvEventsConfig = Field(
+        KvEventsConfig(), description="vLLM's `--kv-events-config`, as JSON (apps/enginesim/kvevents.py)"
+    )

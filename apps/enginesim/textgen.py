@@ -216,6 +216,16 @@ def token_ids(pieces: Sequence[str]) -> list[int]:
     return out
 
 
+def answer_token_ids(words: Sequence[str]) -> list[int]:
+    """The ids of an answer's tokens (one word each; "" is the EOS token), as `token_ids` gives
+    the same text in a later prompt: a conversation's next turn shares the answer's cached blocks."""
+    out: list[int] = []
+    for word in words:
+        pieces = text_tokens(word) if word else [EOS]
+        out.extend(token_ids(pieces[:1] or [EOS]))
+    return out
+
+
 def output_rng(server_seed: int, request_seed: int | None, prompt_fingerprint: str) -> random.Random:
     basis = f"{server_seed}:{request_seed}:{prompt_fingerprint}"
     return random.Random(hashlib.sha256(basis.encode()).digest())

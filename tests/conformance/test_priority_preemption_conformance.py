@@ -42,18 +42,16 @@ request runs again it computes them again: stored twice. Had the interactive req
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 
 from apps.core.sharing import VLLM_PRIORITY, PriorityClass
 from tests.conformance.conftest import VLLM_CAP_S, EngineUnderTest, serve_enginesim, serve_vllm
-from tests.conformance.kvevents import KvEventLog
-from tests.conformance.slots import paused_engine, run_tag, words
+from tests.conformance.kvevents import KvEventLog, prompt_ids, prompt_of, stored_after
+from tests.conformance.slots import paused_engine, run_tag
 
 KV_TOKENS = 2048
 MAX_MODEL_LEN = 2048
@@ -65,7 +63,6 @@ VLLM_CPU_BLOCK = 128  # vLLM 0.32's default block size on the CPU backend
 # 32 dims x 4 bytes (float32). One block more than 2,048 tokens: vLLM keeps a null block.
 TINY_KV_BYTES_PER_TOKEN = 2 * 2 * 2 * 32 * 4
 PREFIX = 16  # prompt tokens that tell the two requests' first blocks apart
-EVENTS_DEADLINE_S = 120.0  # bounds a broken engine only: each wait ends on an event
 INTERACTIVE, BATCH = VLLM_PRIORITY[PriorityClass.INTERACTIVE], VLLM_PRIORITY[PriorityClass.BATCH]
 
 
@@ -111,56 +108,12 @@ def small_kv_vllm(
         log.stop()
 
 
-async def _prompt_ids(engine: EngineUnderTest, text: str) -> list[int]:
-    """The token ids the engine computes for a chat request of `text` (its template included)."""
-    async with httpx.AsyncClient(timeout=60.0) as client:
-        body = {"model": engine.model, "messages": [{"role": "user", "content": text}]}
-        resp = await client.post(f"{engine.url}/tokenize", json=body)
-        assert resp.status_code == 200, resp.text
-        return [int(t) for t in resp.json()["tokens"]]
-
-
-async def _stored_after(engine: EngineUnderTest, log: KvEventLog, tag: str) -> None:
-    """Send one more request and wait for its first block's event: the publisher keeps its order, so
-    every event of what ran before has arrived too."""
-    text = words(tag, 40)
-    first = tuple((await _prompt_ids(engine, text))[:PREFIX])
-    async with httpx.AsyncClient(timeout=60.0) as client:
-        body = {"model": engine.model, "messages": [{"role": "user", "content": text}], "max_tokens": 1}
-        resp = await client.post(f"{engine.url}/v1/chat/completions", json=body)
-        assert resp.status_code == 200, resp.text
-    await asyncio.to_thread(
-        log.wait_for, lambda lg: lg.has_block_starting(first), f"the block of {tag!r}", EVENTS_DEADLINE_S
-    )
-
-
-async def _prompt_of(engine: EngineUnderTest, tag: str, tokens: int) -> str:
-    """Words unique to this run, as many as make about `tokens` prompt tokens on this engine."""
-    async with httpx.AsyncClient(timeout=60.0) as client:
-
-        async def count(text: str) -> int:
-            body = {"model": engine.model, "messages": [{"role": "user", "content": text}]}
-            resp = await client.post(f"{engine.url}/tokenize", json=body)
-            assert resp.status_code == 200, resp.text
-            return int(resp.json()["count"])
-
-        base = await count("")
-        per_word = (await count(words(tag, 50)) - base) / 50
-        n = max(1, round((tokens - base) / per_word))
-        for _ in range(6):  # a bounded refinement: each word is a few BPE tokens
-            got = await count(words(tag, n))
-            if abs(got - tokens) <= tokens // 50 + 4:
-                return words(tag, n)
-            n = max(1, n + round((tokens - got) / per_word))
-        raise AssertionError(f"no prompt of about {tokens} tokens: {n} words make {got}")
-
-
 async def test_kv_pressure_preempts_the_batch_request_not_the_interactive_one(
     small_kv_engine: EngineUnderTest,
 ) -> None:
     engine, tag = small_kv_engine, run_tag()
-    batch_text = await _prompt_of(engine, f"b{tag}x", BATCH_PROMPT)
-    interactive_text = await _prompt_of(engine, f"i{tag}x", INTERACTIVE_PROMPT)
+    batch_text = await prompt_of(engine, f"b{tag}x", BATCH_PROMPT)
+    interactive_text = await prompt_of(engine, f"i{tag}x", INTERACTIVE_PROMPT)
     async with paused_engine(engine.url, engine.model) as eng:
         batch = eng.chat("batch", batch_text, BATCH, BATCH_ANSWER)
         await eng.queued(batch)
@@ -185,11 +138,11 @@ async def test_kv_pressure_on_the_real_vllm_preempts_the_batch_request(
 ) -> None:
     engine, log = small_kv_vllm
     tag = run_tag()
-    await _stored_after(engine, log, f"w{tag}x")  # the subscription is live: an event of ours arrived
-    batch_text = await _prompt_of(engine, f"b{tag}x", BATCH_PROMPT)
-    interactive_text = await _prompt_of(engine, f"i{tag}x", INTERACTIVE_PROMPT)
-    batch_first = tuple((await _prompt_ids(engine, batch_text))[:PREFIX])
-    interactive_first = tuple((await _prompt_ids(engine, interactive_text))[:PREFIX])
+    await stored_after(engine, log, f"w{tag}x")  # the subscription is live: an event of ours arrived
+    batch_text = await prompt_of(engine, f"b{tag}x", BATCH_PROMPT)
+    interactive_text = await prompt_of(engine, f"i{tag}x", INTERACTIVE_PROMPT)
+    batch_first = tuple((await prompt_ids(engine, batch_text))[:PREFIX])
+    interactive_first = tuple((await prompt_ids(engine, interactive_text))[:PREFIX])
     assert batch_first != interactive_first
     async with paused_engine(engine.url, engine.model) as eng:
         before = await eng.state()
@@ -200,7 +153,7 @@ async def test_kv_pressure_on_the_real_vllm_preempts_the_batch_request(
         await eng.release()
         await eng.all_ended()
         after = await eng.state()
-    await _stored_after(engine, log, f"z{tag}x")  # every event of the two requests has arrived
+    await stored_after(engine, log, f"z{tag}x")  # every event of the two requests has arrived
     assert log.gaps == 0, f"the log lost messages: {log.summary()}"
     assert after.preemptions - before.preemptions >= 1, f"no preemption: {before} -> {after}"
     batch_blocks, interactive_blocks = log.chain_from(batch_first), log.chain_from(interactive_first)

@@ -14,7 +14,12 @@ The rules followed (vLLM 0.32, `vllm/v1/core/kv_cache_manager.py` and `block_poo
 - a block whose last user ended stays cached but counts as free; free blocks are reused oldest
   first, and a request's blocks are freed tail first, so its last blocks are evicted first;
 - `vllm:prefix_cache_queries` / `vllm:prefix_cache_hits` count the tokens looked up and found, for
-  a request's first lookup only (a preempted request's lookup again is not counted).
+  a request's first lookup only (a preempted request's lookup again is not counted);
+- with KV cache events on (`PrefixCache(events=True)`), the cache notes what vLLM's `BlockPool`
+  queues for its publisher: a `BlockStored` per run of blocks one request caches at one allocation
+  (parent: the request's block before the run, None for its first block), a `BlockRemoved` per
+  evicted block, `AllBlocksCleared` on a reset; the engine takes them after each step
+  (`take_events`), one batch a step.
 
 Pure bookkeeping: it never counts physical blocks itself; the scheduler asks it which hashes it
 holds and how many free blocks are only cached (`evictable`).
@@ -25,6 +30,30 @@ from __future__ import annotations
 import hashlib
 from collections import OrderedDict
 from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class BlocksStored:
+    """Full blocks of one request that entered the cache (vLLM's `BlockStored`)."""
+
+    block_hashes: tuple[int, ...]
+    parent_block_hash: int | None  # the request's block before these; None from its first block
+    token_ids: tuple[int, ...]  # every token of these blocks, in order
+    first_block_salt: str | None = None  # the request's cache_salt when the first block is block 0
+
+
+@dataclass(frozen=True)
+class BlockRemoved:
+    block_hash: int
+
+
+@dataclass(frozen=True)
+class AllBlocksCleared:
+    pass
+
+
+KvEvent = BlocksStored | BlockRemoved | AllBlocksCleared
 
 
 def block_hashes(token_ids: Sequence[int], block_size: int, salt: str | None = None) -> tuple[int, ...]:
@@ -41,11 +70,23 @@ def block_hashes(token_ids: Sequence[int], block_size: int, salt: str | None = N
 
 
 class PrefixCache:
-    def __init__(self) -> None:
+    def __init__(self, events: bool = False) -> None:
         self.in_use: dict[int, int] = {}  # hash -> requests holding that block
         self.evictable: OrderedDict[int, None] = OrderedDict()  # free but still cached, oldest first
         self.queries = 0  # tokens looked up (first lookups only)
         self.hits = 0  # tokens found
+        self.events: list[KvEvent] | None = [] if events else None  # since the last `take_events`
+
+    def note(self, event: KvEvent) -> None:
+        if self.events is not None:
+            self.events.append(event)
+
+    def take_events(self) -> list[KvEvent]:
+        """The events since the last call (none when events are off)."""
+        if not self.events:
+            return []
+        out, self.events = self.events, []
+        return out
 
     def __contains__(self, block_hash: int) -> bool:
         return block_hash in self.in_use or block_hash in self.evictable
@@ -103,8 +144,12 @@ class PrefixCache:
     def evict(self, count: int) -> None:
         """Reuse `count` free blocks that still hold cached content, oldest first."""
         for _ in range(count):
-            self.evictable.popitem(last=False)
+            block_hash, _ = self.evictable.popitem(last=False)
+            self.note(BlockRemoved(block_hash))
 
     def clear(self) -> None:
-        """Forget every free cached block (vLLM's `reset_prefix_cache`; held ones stay)."""
+        """Forget every free cached block (vLLM's `reset_prefix_cache`; held ones stay). vLLM resets
+        only when no block is held, and only then says `AllBlocksCleared`."""
         self.evictable.clear()
+        if not self.in_use:
+            self.note(AllBlocksCleared())

@@ -17,7 +17,10 @@ Rules followed:
   0 (recompute, no swap) and it goes back to the FRONT of the waiting queue;
 - waiting requests are admitted only if nothing was preempted in this step, while fewer than
   `max_num_seqs` run and blocks for their first chunk are free;
-- automatic prefix caching, as `prefix_cache.py` describes (requests with `block_hashes`);
+- automatic prefix caching, as `prefix_cache.py` describes (requests with `block_hashes`): full
+  blocks are cached as they are computed, prompt and generated tokens alike (`block_hashes` may
+  cover the planned answer too: a block is cached only once its tokens are computed), and with
+  `kv_events` the cache notes vLLM's KV cache events (`token_ids` gives their tokens);
 - pause (vLLM's `pause_scheduler`): `paused_all` ("keep") schedules nothing, `paused_new`
   ("wait") only the running requests; `reset_prefix_cache(reset_running=True)` puts every running
   request back into the waiting queue (a preemption) and forgets the free cached blocks;
@@ -36,7 +39,7 @@ import enum
 from collections import deque
 from dataclasses import dataclass, field
 
-from apps.core.batching.prefix_cache import PrefixCache
+from apps.core.batching.prefix_cache import BlocksStored, PrefixCache
 from apps.core.batching.profile import EngineProfile
 
 
@@ -62,7 +65,9 @@ class Sequence:
     last_token_s: float | None = None
     preemptions: int = 0
     priority: int = 0  # vLLM's per-request `priority` (lower first; used by the priority policy)
-    block_hashes: tuple[int, ...] = ()  # chain hashes of the prompt's full blocks (prefix caching)
+    block_hashes: tuple[int, ...] = ()  # chain hashes of the full blocks (prefix caching)
+    token_ids: tuple[int, ...] = ()  # the tokens those blocks hold (KV cache events only)
+    cache_salt: str | None = None  # part of the first block's hash (KV cache events report it)
     cached: list[int] = field(default_factory=list)  # the hashes of the cached blocks it holds
     num_cached_tokens: int | None = None  # prompt tokens found cached at its first scheduling
 
@@ -95,7 +100,7 @@ POLICIES = ("fcfs", "priority")
 
 
 class Scheduler:
-    def __init__(self, profile: EngineProfile, policy: str = "fcfs") -> None:
+    def __init__(self, profile: EngineProfile, policy: str = "fcfs", kv_events: bool = False) -> None:
         if policy not in POLICIES:
             raise ValueError(f"unknown scheduling policy {policy!r} (known: {', '.join(POLICIES)})")
         self.profile = profile
@@ -106,7 +111,7 @@ class Scheduler:
         self.by_id: dict[str, Sequence] = {}
         self.num_preemptions = 0
         self.now_s = 0.0  # simulated time: the sum of step durations
-        self.prefix = PrefixCache()
+        self.prefix = PrefixCache(events=kv_events)
         self.paused_all = False  # vLLM's PAUSED_ALL (pause mode "keep"): nothing is scheduled
         self.paused_new = False  # PAUSED_NEW ("wait", "abort"): running requests go on, none admitted
 
@@ -202,12 +207,24 @@ class Scheduler:
         return True
 
     def _cache_full_blocks(self, seq: Sequence, tokens: int) -> None:
-        """The prompt blocks that `tokens` fill become cached, as vLLM caches them at allocation."""
-        full = min(min(tokens, seq.prompt_tokens) // self.profile.block_size, len(seq.block_hashes))
-        for i in range(len(seq.cached), full):
+        """The blocks that `tokens` fill become cached, as vLLM caches them at allocation."""
+        bs = self.profile.block_size
+        full = min(min(tokens, seq.num_tokens) // bs, len(seq.block_hashes))
+        first = len(seq.cached)
+        for i in range(first, full):
             if not self.prefix.register(seq.block_hashes[i]):
-                return  # that content is cached in another block: this copy stays the request's own
+                break  # that content is cached in another block: this copy stays the request's own
             seq.cached.append(seq.block_hashes[i])
+        if self.prefix.events is not None and len(seq.cached) > first:
+            last = len(seq.cached)
+            self.prefix.note(
+                BlocksStored(
+                    block_hashes=seq.block_hashes[first:last],
+                    parent_block_hash=seq.block_hashes[first - 1] if first else None,
+                    token_ids=seq.token_ids[first * bs : last * bs],
+                    first_block_salt=seq.cache_salt if first == 0 else None,
+                )
+            )
 
     def _hit(self, seq: Sequence, budget: int) -> int | None:
         """Admit `seq` onto its cached prefix if blocks for it and its first chunk are free: the
@@ -282,6 +299,8 @@ class Scheduler:
                         break
                 if seq.state is not running_state:
                     continue
+            elif seq.block_hashes and (computed + new) // bs > len(seq.cached):
+                self._cache_full_blocks(seq, computed + new)  # a decode filled its last block
             scheduled.append((seq, new))
             budget -= new
         return budget

@@ -1,0 +1,304 @@
+"""KV cache events and prefix caching agree, on enginesim and on the real vLLM 0.32.
+
+Each engine runs with `--kv-events-config` publishing on an `ipc://` socket (and a replay ROUTER
+socket), read by `kvevents.py`. The block size is the engine's own, read from its events (128 on
+vLLM's CPU backend, 16 in enginesim's tiny profile), never assumed.
+
+- A conversation sent twice (a long unique prompt with a long answer, then the same prompt, that
+  answer and a second turn): the first request's blocks, prompt and answer, are stored once as one
+  chain (parent None, then each block's parent the one before) holding the prompt's token ids; the
+  second request's `cached_tokens` is the full blocks it shares with that chain (as far as its
+  prompt's token ids agree with the chain's, short of its last token) times the block size, those
+  blocks are not stored again, its own blocks continue the chain from the last shared one, and
+  `vllm:prefix_cache_queries` / `_hits` move by its prompt tokens / its cached tokens.
+- Filling the cache evicts: `BlockRemoved` names hashes stored before, an evicted request's among them.
+- The replay socket answers vLLM's protocol, from sequence number 0 with no gaps, and every batch
+  has the same wire shape on both engines (`WIRE`).
+- A pause that clears the cache says `AllBlocksCleared`, and the blocks are stored again after it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.conformance.conftest import VLLM_CAP_S, EngineUnderTest, serve_enginesim, serve_vllm
+from tests.conformance.helpers import metric, metric_values, poll_until
+from tests.conformance.kvevents import (
+    PREFIX,
+    KvEventLog,
+    StoredBlock,
+    chain_in,
+    prompt_ids,
+    prompt_of,
+    replay,
+    stored_after,
+    wait_live,
+)
+from tests.conformance.slots import run_tag, words
+
+KV_TOKENS = 2048  # the cache both engines get: a few long prompts overflow it
+MAX_MODEL_LEN = 2048
+ENGINESIM_BLOCK = 16  # enginesim's tiny profile: only to size its --num-blocks
+VLLM_CPU_BLOCK = 128  # vLLM 0.32's CPU backend: only to size its KV cache bytes
+TINY_KV_BYTES_PER_TOKEN = 2 * 2 * 2 * 32 * 4  # the tiny Llama (tools/build_tiny_llama.py), float32
+FIRST_PROMPT, ANSWER = 600, 300  # tokens: the answer fills blocks of its own on both engines
+FILLER_PROMPT, FILLERS = 1500, 3  # three of them overflow the cache
+METRICS_DEADLINE_S = 30.0
+# The keys of each event type and of a batch, as vLLM 0.32 sends them (msgspec, defaults omitted).
+WIRE = {
+    "BlockStored": frozenset(
+        {
+            "type", "block_hashes", "parent_block_hash", "token_ids", "block_size",
+            "lora_id", "medium", "lora_name", "extra_keys", "group_idx", "kv_cache_spec_kind",
+        }
+    ),
+    "BlockRemoved": frozenset({"type", "block_hashes", "medium", "group_idx"}),
+    "AllBlocksCleared": frozenset({"type"}),
+}  # fmt: skip
+
+
+def _events_config(work: Path) -> tuple[str, str, str]:
+    endpoint, replay_endpoint = f"ipc://{work}/kv-events.sock", f"ipc://{work}/kv-replay.sock"
+    config = {
+        "enable_kv_cache_events": True,
+        "publisher": "zmq",
+        "endpoint": endpoint,
+        "replay_endpoint": replay_endpoint,
+        "topic": "kv",
+    }
+    return json.dumps(config), endpoint, replay_endpoint
+
+
+class KvEngine:
+    def __init__(self, engine: EngineUnderTest, log: KvEventLog, replay_endpoint: str) -> None:
+        self.engine, self.log, self.replay_endpoint = engine, log, replay_endpoint
+
+
+@pytest.fixture(scope="module")
+def kv_enginesim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KvEngine]:
+    work = tmp_path_factory.mktemp("enginesim-kv-events")
+    config, endpoint, replay_endpoint = _events_config(work)
+    log = KvEventLog(endpoint)
+    log.start()
+    try:
+        for engine in serve_enginesim(
+            work, "--num-blocks", str(KV_TOKENS // ENGINESIM_BLOCK + 1), "--kv-events-config", config
+        ):
+            wait_live(engine, log, "live", replay_endpoint)
+            yield KvEngine(engine, log, replay_endpoint)
+    finally:
+        log.stop()
+
+
+@pytest.fixture(scope="module")
+def kv_vllm(tiny_llama: tuple[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[KvEngine]:
+    python, model_dir = tiny_llama
+    work = tmp_path_factory.mktemp("vllm-kv-events")
+    config, endpoint, replay_endpoint = _events_config(work)
+    log = KvEventLog(endpoint)
+    log.start()
+    try:
+        for engine in serve_vllm(
+            python, model_dir, work,
+            str((KV_TOKENS + VLLM_CPU_BLOCK) * TINY_KV_BYTES_PER_TOKEN),
+            extra=("--kv-events-config", config, "--max-num-batched-tokens", str(MAX_MODEL_LEN)),
+        ):  # fmt: skip
+            wait_live(engine, log, "live", replay_endpoint)
+            yield KvEngine(engine, log, replay_endpoint)
+    finally:
+        log.stop()
+
+
+@pytest.fixture(
+    params=[
+        "enginesim",
+        pytest.param("vllm", marks=[pytest.mark.realvllm, pytest.mark.timeout(VLLM_CAP_S + 300)]),
+    ]
+)
+def kv(request: pytest.FixtureRequest) -> KvEngine:
+    engine: KvEngine = request.getfixturevalue(f"kv_{request.param}")
+    return engine
+
+
+async def _chat(engine: EngineUnderTest, messages: list[dict[str, str]], max_tokens: int) -> dict[str, Any]:
+    body = {
+        "model": engine.model,
+        "messages": messages,
+        "max_tokens": max_tokens,
+        "ignore_eos": True,
+        "temperature": 0,
+    }
+    async with httpx.AsyncClient(timeout=120.0) as client:
+        resp = await client.post(f"{engine.url}/v1/chat/completions", json=body)
+    assert resp.status_code == 200, resp.text
+    out: dict[str, Any] = resp.json()
+    return out
+
+
+def _cached(response: dict[str, Any]) -> int:
+    return int(response["usage"]["prompt_tokens_details"]["cached_tokens"])
+
+
+def _prefix_counters(engine: EngineUnderTest) -> tuple[float, float]:
+    with httpx.Client(timeout=30.0) as client:
+        values = metric_values(client, engine.url)
+    return metric(values, "vllm:prefix_cache_queries_total"), metric(values, "vllm:prefix_cache_hits_total")
+
+
+def _tokens(blocks: list[StoredBlock]) -> list[int]:
+    return [t for b in blocks for t in b.tokens]
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def _without(blocks: list[StoredBlock], other: list[StoredBlock]) -> list[StoredBlock]:
+    hashes = {b.block_hash for b in other}
+    return [b for b in blocks if b.block_hash not in hashes]
+
+
+async def _segment_end(kv: KvEngine, tag: str) -> tuple[int, list[StoredBlock]]:
+    """Wait until everything sent so far has its events; returns the log's length and the blocks of
+    the marker request (not the checked requests')."""
+    await stored_after(kv.engine, kv.log, tag)
+    marker = tuple((await prompt_ids(kv.engine, _marker_text(tag)))[:PREFIX])
+    return len(kv.log.stored), chain_in(kv.log.stored, marker)
+
+
+def _marker_text(tag: str) -> str:
+    return words(tag, 40)  # the text `stored_after` sends
+
+
+async def test_a_second_turn_hits_the_blocks_the_first_stored_once(kv: KvEngine) -> None:
+    engine, log, tag = kv.engine, kv.log, run_tag()
+    mark0, _ = await _segment_end(kv, f"w{tag}x")  # the subscription is live
+    first_turn = [{"role": "user", "content": await prompt_of(engine, f"a{tag}x", FIRST_PROMPT)}]
+    ids1 = await prompt_ids(engine, first_turn)
+    r1 = await _chat(engine, first_turn, ANSWER)
+    answer_tokens = int(r1["usage"]["completion_tokens"])
+    assert (int(r1["usage"]["prompt_tokens"]), answer_tokens) == (len(ids1), ANSWER), r1["usage"]
+    mark1, marker1 = await _segment_end(kv, f"m{tag}x")
+    second_turn = [
+        *first_turn,
+        {"role": "assistant", "content": r1["choices"][0]["message"]["content"]},
+        {"role": "user", "content": f"and then {tag}?"},
+    ]
+    ids2 = await prompt_ids(engine, second_turn)
+    before = _prefix_counters(engine)
+    r2 = await _chat(engine, second_turn, 1)
+
+    def counted() -> tuple[float, float] | None:  # vLLM's counters may lag the response a little
+        now = _prefix_counters(engine)
+        return now if now[0] - before[0] >= len(ids2) else None
+
+    moved = await asyncio.to_thread(poll_until, counted, METRICS_DEADLINE_S)
+    mark2, marker2 = await _segment_end(kv, f"z{tag}x")
+    assert log.gaps == 0, f"the log lost messages: {log.summary()}"
+    bs = log.block_size
+    assert bs > 0, log.summary()
+
+    # The first request: one chain, prompt and answer blocks, holding the prompt's token ids.
+    first = chain_in(log.stored[mark0:mark1], tuple(ids1[:PREFIX]))
+    assert len(first) == (len(ids1) + answer_tokens - 1) // bs, (len(first), len(ids1), answer_tokens, bs)
+    assert len(first) * bs > len(ids1), "no block of the answer was stored"
+    assert _tokens(first)[: len(ids1)] == ids1
+    assert _without(log.stored[mark0:mark1], marker1) == first, "blocks stored outside the chain"
+
+    # The second request: its cached tokens are the full blocks it shares with that chain.
+    shared = min(_common_prefix(ids2, _tokens(first)), len(ids2) - 1) // bs
+    assert shared >= len(ids1) // bs, (shared, len(ids1), bs)
+    assert (int(r2["usage"]["prompt_tokens"]), _cached(r2)) == (len(ids2), shared * bs), r2["usage"]
+    second = _without(log.stored[mark1:mark2], marker2)
+    assert log.stored_twice(b.block_hash for b in first) == 0, "a shared block was stored again"
+    assert len(second) == len(ids2) // bs - shared, (len(second), len(ids2), shared, bs)
+    if second:
+        assert second[0].parent == first[shared - 1].block_hash, "the chain does not continue"
+        assert all(b.parent == a.block_hash for a, b in itertools.pairwise(second))
+        assert _tokens(second) == ids2[shared * bs : (shared + len(second)) * bs]
+
+    # The prefix-cache counters: the second request's tokens looked up, and found.
+    assert (moved[0] - before[0], moved[1] - before[1]) == (len(ids2), shared * bs), (before, moved)
+
+
+async def test_filling_the_cache_removes_blocks_that_were_stored(kv: KvEngine) -> None:
+    engine, log, tag = kv.engine, kv.log, run_tag()
+    await stored_after(engine, log, f"w{tag}x")
+    text = await prompt_of(engine, f"e{tag}x", FIRST_PROMPT)
+    ids = await prompt_ids(engine, text)
+    await _chat(engine, [{"role": "user", "content": text}], 1)
+    await stored_after(engine, log, f"m{tag}x")
+    evicted = {b.block_hash for b in chain_in(log.stored, tuple(ids[:PREFIX]))}
+    assert len(evicted) == len(ids) // log.block_size, (len(evicted), len(ids), log.block_size)
+    for i in range(FILLERS):
+        filler = await prompt_of(engine, f"f{i}{tag}x", FILLER_PROMPT)
+        await _chat(engine, [{"role": "user", "content": filler}], 1)
+    await stored_after(engine, log, f"z{tag}x")
+    removed = set(log.removed)
+    assert evicted <= removed, f"{len(evicted - removed)} of the request's {len(evicted)} blocks not removed"
+    assert removed <= {b.block_hash for b in log.stored}, "a removed hash was never stored"
+    assert log.gaps == 0, log.summary()
+
+
+async def test_the_wire_format_and_the_replay_socket(kv: KvEngine) -> None:
+    engine, log, tag = kv.engine, kv.log, run_tag()
+    await stored_after(engine, log, f"w{tag}x")
+    batches = await asyncio.to_thread(replay, kv.replay_endpoint, 0, 30.0)
+    seqs = [seq for _, seq, _ in batches]
+    assert seqs == list(range(len(seqs))), (seqs[:3], seqs[-3:])
+    assert seqs[-1] >= log.last_seq, (seqs[-1], log.last_seq)
+    assert {topic for topic, _, _ in batches} == log.topics == {b"kv"}
+    assert {(len(b), b[2]) for _, _, b in batches} == log.batch_shapes == {(3, 0)}
+    assert all(isinstance(b[0], float) and b[1] for _, _, b in batches)
+    replayed = {(e["type"], tuple(sorted(e))) for _, _, b in batches for e in b[1]}
+    assert all(set(keys) == WIRE[kind] for kind, keys in replayed), replayed
+    values = {
+        (e["medium"], e["group_idx"], e.get("kv_cache_spec_kind"), e.get("lora_id"), e.get("lora_name"))
+        for _, _, b in batches
+        for e in b[1]
+        if e["type"] != "AllBlocksCleared"
+    }
+    assert values <= {("GPU", 0, "full_attention", None, None), ("GPU", 0, None, None, None)}, values
+    assert all(
+        e["extra_keys"] == [None] * len(e["block_hashes"])
+        for _, _, b in batches
+        for e in b[1]
+        if e["type"] == "BlockStored"
+    )
+    assert "BlockStored" in log.shapes, log.shapes
+    assert all(shapes == {WIRE[kind]} for kind, shapes in log.shapes.items()), log.shapes
+    later = await asyncio.to_thread(replay, kv.replay_endpoint, seqs[-1], 30.0)
+    assert [seq for _, seq, _ in later] == [seqs[-1]]
+
+
+async def test_a_pause_that_clears_the_cache_says_all_blocks_cleared(kv: KvEngine) -> None:
+    engine, log, tag = kv.engine, kv.log, run_tag()
+    await stored_after(engine, log, f"w{tag}x")
+    text = await prompt_of(engine, f"c{tag}x", FIRST_PROMPT)
+    ids = await prompt_ids(engine, text)
+    await _chat(engine, [{"role": "user", "content": text}], 1)
+    cleared = log.cleared
+    async with httpx.AsyncClient(timeout=60.0) as client:
+        resp = await client.post(f"{engine.url}/pause", params={"mode": "keep", "clear_cache": "true"})
+        assert resp.status_code == 200, resp.text
+        resp = await client.post(f"{engine.url}/resume")
+        assert resp.status_code == 200, resp.text
+    again = await _chat(engine, [{"role": "user", "content": text}], 1)
+    await stored_after(engine, log, f"z{tag}x")
+    assert log.cleared == cleared + 1, log.summary()
+    assert _cached(again) == 0, again["usage"]
+    blocks = {b.block_hash for b in chain_in(log.stored, tuple(ids[:PREFIX]))}
+    assert log.stored_twice(blocks) == len(ids) // log.block_size, "the blocks were not stored again"
