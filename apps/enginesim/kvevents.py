@@ -157,6 +157,10 @@ class ZmqEventPublisher:
             self.dropped += 1
             log.warning("KV events queue full: a step's events were dropped", extra={"dropped": self.dropped})
 
+    def flush(self) -> None:
+        """Block until every batch published so far is sent and kept for replay (tests)."""
+        self._queue.join()
+
     def shutdown(self, timeout_s: float = 1.0) -> None:
         self._queue.put(None)
         self._thread.join(timeout=timeout_s)
@@ -173,12 +177,14 @@ class ZmqEventPublisher:
                 except queue.Empty:
                     continue
                 if item is None:
+                    self._queue.task_done()
                     return
                 ts, events = item
                 batch = EventBatch(ts=ts, events=wire_events(events, self.block_size), data_parallel_rank=0)
                 seq, payload = next(seqs), encoder.encode(batch)
                 self._pub.send_multipart((self._topic, seq.to_bytes(8, "big"), payload))
                 self._buffer.append((seq, payload))
+                self._queue.task_done()
         finally:
             self._pub.close(linger=0)
             if self._replay is not None:

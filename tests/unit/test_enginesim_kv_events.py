@@ -137,6 +137,7 @@ def test_batches_go_out_in_vllms_wire_format_and_replay(
     pub, _endpoint, replay = publisher
     pub.publish([BlocksStored((7, 8), None, tuple(range(2 * BS)), "s")])
     pub.publish([BlockRemoved(7), AllBlocksCleared()])
+    pub.flush()  # both batches sent and buffered: the replay below cannot come before the second
     dealer = zmq.Context.instance().socket(zmq.DEALER)
     dealer.setsockopt(zmq.LINGER, 0)
     dealer.connect(replay)
