@@ -205,11 +205,17 @@ async def test_dispatch_needs_the_internal_token_and_a_catalog_model(env: Env) -
 async def test_queue_wait_limit_gives_503_with_retry_after_and_cancels_the_reservation(env: Env) -> None:
     orch = await env.orchestrator()
     env.ledger.add("r1")
+    loop = asyncio.get_running_loop()
+    sent = loop.time()
     status, headers, body = await env.dispatch(orch, "r1", deadlines={"queue_wait_s": 0.3})
+    elapsed = loop.time() - sent
     assert status == 503
     assert headers["Retry-After"] == "30"  # no node serves the model: a scale-from-zero takes minutes
     assert json.loads(body)["error"]["code"] == "queue_timeout"
-    assert 0.3 <= float(headers["x-llmfleet-queue-wait"]) < 5  # it waited its whole queue limit
+    # The limit runs from the request's arrival, so the answer came no sooner; the time in the queue
+    # is part of it (what ran before the queue, on a loaded machine, is not: no lower bound on it).
+    assert elapsed >= 0.3
+    assert 0 < float(headers["x-llmfleet-queue-wait"]) <= elapsed
     assert env.ledger.status("r1") is ReservationStatus.CANCELLED
 
 
@@ -232,10 +238,13 @@ async def test_onprem_nodes_fill_first(env: Env) -> None:
     await env.node(orch, "cloud-1", location="cloud", auto=Auto())
     await env.node(orch, "prem-1", location="onprem", auto=Auto())
     env.ledger.add("r1")
+    loop = asyncio.get_running_loop()
+    sent = loop.time()
     status, headers, _ = await env.dispatch(orch, "r1")
+    elapsed = loop.time() - sent
     assert status == 200
     assert headers["x-llmfleet-node"] == "prem-1"
-    assert 0 <= float(headers["x-llmfleet-queue-wait"]) < 1  # a node had room at once
+    assert 0 <= float(headers["x-llmfleet-queue-wait"]) <= elapsed  # a node had room: no wait beyond the call
 
 
 async def test_capacity_queue_serves_in_order_when_slots_free(env: Env) -> None:
