@@ -34,7 +34,8 @@ from apps.orchestrator.ratelimit import TokenBucket
 from apps.orchestrator.relay import DispatchHandler
 from apps.orchestrator.routes import Background, Routes
 from apps.orchestrator.settings import OrchestratorSettings
-from apps.orchestrator.settle import Settler, Sweeper
+from apps.orchestrator.settle import Settler
+from apps.orchestrator.sweeper import Sweeper
 
 PLANE: web.AppKey[ControlPlane] = web.AppKey("plane", ControlPlane)
 SETTLER: web.AppKey[Settler] = web.AppKey("settler", Settler)

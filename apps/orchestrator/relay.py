@@ -47,8 +47,8 @@ from apps.orchestrator.plane import ControlPlane, assignment
 from apps.orchestrator.queue import Share
 from apps.orchestrator.resume import Outcome, Reason, Resumer, can_resume, resume_reason
 from apps.orchestrator.scheduling.view import NodeView, PickRequest
-from apps.orchestrator.settle import partial_usage
 from apps.orchestrator.streams import ChunkEv, DoneEv, ErrorEv, LostEv, RequestStream
+from apps.orchestrator.sweeper import partial_usage
 
 CLEANUP_S = 5.0
 
@@ -340,7 +340,7 @@ class _Relay:
         await shielded(self.plane.deps.settle(self.dreq.request_id, prompt, completion), CLEANUP_S, "settle")
 
     async def _record_partial(self, node: NodeView) -> None:
-        """What the sweeper bills if the node never reports (`settle.partial_usage`)."""
+        """What the sweeper bills if the node never reports (`sweeper.partial_usage`)."""
         record = {"node": node.node_id, **partial_usage(self.dreq, self.out.chunks)}
         redis = self.plane.deps.redis
         ttl = self.plane.settings.done_record_ttl_s

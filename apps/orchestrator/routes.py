@@ -22,7 +22,8 @@ from apps.orchestrator.node_ws import NodeSockets
 from apps.orchestrator.plane import ControlPlane
 from apps.orchestrator.relay import error_response
 from apps.orchestrator.settings import OrchestratorSettings
-from apps.orchestrator.settle import Settler, Sweeper
+from apps.orchestrator.settle import Settler
+from apps.orchestrator.sweeper import Sweeper
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 

@@ -346,7 +346,7 @@ async def test_node_lost_mid_stream_gives_error_event_and_done_and_a_partial_rec
     assert evs[-1] == b"[DONE]"
     partial = json.loads(await env.redis.get(keys.partial_key("r1")) or "null")
     # The prompt as reserved (the prefill ran; no exact count reached the orchestrator), one token
-    # per relayed event as the floor of the completion (settle.partial_usage).
+    # per relayed event as the floor of the completion (sweeper.partial_usage).
     assert (partial["prompt_tokens"], partial["completion_tokens"]) == (12, 2)
 
 

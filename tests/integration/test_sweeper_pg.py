@@ -22,7 +22,7 @@ from apps.core.metering import settle_usage, tpd_key
 from apps.core.nodes import keys
 from apps.core.spec import load_spec
 from apps.orchestrator.metrics import Metrics
-from apps.orchestrator.settle import Sweeper
+from apps.orchestrator.sweeper import Sweeper
 
 MODEL = "llama-3.1-8b-instruct"
 CREDITS = 10_000_000
