@@ -118,6 +118,10 @@ async def test_a_node_cannot_settle_a_queued_request_it_was_never_assigned(
         assert await victim_task == 200
         row = await poll(lambda: env.row(victim), lambda r: r is not None and r.status != "reserved")
         assert row == LedgerRow("settled", 9, 2, 13)
+        # The two settles run on different settle workers: wait for the node's own one too before
+        # reading the team's balance (a CI run read it between the two).
+        mine = await poll(lambda: env.row(own), lambda r: r is not None and r.status != "reserved")
+        assert mine == LedgerRow("settled", 7, 1, 9)
         assert await balance(env) == CREDITS - 13 - (7 + 2)
 
 
