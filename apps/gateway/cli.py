@@ -10,7 +10,8 @@ during start-up (a configuration error would otherwise restart forever).
 
 Rolling the workers without refusing a connection (`llmfleet dev roll gateway`) uses uvicorn's
 supervisor signals: SIGTTIN starts one more worker on the same sockets (a surge), SIGTTOU retires
-the oldest worker, which stops accepting, finishes its streams and exits, and is not replaced.
+the oldest worker (`RETIRE_SIGNAL` to it), which stops accepting, finishes its streams and exits,
+and is not replaced; it stays ready meanwhile, since the others serve the same address.
 (uvicorn's own SIGTTOU retires the newest and blocks until it exits; a roll needs the oldest, and
 this loop keeps watching the other workers meanwhile.) A SIGTTIN worker that dies during its start-up
 is dropped and the others go on serving. `--supervise` runs the supervisor with one worker too, so
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import gc
 import logging
 import multiprocessing
@@ -95,39 +97,81 @@ async def _serve(settings: GatewaySettings, socks: list[socket.socket] | None) -
     gc.freeze()
     if socks is None and settings.metrics_port is not None:
         socks = listen_sockets(settings)
-    await StoppingServer(uvicorn_config(app, settings), deps.lifecycle).serve(sockets=socks)
+    server = StoppingServer(uvicorn_config(app, settings), deps.lifecycle)
+    server.install_retire_handler()
+    await server.serve(sockets=socks)
+
+
+RETIRE_SIGNAL = signal.SIGUSR1  # the supervisor to one worker of a roll: stop, the address stays ready
+# A retire closes the listener at once but tells uvicorn to stop (which closes connections that
+# have not sent a request yet) this much later: a client whose connection this worker accepted just
+# before the close has that long to send its request (a loaded roll once saw "Server disconnected").
+RETIRE_LINGER_S = 1.0
 
 
 class StoppingServer(uvicorn.Server):
     """uvicorn, which on SIGTERM/SIGINT stops accepting, lets the requests in flight finish within
     `timeout_graceful_shutdown` (then cancels them: their cleanup cancels upstream and settles)
     and exits; this also turns the app not-ready first (`/readyz` 503, new chat requests on
-    kept-alive connections refused) for anything that still reaches it."""
+    kept-alive connections refused) for anything that still reaches it.
 
-    def __init__(self, config: uvicorn.Config, lifecycle: Lifecycle) -> None:
+    `RETIRE_SIGNAL` (a roll retiring this worker while the others serve the same socket) stops it
+    the same way but leaves the app ready: the address is not going away, so a connection this
+    worker accepted just before it closed its listener is served like any other (a one-worker roll
+    once answered such a `/readyz` probe 503), and uvicorn is told to stop `retire_linger_s` after
+    the listener closed. A SIGTERM later (the whole gateway stopping) still turns it not-ready and
+    stops it at once."""
+
+    def __init__(
+        self, config: uvicorn.Config, lifecycle: Lifecycle, retire_linger_s: float = RETIRE_LINGER_S
+    ) -> None:
         super().__init__(config)
         self._lifecycle = lifecycle
+        self._retire_linger_s = retire_linger_s
         self._exit_requested = False
+        self._address_stopping = False
+
+    def install_retire_handler(self) -> None:
+        signal.signal(RETIRE_SIGNAL, self.retire)
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-        if not self._exit_requested:
-            self._exit_requested = True
-            log.info("gateway_stopping", extra={"signal": sig, "in_flight": len(self.server_state.tasks)})
-            try:
-                loop = asyncio.get_running_loop()
-            except RuntimeError:  # not serving yet
-                self._stop_accepting()
-            else:
-                # Now, not at uvicorn's next tick (up to 0.1 s later): a connection this worker
-                # accepted from the shared socket in between would get only 503s, while the other
-                # workers (a roll's surge) could serve it. (`servers` is uvicorn's public attribute.)
-                loop.call_soon_threadsafe(self._stop_accepting)
+        self._address_stopping = True
+        self._begin_stop(sig)
         super().handle_exit(sig, frame)
+
+    def retire(self, sig: int, frame: FrameType | None) -> None:
+        self._begin_stop(sig)
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # not serving yet: nothing accepted, nothing to linger for
+            super().handle_exit(signal.SIGTERM, frame)
+        else:
+            loop.call_soon_threadsafe(self._exit_after_linger)
+
+    def _exit_after_linger(self) -> None:
+        exit_now = functools.partial(uvicorn.Server.handle_exit, self, signal.SIGTERM, None)
+        asyncio.get_running_loop().call_later(self._retire_linger_s, exit_now)
+
+    def _begin_stop(self, sig: int) -> None:
+        first, self._exit_requested = not self._exit_requested, True
+        if first:
+            event = "gateway_stopping" if self._address_stopping else "gateway_worker_retiring"
+            log.info(event, extra={"signal": sig, "in_flight": len(self.server_state.tasks)})
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # not serving yet
+            self._stop_accepting()
+        else:
+            # Now, not at uvicorn's next tick (up to 0.1 s later): a connection this worker
+            # accepted from the shared socket in between would be served here, while the other
+            # workers (a roll's surge) could serve it. (`servers` is uvicorn's public attribute.)
+            loop.call_soon_threadsafe(self._stop_accepting)
 
     def _stop_accepting(self) -> None:
         for server in getattr(self, "servers", []):
-            server.close()
-        self._lifecycle.stopping = True
+            server.close()  # idempotent: a SIGTERM after a retire closes nothing twice
+        if self._address_stopping:
+            self._lifecycle.stopping = True
 
 
 def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
@@ -196,7 +240,7 @@ class Supervisor:
                 proc, _ = self._procs.pop(slot)
                 log.info("worker_retiring", extra={"slot": slot, "pid": proc.pid})
                 if proc.pid is not None and proc.is_alive():
-                    os.kill(proc.pid, signal.SIGTERM)
+                    os.kill(proc.pid, RETIRE_SIGNAL)  # the others serve on: this one stays ready
                 self._retiring.append(proc)
         for proc in [p for p in self._retiring if not p.is_alive()]:
             proc.join()  # reaped: no zombie left for the roll to look at
