@@ -101,7 +101,7 @@ def create_app(settings: OrchestratorSettings, deps: OrchestratorDeps) -> web.Ap
     plane = ControlPlane(settings, deps)
     settler = _settler(settings, deps, plane)
     sweeper = _sweeper(settings, deps, plane)
-    sockets = NodeSockets(plane, settler, *_registration_buckets(settings, deps))
+    sockets = NodeSockets(plane.socket_parts(), settler, *_registration_buckets(settings, deps))
     background = Background(plane, settler, sweeper, sockets)
     app = web.Application(
         client_max_size=8 * 1024 * 1024,
@@ -113,7 +113,7 @@ def create_app(settings: OrchestratorSettings, deps: OrchestratorDeps) -> web.Ap
     app[SWEEPER] = sweeper
     app[BACKGROUND] = background
     app.router.add_get(NODE_PATH, sockets.handle)
-    app.router.add_post(DISPATCH_PATH, DispatchHandler(plane).handle)
+    app.router.add_post(DISPATCH_PATH, DispatchHandler(plane.relay_parts()).handle)
     for method, path, handler in Routes(plane).table():
         app.router.add_route(method, path, handler)
     app.cleanup_ctx.append(background.background)

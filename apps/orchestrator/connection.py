@@ -59,6 +59,9 @@ class NodeConnection:
         # Content events relayed per request assigned on this socket and not yet reported (its
         # `done`/`error` settles against them; at close they go to Redis: `Settler.add_relayed`).
         self.relayed: dict[str, int] = {}
+        # Reports of this socket in the settle queue: their `done_ack` is still to come (a handover
+        # does not close the socket before it went out: `carries_nothing`).
+        self.settling = 0
         self.closing = asyncio.Event()
         self.close_code = CLOSE_NORMAL
         self.close_reason = ""
@@ -80,6 +83,11 @@ class NodeConnection:
             self.close(1011, "send queue full")
             return False
         return True
+
+    def carries_nothing(self) -> bool:
+        """No request runs on this socket, no report of it waits for its settle and `done_ack`, and
+        nothing queued is unsent: closing it now loses nothing."""
+        return not self.routes and self.settling == 0 and self.send_q.empty()
 
     def assigned(self, request_id: str, route: Route) -> None:
         """A request assigned on this socket: its frames go to `route`, its events are counted."""

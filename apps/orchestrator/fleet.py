@@ -112,6 +112,11 @@ class Fleet:
         self._acquire = redis.register_script(_ACQUIRE_LUA)
         self._nodes: dict[str, NodeView] = {}
         self._quarantined: set[str] = set()  # never routed to (`quarantine`), as of the last refresh
+        # `forget` during a refresh: that refresh's reads may predate the node's removal, so it
+        # must not put the node back (node id -> the `_epoch` it was forgotten at).
+        self._epoch = 0
+        self._forgotten: dict[str, int] = {}
+        self._refreshing: list[int] = []  # the epochs the refreshes in progress started at
 
     # -- owner side ---------------------------------------------------------------
 
@@ -139,6 +144,28 @@ class Fleet:
     # -- every replica --------------------------------------------------------------
 
     async def refresh(self) -> dict[str, NodeView]:
+        started = self._epoch
+        self._refreshing.append(started)
+        try:
+            ids, answers, now = await self._read()
+        finally:
+            self._refreshing.remove(started)
+        self._quarantined = {as_text(m) for m in answers[-1]} if ids else set()
+        nodes: dict[str, NodeView] = {}
+        for i, node_id in enumerate(ids):
+            if node_id in self._quarantined or self._forgotten.get(node_id, -1) > started:
+                continue  # quarantined, or its socket was torn down while this refresh read
+            view = self._view(node_id, decode_hash(answers[2 * i]), int(answers[2 * i + 1]), now)
+            if view is not None:
+                nodes[node_id] = view
+        self._nodes = nodes
+        oldest = min(self._refreshing, default=self._epoch)
+        self._forgotten = {n: e for n, e in self._forgotten.items() if e > oldest}
+        return nodes
+
+    async def _read(self) -> tuple[list[str], list[Any], float]:
+        """The index's node ids, then in one round trip each one's hash and in-flight count, the
+        index's pruning and the quarantined set."""
         now = self._clock()
         ids = [
             k.decode() if isinstance(k, bytes) else str(k)
@@ -152,16 +179,7 @@ class Fleet:
         pipe.zremrangebyscore(keys.NODES_INDEX, "-inf", now - 3600)
         pipe.smembers(keys.NODES_QUARANTINED)
         answers = await pipe.execute() if ids else []
-        self._quarantined = {as_text(m) for m in answers[-1]} if ids else set()
-        nodes: dict[str, NodeView] = {}
-        for i, node_id in enumerate(ids):
-            if node_id in self._quarantined:
-                continue
-            view = self._view(node_id, decode_hash(answers[2 * i]), int(answers[2 * i + 1]), now)
-            if view is not None:
-                nodes[node_id] = view
-        self._nodes = nodes
-        return nodes
+        return ids, answers, now
 
     def _view(self, node_id: str, hb: dict[str, str], in_flight: int, now: float) -> NodeView | None:
         if not hb.get("conn"):
@@ -208,7 +226,12 @@ class Fleet:
         await self._redis.sadd(keys.NODES_QUARANTINED, node_id)
 
     def forget(self, node_id: str) -> None:
+        """The node's socket here was torn down (its hash removed): out of the view now, and not put
+        back by a refresh that read the hash before the removal."""
         self._nodes.pop(node_id, None)
+        if self._refreshing:
+            self._epoch += 1
+            self._forgotten[node_id] = self._epoch
 
     async def acquire_slot(
         self,

@@ -11,8 +11,9 @@ and hands each node socket over instead of closing it:
    new socket's) and answers `handed_over` on the old socket; the old socket keeps carrying the
    chunks and `done`s of the requests that were running on it (its heartbeat watchdog and the
    superseded-socket checks are off while it hands over: `NodeConnection.handing_over`);
-3. once none of its requests runs any more, this side closes it with 4011 (`CLOSE_HANDED_OVER`;
-   1001 if the node had not registered elsewhere yet: a socket with nothing in flight is not kept).
+3. once none of its requests runs any more and their `done_ack`s went out, this side closes it
+   with 4011 (`CLOSE_HANDED_OVER`; 1001 if the node had not registered elsewhere yet: a socket
+   with nothing in flight is not kept).
 
 Bounded: at `deadline_s` the node ends what still runs there with a `node_draining` error carrying
 the exact tokens produced (the relay resumes it elsewhere or ends it with a clean error event, and
@@ -33,8 +34,10 @@ from apps.core.protocol.bus import HandoverMsg
 from apps.core.protocol.dispatch import RETRY_ELSEWHERE
 from apps.core.protocol.node import CLOSE_GOING_AWAY, CLOSE_HANDED_OVER, HANDOVER_VERSION, Handover
 from apps.orchestrator.connection import NodeConnection, RemoteRoute
+from apps.orchestrator.fleet import Fleet
 from apps.orchestrator.logs import event
-from apps.orchestrator.plane import ControlPlane
+from apps.orchestrator.metrics import Metrics
+from apps.orchestrator.routing import Routing
 
 _CHECK_S = 0.05  # how often a socket being handed over is looked at (only during a shutdown)
 
@@ -55,8 +58,12 @@ def refuse_dispatch(request_id: str) -> web.Response:
 
 
 class SocketHandover:
-    def __init__(self, plane: ControlPlane, deadline_s: float, grace_s: float) -> None:
-        self.plane = plane
+    def __init__(
+        self, routing: Routing, fleet: Fleet, metrics: Metrics, deadline_s: float, grace_s: float
+    ) -> None:
+        self.routing = routing
+        self.fleet = fleet
+        self.metrics = metrics
         self.deadline_s = deadline_s
         self.grace_s = grace_s
 
@@ -68,7 +75,7 @@ class SocketHandover:
     async def run(self) -> None:
         """Hand over (or, below version 3, close) every node socket of this replica; returns when
         every socket is closed or the bound passed."""
-        conns = list(self.plane.local.values())
+        conns = list(self.routing.local.values())
         event("handover_started", nodes=len(conns), in_flight=sum(len(c.routes) for c in conns))
         async with asyncio.TaskGroup() as tg:
             for conn in conns:
@@ -80,20 +87,20 @@ class SocketHandover:
         if conn.version < HANDOVER_VERSION or conn.draining:
             conn.close(CLOSE_GOING_AWAY, "orchestrator shutting down")
             return
-        plane = self.plane
         conn.handing_over = True
-        await plane.fleet.mark_draining(conn.node_id, conn.conn_id)
+        await self.fleet.mark_draining(conn.node_id, conn.conn_id)
         for request_id, route in list(conn.routes.items()):
             if isinstance(route, RemoteRoute):  # its relay must not take the new owner for a loss
-                await plane.bus.to_replica(route.origin, HandoverMsg(request_id=request_id))
+                await self.routing.bus.to_replica(route.origin, HandoverMsg(request_id=request_id))
         conn.send(Handover(deadline_s=self.deadline_s))
         event("node_handover", node_id=conn.node_id, in_flight=len(conn.routes), deadline_s=self.deadline_s)
         loop = asyncio.get_running_loop()
         give_up = loop.time() + self.bound_s
         while not conn.closing.is_set():
-            if not conn.routes:
+            if conn.carries_nothing():
                 # Nothing (left) to carry: an idle socket is not kept open for the node to find
-                # another replica (if none is up, it would wait out the bound for nothing).
+                # another replica (if none is up, it would wait out the bound for nothing). A done
+                # waiting for its settle keeps it open: its `done_ack` goes out on this socket.
                 conn.close(CLOSE_HANDED_OVER if conn.handed_over else CLOSE_GOING_AWAY, "handed over")
                 break
             if loop.time() >= give_up:
@@ -103,4 +110,4 @@ class SocketHandover:
                 break
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(conn.closing.wait(), _CHECK_S)
-        plane.metrics.handovers.labels(outcome="handed_over" if conn.handed_over else "closed").inc()
+        self.metrics.handovers.labels(outcome="handed_over" if conn.handed_over else "closed").inc()

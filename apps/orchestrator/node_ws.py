@@ -56,7 +56,7 @@ from apps.orchestrator.connection import NodeConnection
 from apps.orchestrator.fleet import HEARTBEAT_REVOKED, HEARTBEAT_SUPERSEDED
 from apps.orchestrator.handover import SocketHandover
 from apps.orchestrator.logs import event
-from apps.orchestrator.plane import ControlPlane
+from apps.orchestrator.plane import SocketParts
 from apps.orchestrator.ratelimit import TokenBucket
 from apps.orchestrator.settle import SettleJob, Settler
 from apps.orchestrator.streams import ChunkEv, LostReason, RequestStream
@@ -66,15 +66,17 @@ _CLOSE_HANDSHAKE_S = 2.0  # a peer that does not answer the close frame in this 
 
 class NodeSockets:
     def __init__(
-        self, plane: ControlPlane, settler: Settler, bucket: TokenBucket, unauthenticated: TokenBucket
+        self, parts: SocketParts, settler: Settler, bucket: TokenBucket, unauthenticated: TokenBucket
     ) -> None:
-        self.plane = plane
+        self.parts = parts
         self.settler = settler
         self.bucket = bucket
         self.unauthenticated = unauthenticated
         self._ws: dict[str, web.WebSocketResponse] = {}
-        settings = plane.settings
-        self.handover = SocketHandover(plane, settings.handover_deadline_s, settings.shutdown_grace_s)
+        settings = parts.settings
+        self.handover = SocketHandover(
+            parts.routing, parts.fleet, parts.metrics, settings.handover_deadline_s, settings.shutdown_grace_s
+        )
         self.all_closed = asyncio.Event()  # set when this replica holds no node socket
         self.all_closed.set()
 
@@ -89,18 +91,18 @@ class NodeSockets:
             await self._activate(ws, conn, frame)
             await until_first_ends(self._reader(ws, conn), self._writer(ws, conn), self._watchdog(conn))
         finally:
-            await shielded(self._teardown(ws, conn), self.plane.settings.shutdown_grace_s, "node_teardown")
+            await shielded(self._teardown(ws, conn), self.parts.settings.shutdown_grace_s, "node_teardown")
         return ws
 
     async def _refuse(
         self, ws: web.WebSocketResponse, code: int, reason: str, retry: float | None = None
     ) -> None:
-        self.plane.metrics.registrations_refused.labels(reason=reason).inc()
+        self.parts.metrics.registrations_refused.labels(reason=reason).inc()
         await ws.send_str(encode(RegisterRefused(reason=reason, retry_after_s=retry)))
         await ws.close(code=code, message=reason.encode()[:120])
 
     async def _handshake(self, ws: web.WebSocketResponse) -> tuple[NodeConnection, Register] | None:
-        plane, settings = self.plane, self.plane.settings
+        parts, settings = self.parts, self.parts.settings
         try:
             msg = await ws.receive(timeout=settings.register_timeout_s)
         except TimeoutError:
@@ -109,7 +111,7 @@ class NodeSockets:
         if msg.type != WSMsgType.TEXT:
             await ws.close(code=CLOSE_PROTOCOL_ERROR, message=b"expected a register frame")
             return None
-        if plane.stopping:  # a node handed over by this replica must land on another one
+        if parts.lifecycle.stopping:  # a node handed over by this replica must land on another one
             await self._refuse(ws, CLOSE_GOING_AWAY, "orchestrator_stopping")
             return None
         version = peek_version(msg.data)
@@ -127,7 +129,7 @@ class NodeSockets:
         if frame.version not in SUPPORTED_VERSIONS:
             await self._refuse(ws, CLOSE_UNSUPPORTED_VERSION, f"unsupported protocol version {frame.version}")
             return None
-        identity = await plane.deps.node_store.identify(frame.node_id, frame.token)
+        identity = await parts.node_store.identify(frame.node_id, frame.token)
         if identity is None:
             retry = self.unauthenticated.try_take()
             if retry is not None:
@@ -152,7 +154,7 @@ class NodeSockets:
             gpus=frame.gpus,
             models=models,
             send_limit=settings.send_queue_frames,
-            monotonic=plane.deps.monotonic,
+            monotonic=parts.monotonic,
             batching=frame.version >= BATCHING_VERSION,
             version=frame.version,
         )
@@ -160,42 +162,42 @@ class NodeSockets:
 
     async def _activate(self, ws: web.WebSocketResponse, conn: NodeConnection, frame: Register) -> None:
         """Take ownership (inside the caller's try: a failure here still tears down)."""
-        plane, settings = self.plane, self.plane.settings
-        previous = plane.local.get(frame.node_id)
+        parts, settings = self.parts, self.parts.settings
+        previous = parts.routing.local.get(frame.node_id)
         if previous is not None:
             previous.close(CLOSE_SUPERSEDED, "node registered again")
             # Before the ack: the agent's replays that follow it are held against these counts.
             await self.settler.keep_relayed(previous)
-        plane.local[frame.node_id] = conn
+        parts.routing.local[frame.node_id] = conn
         self.all_closed.clear()
         self._ws[conn.conn_id] = ws
-        await plane.bus.subscribe_node(frame.node_id)
+        await parts.routing.bus.subscribe_node(frame.node_id)
         # Another replica that still holds an older socket of this node lets it go.
-        await plane.bus.to_node(frame.node_id, msgs.SupersedeMsg(conn=conn.conn_id))
-        await plane.fleet.write_heartbeat(
-            frame.node_id, conn.conn_id, conn.hash_fields(plane.id), register=True
+        await parts.routing.bus.to_node(frame.node_id, msgs.SupersedeMsg(conn=conn.conn_id))
+        await parts.fleet.write_heartbeat(
+            frame.node_id, conn.conn_id, conn.hash_fields(parts.routing.id), register=True
         )
-        await plane.deps.node_store.record_registration(
+        await parts.node_store.record_registration(
             node_id=frame.node_id,
             location=conn.location,
             gpus=frame.gpus,
             models=[m.model_dump() for m in frame.models],
-            orchestrator_id=plane.id,
+            orchestrator_id=parts.routing.id,
             agent_version=frame.agent_version,
         )
-        await plane.fleet.refresh()
+        await parts.fleet.refresh()
         await ws.send_str(
             encode(
                 RegisterAck(
-                    orchestrator_id=plane.id,
+                    orchestrator_id=parts.routing.id,
                     heartbeat_interval_s=settings.heartbeat_interval_s,
                     # Relays of requests from a previous socket ended with that socket.
                     unknown_requests=list(frame.in_flight),
                 )
             )
         )
-        plane.metrics.registrations.inc()
-        plane.queues.notify()
+        parts.metrics.registrations.inc()
+        parts.wake_queues()
         event("node_registered", node_id=frame.node_id, location=conn.location, models=list(conn.models))
 
     async def _reader(self, ws: web.WebSocketResponse, conn: NodeConnection) -> None:
@@ -212,7 +214,7 @@ class NodeSockets:
 
     async def _frame(self, conn: NodeConnection, text: str) -> bool:
         """Handle one frame from the node; False when the connection must end."""
-        plane = self.plane
+        parts = self.parts
         try:
             frame = decode_node_frame(text)
         except ValidationError:
@@ -229,14 +231,14 @@ class NodeSockets:
                     # engine step of other requests' chunks.
                     await asyncio.sleep(0)
             else:
-                await plane.route_frame(conn, frame, text)
+                await parts.routing.route_frame(conn, frame, text)
         elif isinstance(frame, Heartbeat):
             await self._heartbeat(conn, frame)
         elif isinstance(frame, Done | Error):
             await self._finished(conn, frame, text)
         elif isinstance(frame, Drained):
             conn.drained = True
-            await plane.deps.node_store.record_event(conn.node_id, "drained", plane.id, frame.reason)
+            await parts.node_store.record_event(conn.node_id, "drained", parts.routing.id, frame.reason)
             event("node_drained", node_id=conn.node_id)
             # The node's last frame: every frame before it has been handled (in order, above), so
             # this side closes the socket; the node waits for that close before it goes.
@@ -254,10 +256,10 @@ class NodeSockets:
 
     async def _finished(self, conn: NodeConnection, frame: Done | Error, text: str) -> None:
         """A request ended on the node: route it, then settle (or free the slot of one that produced nothing)."""
-        plane = self.plane
+        parts = self.parts
         # None: not assigned on this socket (a journal replay, or not this node's: refused in settle).
         relayed = conn.relayed.pop(frame.request_id, None)
-        route = await plane.route_frame(conn, frame, text)
+        route = await parts.routing.route_frame(conn, frame, text)
         replayed = conn.replayed_abort(frame, route)
         if isinstance(frame, Done) or frame.chunks_sent > 0:
             # The settle job frees the node slot in the same Redis call as its done record,
@@ -276,19 +278,21 @@ class NodeSockets:
                 )
             )
         else:
-            await plane.fleet.release_slot(conn.node_id, frame.request_id)
-            plane.queues.notify()
+            await parts.fleet.release_slot(conn.node_id, frame.request_id)
+            parts.wake_queues()
         if isinstance(route, RequestStream):
             route.slot_released = True
 
     async def _heartbeat(self, conn: NodeConnection, frame: Heartbeat) -> None:
-        plane = self.plane
+        parts = self.parts
         conn.touch()
         conn.kv_cache_usage, conn.queue_depth = frame.kv_cache_usage, frame.queue_depth
         conn.gpu_util, conn.running = frame.gpu_util, frame.running
         became_draining = frame.draining and not conn.draining
         conn.draining = conn.draining or frame.draining
-        result = await plane.fleet.write_heartbeat(conn.node_id, conn.conn_id, conn.hash_fields(plane.id))
+        result = await parts.fleet.write_heartbeat(
+            conn.node_id, conn.conn_id, conn.hash_fields(parts.routing.id)
+        )
         if result == HEARTBEAT_REVOKED:
             conn.close(CLOSE_REVOKED, "node token revoked")
         elif result == HEARTBEAT_SUPERSEDED and conn.handing_over:
@@ -296,8 +300,8 @@ class NodeSockets:
         elif result == HEARTBEAT_SUPERSEDED:
             conn.close(CLOSE_SUPERSEDED, "node registered again on another connection")
         elif became_draining:
-            await plane.deps.node_store.record_event(conn.node_id, "draining", plane.id, "node")
-        plane.queues.notify()
+            await parts.node_store.record_event(conn.node_id, "draining", parts.routing.id, "node")
+        parts.wake_queues()
 
     async def _writer(self, ws: web.WebSocketResponse, conn: NodeConnection) -> None:
         # Parked on the queue itself: a frame queued for an idle connection (an `assign`) goes out
@@ -319,7 +323,7 @@ class NodeSockets:
 
     async def _watchdog(self, conn: NodeConnection) -> None:
         """Two missed heartbeats: the node is dead to routing and its requests are failed."""
-        settings = self.plane.settings
+        settings = self.parts.settings
         while not conn.closing.is_set():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(conn.closing.wait(), settings.heartbeat_interval_s / 2)
@@ -327,7 +331,7 @@ class NodeSockets:
                 conn.close(CLOSE_HEARTBEAT_TIMEOUT, f"missed {settings.missed_heartbeats} heartbeats")
 
     async def _teardown(self, ws: web.WebSocketResponse, conn: NodeConnection) -> None:
-        plane = self.plane
+        parts = self.parts
         code = conn.close_code if conn.closing.is_set() else CLOSE_NORMAL
         conn.close(code, conn.close_reason or "closed")
         self._ws.pop(conn.conn_id, None)
@@ -336,20 +340,24 @@ class NodeSockets:
         await self.settler.keep_relayed(conn)
         # The relays first: a silent peer (a link that died without FIN or RST) never answers the
         # close handshake (last, below), and its streams must not wait for that (they resume elsewhere).
-        reason = LostReason.SHUTDOWN if plane.stopping else LostReason.NODE_GONE
-        for request_id, origin in plane.fail_routes(conn, reason):
-            await plane.bus.to_replica(origin, msgs.LostMsg(request_id=request_id, reason=reason.value))
-        owned = plane.local.get(conn.node_id) is conn
+        reason = LostReason.SHUTDOWN if parts.lifecycle.stopping else LostReason.NODE_GONE
+        for request_id, origin in parts.routing.fail_routes(conn, reason):
+            await parts.routing.bus.to_replica(
+                origin, msgs.LostMsg(request_id=request_id, reason=reason.value)
+            )
+        owned = parts.routing.local.get(conn.node_id) is conn
         if owned:
-            del plane.local[conn.node_id]
-            if not plane.local:
+            del parts.routing.local[conn.node_id]
+            if not parts.routing.local:
                 self.all_closed.set()
-            await plane.bus.unsubscribe_node(conn.node_id)
-        await plane.fleet.remove(conn.node_id, conn.conn_id)
-        plane.fleet.forget(conn.node_id)
+            await parts.routing.bus.unsubscribe_node(conn.node_id)
+        await parts.fleet.remove(conn.node_id, conn.conn_id)
+        parts.fleet.forget(conn.node_id)
         # Routes added since (none should be: the connection is closing) fail too.
-        for request_id, origin in plane.fail_routes(conn, reason):
-            await plane.bus.to_replica(origin, msgs.LostMsg(request_id=request_id, reason=reason.value))
+        for request_id, origin in parts.routing.fail_routes(conn, reason):
+            await parts.routing.bus.to_replica(
+                origin, msgs.LostMsg(request_id=request_id, reason=reason.value)
+            )
         if conn.drained or (code == CLOSE_NORMAL and conn.draining) or code == CLOSE_HANDED_OVER:
             death = None
         elif code in (CLOSE_REVOKED, CLOSE_SUPERSEDED):
@@ -358,11 +366,13 @@ class NodeSockets:
             death = "heartbeat_timeout"
         else:
             death = "socket_closed"
-        if death is not None and not plane.stopping:
-            plane.metrics.node_deaths.labels(reason=death).inc()
+        if death is not None and not parts.lifecycle.stopping:
+            parts.metrics.node_deaths.labels(reason=death).inc()
         if owned and code != CLOSE_SUPERSEDED:
             quiet = "handed_over" if code == CLOSE_HANDED_OVER else "drained"
-            await plane.deps.node_store.record_event(conn.node_id, "disconnected", plane.id, death or quiet)
+            await parts.node_store.record_event(
+                conn.node_id, "disconnected", parts.routing.id, death or quiet
+            )
         event("node_disconnected", logging.INFO, node_id=conn.node_id, code=code, reason=death or "drained")
         # Last, and bounded: the close handshake waits for the peer, which a silently cut node never
         # answers (aiohttp waits up to its close timeout). Routing and the node's requests must not wait.

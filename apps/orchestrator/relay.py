@@ -43,9 +43,10 @@ from apps.core.sharing import PriorityClass
 from apps.orchestrator.handover import STOPPING, refuse_dispatch
 from apps.orchestrator.logs import event
 from apps.orchestrator.outlet import GatewayOutlet
-from apps.orchestrator.plane import ControlPlane, assignment
+from apps.orchestrator.plane import RelayParts
 from apps.orchestrator.queue import Share
 from apps.orchestrator.resume import Outcome, Reason, Resumer, can_resume, resume_reason
+from apps.orchestrator.routing import assignment
 from apps.orchestrator.scheduling.view import NodeView, PickRequest
 from apps.orchestrator.streams import ChunkEv, DoneEv, ErrorEv, LostEv, RequestStream
 from apps.orchestrator.sweeper import partial_usage
@@ -67,9 +68,9 @@ def error_response(exc: LlmfleetError, request_id: str = "") -> web.Response:
 
 
 class DispatchHandler:
-    def __init__(self, plane: ControlPlane) -> None:
-        self.plane = plane
-        self._token = InternalToken(plane.settings.internal_token.get_secret_value())
+    def __init__(self, parts: RelayParts) -> None:
+        self.parts = parts
+        self._token = InternalToken(parts.settings.internal_token.get_secret_value())
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         if not self._token.accepts(request.headers.get("Authorization")):
@@ -82,34 +83,34 @@ class DispatchHandler:
             return error_response(
                 InvalidRequest(f"invalid dispatch request: {loc}: {first['msg']}", param=loc)
             )
-        if self.plane.stopping:
+        if self.parts.lifecycle.stopping:
             return refuse_dispatch(dreq.request_id)
-        if dreq.model not in self.plane.deps.models:
+        if dreq.model not in self.parts.models:
             return error_response(
                 NotFound(f"model {dreq.model!r} is not served here", param="model"), dreq.request_id
             )
-        return await _Relay(self.plane, request, dreq).run()
+        return await _Relay(self.parts, request, dreq).run()
 
 
 class _Relay:
-    def __init__(self, plane: ControlPlane, request: web.Request, dreq: DispatchRequest) -> None:
-        self.plane = plane
+    def __init__(self, parts: RelayParts, request: web.Request, dreq: DispatchRequest) -> None:
+        self.parts = parts
         self.request = request
         self.dreq = dreq
         self.out = GatewayOutlet(
             request,
             dreq,
-            resumable=can_resume(dreq, plane.deps.resume_models),
-            fast_paths=plane.settings.netio_fastpaths,
+            resumable=can_resume(dreq, parts.resume_models),
+            fast_paths=parts.settings.netio_fastpaths,
         )
         self.outcome = "ok"
-        self._t0 = plane.deps.monotonic()
+        self._t0 = parts.monotonic()
         self.queued_s = 0.0  # time in the model's queue waiting for a node (all attempts)
         self.share = _share(dreq)
 
     async def run(self) -> web.StreamResponse:
-        plane, dreq = self.plane, self.dreq
-        plane.metrics.active_relays.inc()
+        parts, dreq = self.parts, self.dreq
+        parts.metrics.active_relays.inc()
         try:
             return await self._dispatch()
         except asyncio.CancelledError:
@@ -118,43 +119,43 @@ class _Relay:
                 await self._cancel_reservation()
             raise
         finally:
-            self.out.count_paths(plane.metrics.netio)
-            plane.metrics.active_relays.dec()
-            plane.metrics.dispatches.labels(model=dreq.model, outcome=self.outcome).inc()
+            self.out.count_paths(parts.metrics.netio)
+            parts.metrics.active_relays.dec()
+            parts.metrics.dispatches.labels(model=dreq.model, outcome=self.outcome).inc()
             event(
                 "dispatch",
                 request_id=dreq.request_id,
                 model=dreq.model,
                 outcome=self.outcome,
                 chunks=self.out.chunks,
-                seconds=round(plane.deps.monotonic() - self._t0, 4),
+                seconds=round(parts.monotonic() - self._t0, 4),
             )
 
     async def _dispatch(self) -> web.StreamResponse:
         """A cold-start check, then at most `MAX_ATTEMPTS` nodes (plus `MAX_UNREACHABLE` that the
         assignment never reached; `apps.core.scheduling.retry`): queue for one, relay from it. A stopping replica sends what
         still waits in its queue to another replica (`refuse_dispatch`)."""
-        plane, dreq = self.plane, self.dreq
-        queue_limit = min(dreq.deadlines.queue_wait_s, plane.settings.queue_limit_s)
+        parts, dreq = self.parts, self.dreq
+        queue_limit = min(dreq.deadlines.queue_wait_s, parts.settings.queue_limit_s)
         excluded: set[str] = set()
         last_retry: Retry | None = None
         if not self._served():
             try:
-                await plane.cold.check(dreq.model, queue_limit)
+                await parts.cold.check(dreq.model, queue_limit)
             except LlmfleetError as exc:
                 self.outcome = exc.code or "unavailable"
                 return await self._fail_before_output(exc)
         budget = RetryBudget()
         while budget.left():
-            elapsed = plane.deps.monotonic() - self._t0
+            elapsed = parts.monotonic() - self._t0
             remaining = queue_budget(queue_limit, elapsed, retrying=bool(excluded))
-            queued_at = plane.deps.monotonic()
+            queued_at = parts.monotonic()
             try:
-                node = await plane.queues.acquire(
+                node = await parts.queues.acquire(
                     self._pick(excluded), remaining, self._retry_hint, self.share
                 )
             except LlmfleetError as exc:
-                self.queued_s += plane.deps.monotonic() - queued_at
+                self.queued_s += parts.monotonic() - queued_at
                 if exc.code == STOPPING and budget.attempts == 0:
                     self.outcome = STOPPING  # nothing ran: the gateway sends it to another replica
                     return refuse_dispatch(dreq.request_id)
@@ -162,9 +163,9 @@ class _Relay:
                     exc = self._exhausted(last_retry)
                 self.outcome = exc.code or "unavailable"
                 return await self._fail_before_output(exc)
-            self.queued_s += plane.deps.monotonic() - queued_at
+            self.queued_s += parts.monotonic() - queued_at
             if self.out.gateway_gone():
-                await shielded(plane.fleet.release_slot(node.node_id, dreq.request_id), CLEANUP_S, "release")
+                await shielded(parts.fleet.release_slot(node.node_id, dreq.request_id), CLEANUP_S, "release")
                 self.outcome = "gateway_gone"
                 await self._cancel_reservation()
                 return web.Response(status=499)
@@ -175,13 +176,13 @@ class _Relay:
             excluded.add(node.node_id)
             budget.spend(reached=result is not Retry.UNREACHABLE)
             if budget.left():
-                plane.metrics.retries.labels(model=dreq.model, reason=result.value).inc()
+                parts.metrics.retries.labels(model=dreq.model, reason=result.value).inc()
                 event("dispatch_retry", request_id=dreq.request_id, node_id=node.node_id, reason=result.value)
         self.outcome = f"failed_{last_retry}"
         return await self._fail_before_output(self._exhausted(last_retry))
 
     def _pick(self, excluded: set[str]) -> PickRequest:
-        dreq, settings = self.dreq, self.plane.settings
+        dreq, settings = self.dreq, self.parts.settings
         return PickRequest(
             dreq.model,
             dreq.request_id,
@@ -205,25 +206,25 @@ class _Relay:
     def _served(self) -> bool:
         """A node of the model is in the fleet (else: a cold start, `apps/orchestrator/coldstart.py`)."""
         model = self.dreq.model
-        if any(model in n.models for n in self.plane.fleet.snapshot()):
-            self.plane.cold.served(model)
+        if any(model in n.models for n in self.parts.fleet.snapshot()):
+            self.parts.cold.served(model)
             return True
         return False
 
     def _retry_hint(self) -> float:
-        serving = any(self.dreq.model in n.models for n in self.plane.fleet.snapshot())
+        serving = any(self.dreq.model in n.models for n in self.parts.fleet.snapshot())
         # No node serves the model at all: a scale-from-zero start takes minutes, not seconds.
         return 5.0 if serving else 30.0
 
     async def _attempt(self, node: NodeView) -> web.StreamResponse | Retry:
-        plane, dreq = self.plane, self.dreq
-        stream = RequestStream(dreq.request_id, node.node_id, plane.settings.relay_queue_events)
+        parts, dreq = self.parts, self.dreq
+        stream = RequestStream(dreq.request_id, node.node_id, parts.settings.relay_queue_events)
         try:
-            if not await plane.start(node, assignment(dreq), stream):
+            if not await parts.routing.start(node, assignment(dreq), stream):
                 return Retry.UNREACHABLE
             first = await stream.next(dreq.deadlines.first_token_s)
             if first is None:
-                await shielded(plane.cancel(node.node_id, dreq.request_id), CLEANUP_S, "cancel")
+                await shielded(parts.routing.cancel(node.node_id, dreq.request_id), CLEANUP_S, "cancel")
                 return Retry.FIRST_TOKEN_TIMEOUT
             if isinstance(first, LostEv):
                 return Retry.NODE_LOST
@@ -244,21 +245,21 @@ class _Relay:
             return response
         except (ConnectionResetError, ConnectionError):
             self.outcome = "gateway_disconnected"
-            await shielded(plane.cancel(node.node_id, dreq.request_id), CLEANUP_S, "cancel")
+            await shielded(parts.routing.cancel(node.node_id, dreq.request_id), CLEANUP_S, "cancel")
             return self.out.response or web.Response(status=499)
         except asyncio.CancelledError:
             # aiohttp cancels the handler when the gateway closes the connection
             # (`handler_cancellation=True`): stop the node; its `done` settles what ran.
             self.outcome = "gateway_disconnected"
-            await shielded(plane.cancel(node.node_id, dreq.request_id), CLEANUP_S, "cancel")
+            await shielded(parts.routing.cancel(node.node_id, dreq.request_id), CLEANUP_S, "cancel")
             raise
         finally:
             stream.sink = None
             stream.close()
-            await shielded(plane.finish(node.node_id, dreq.request_id, stream), CLEANUP_S, "finish")
+            await shielded(parts.routing.finish(node.node_id, dreq.request_id, stream), CLEANUP_S, "finish")
 
     async def _stream(self, node: NodeView, stream: RequestStream) -> None:
-        plane, dreq = self.plane, self.dreq
+        parts, dreq = self.parts, self.dreq
         while True:
             ev = await stream.next(dreq.deadlines.idle_s)
             if isinstance(ev, ChunkEv):
@@ -269,9 +270,9 @@ class _Relay:
                 return
             if ev is None:
                 self.outcome = "idle_timeout"
-                await shielded(plane.cancel(node.node_id, dreq.request_id), CLEANUP_S, "cancel")
+                await shielded(parts.routing.cancel(node.node_id, dreq.request_id), CLEANUP_S, "cancel")
             elif isinstance(ev, LostEv) and ev.reason.value == "relay_overflow":
-                await shielded(plane.cancel(node.node_id, dreq.request_id), CLEANUP_S, "cancel")
+                await shielded(parts.routing.cancel(node.node_id, dreq.request_id), CLEANUP_S, "cancel")
             if self.out.sent is not None:
                 reason = resume_reason(ev)
                 if reason is not None:
@@ -311,7 +312,7 @@ class _Relay:
         sent, self.out.sent = self.out.sent, None
         assert sent is not None
         error = ev.frame if isinstance(ev, ErrorEv) else None
-        resumer = Resumer(self.plane, self.dreq, self.out.write, self._retry_hint, self.share)
+        resumer = Resumer(self.parts, self.dreq, self.out.write, self._retry_hint, self.share)
         outcome = await resumer.run(sent, node, reason, error)
         event(
             "stream_resume",
@@ -335,15 +336,15 @@ class _Relay:
     async def _settle_partial(self, error: Error) -> None:
         # Held against the events this relay wrote, as the settle script holds a `done`
         # (apps/orchestrator/tolerance.py); the socket's owner flagged a disagreement already.
-        completion = self.plane.settings.usage_tolerance.settled(error.completion_tokens, self.out.chunks)
+        completion = self.parts.settings.usage_tolerance.settled(error.completion_tokens, self.out.chunks)
         prompt, completion = self.dreq.budget.clamp(Usage(error.prompt_tokens, completion)).usage
-        await shielded(self.plane.deps.settle(self.dreq.request_id, prompt, completion), CLEANUP_S, "settle")
+        await shielded(self.parts.settle(self.dreq.request_id, prompt, completion), CLEANUP_S, "settle")
 
     async def _record_partial(self, node: NodeView) -> None:
         """What the sweeper bills if the node never reports (`sweeper.partial_usage`)."""
         record = {"node": node.node_id, **partial_usage(self.dreq, self.out.chunks)}
-        redis = self.plane.deps.redis
-        ttl = self.plane.settings.done_record_ttl_s
+        redis = self.parts.redis
+        ttl = self.parts.settings.done_record_ttl_s
         await shielded(
             redis.set(keys.partial_key(self.dreq.request_id), json.dumps(record), ex=ttl),
             CLEANUP_S,
@@ -353,7 +354,7 @@ class _Relay:
     async def _finish_ok(self, ev: DoneEv) -> None:
         # The fair queue charged the expected tokens at dispatch; the engine's usage corrects it.
         used = ev.frame.prompt_tokens + ev.frame.completion_tokens
-        self.plane.shares.charge(self.dreq.model, self.share.team, self.share.correction(used))
+        self.parts.shares.charge(self.dreq.model, self.share.team, self.share.correction(used))
         if self.dreq.client_wants_usage and ev.frame.usage_event:
             # One write for both: the usage event counts as a chunk, [DONE] does not.
             self.out.chunks += 1
@@ -370,7 +371,7 @@ class _Relay:
     async def _cancel_reservation(self) -> None:
         # Nothing ran: the reservation must not wait for the sweeper (idempotent: the
         # gateway may cancel it too).
-        await shielded(self.plane.deps.ledger.cancel(self.dreq.request_id), CLEANUP_S, "ledger_cancel")
+        await shielded(self.parts.ledger.cancel(self.dreq.request_id), CLEANUP_S, "ledger_cancel")
 
 
 def mid_stream_error(ev: ErrorEv | LostEv | None, idle_s: float) -> bytes:

@@ -37,8 +37,9 @@ from apps.core.nodes.state import ROUTABLE
 from apps.core.protocol.dispatch import DispatchRequest
 from apps.core.protocol.node import Error
 from apps.core.protocol.openai import SSE_DONE, sse_event
-from apps.orchestrator.plane import ControlPlane, assignment
+from apps.orchestrator.plane import RelayParts
 from apps.orchestrator.queue import DEFAULT_SHARE, Share
+from apps.orchestrator.routing import assignment
 from apps.orchestrator.scheduling.view import NodeView, PickRequest
 from apps.orchestrator.streams import ChunkEv, DoneEv, ErrorEv, LostEv, RequestStream
 
@@ -188,13 +189,13 @@ class Resumer:
 
     def __init__(
         self,
-        plane: ControlPlane,
+        parts: RelayParts,
         dreq: DispatchRequest,
         write: Write,
         retry_hint: Callable[[], float],
         share: Share = DEFAULT_SHARE,
     ) -> None:
-        self.plane = plane
+        self.parts = parts
         self.dreq = dreq
         self.share = share  # the fair queue charges the resume to the request's own team
         self.write = write
@@ -205,13 +206,13 @@ class Resumer:
 
     async def run(self, sent: list[str], lost: NodeView, reason: Reason, error: Error | None) -> Outcome:
         outcome = await self._run(sent, lost, error)
-        self.plane.metrics.resumes.labels(
+        self.parts.metrics.resumes.labels(
             model=self.dreq.model, reason=reason.value, outcome=outcome.value
         ).inc()
         return outcome
 
     async def _run(self, sent: list[str], lost: NodeView, error: Error | None) -> Outcome:
-        plane, dreq = self.plane, self.dreq
+        parts, dreq = self.parts, self.dreq
         done = delivered(sent)
         cont = continuation(dreq.budget, done)
         if cont is None:
@@ -219,14 +220,14 @@ class Resumer:
         first_prompt = error.prompt_tokens if error is not None and error.prompt_tokens > 0 else None
         others = [
             n
-            for n in plane.fleet.snapshot()
+            for n in parts.fleet.snapshot()
             if n.node_id != lost.node_id and dreq.model in n.models and n.state in ROUTABLE
         ]
         if not others:
             return Outcome.NO_NODE  # nobody to wait for: fail now, not at the deadline
         # The client has been waiting since its last chunk: within its idle deadline too.
         wait = min(dreq.deadlines.first_token_s, dreq.deadlines.idle_s)
-        started = await self._assign(cont, lost, first_prompt, done, plane.deps.monotonic() + wait)
+        started = await self._assign(cont, lost, first_prompt, done, parts.monotonic() + wait)
         if started is None:
             return Outcome.NO_NODE
         node, stream = started
@@ -237,11 +238,11 @@ class Resumer:
         except BaseException:
             # The gateway went away (or the write failed): stop the second node; its done settles.
             if self.assigned:
-                await shielded(plane.cancel(node.node_id, dreq.request_id), _CLEANUP_S, "cancel")
+                await shielded(parts.routing.cancel(node.node_id, dreq.request_id), _CLEANUP_S, "cancel")
             raise
         finally:
             stream.close()
-            await shielded(plane.finish(node.node_id, dreq.request_id, stream), _CLEANUP_S, "finish")
+            await shielded(parts.routing.finish(node.node_id, dreq.request_id, stream), _CLEANUP_S, "finish")
 
     async def _assign(
         self,
@@ -254,38 +255,40 @@ class Resumer:
         """The continuation on another node, within `deadline`. A node the assignment cannot reach
         (its owner replica died and this replica's fleet view does not know it yet: nobody hears
         its channel) is left out and the next one tried, up to `ASSIGN_ATTEMPTS` nodes."""
-        plane, dreq = self.plane, self.dreq
+        parts, dreq = self.parts, self.dreq
         excluded = {lost.node_id}
         for _ in range(ASSIGN_ATTEMPTS):
             pick = PickRequest(
                 dreq.model,
                 dreq.request_id,
                 frozenset(excluded),
-                plane.settings.kv_cache_max,
+                parts.settings.kv_cache_max,
                 budget=dreq.budget,  # the settle caps the whole request at its own budget
             )
             try:
-                left = max(deadline - plane.deps.monotonic(), 0.0)
-                node = await plane.queues.acquire(pick, left, self.retry_hint, self.share, continuation=True)
+                left = max(deadline - parts.monotonic(), 0.0)
+                node = await parts.queues.acquire(pick, left, self.retry_hint, self.share, continuation=True)
             except LlmfleetError:
                 return None
             self.node_id = node.node_id
             # Before the assignment leaves: the second node's done/error settles through this.
-            await plane.deps.redis.hset(
+            await parts.redis.hset(
                 keys.request_key(dreq.request_id),
                 mapping={
                     "resume_delivered": done.tokens,
                     "resume_prompt": "" if first_prompt is None else first_prompt,
                 },
             )
-            stream = RequestStream(dreq.request_id, node.node_id, plane.settings.relay_queue_events)
+            stream = RequestStream(dreq.request_id, node.node_id, parts.settings.relay_queue_events)
             sent = False
             try:
-                sent = await plane.start(node, assignment(dreq, cont.budget, cont.text), stream)
+                sent = await parts.routing.start(node, assignment(dreq, cont.budget, cont.text), stream)
             finally:
                 if not sent:
                     stream.close()
-                    await shielded(plane.finish(node.node_id, dreq.request_id, stream), _CLEANUP_S, "finish")
+                    await shielded(
+                        parts.routing.finish(node.node_id, dreq.request_id, stream), _CLEANUP_S, "finish"
+                    )
             if sent:
                 return node, stream
             excluded.add(node.node_id)
@@ -293,7 +296,7 @@ class Resumer:
 
     async def _relay(self, node: NodeView, stream: RequestStream, splice: Splice) -> Outcome:
         """The second node's stream, spliced onto what the client already has, to its end."""
-        plane, dreq = self.plane, self.dreq
+        parts, dreq = self.parts, self.dreq
         wait = dreq.deadlines.first_token_s
         while True:
             ev = await stream.next(wait)
@@ -305,7 +308,7 @@ class Resumer:
                 continue
             if isinstance(ev, DoneEv):
                 frame = ev.frame
-                plane.metrics.resume_prefill_tokens.labels(model=dreq.model).inc(frame.prompt_tokens)
+                parts.metrics.resume_prefill_tokens.labels(model=dreq.model).inc(frame.prompt_tokens)
                 if dreq.client_wants_usage and frame.usage_event:
                     usage = splice.usage_event(
                         frame.usage_event, frame.prompt_tokens, frame.completion_tokens
@@ -315,7 +318,7 @@ class Resumer:
                     await self.write(SSE_DONE)
                 return Outcome.COMPLETED
             if ev is None or (isinstance(ev, LostEv) and ev.reason.value == "relay_overflow"):
-                await shielded(plane.cancel(node.node_id, dreq.request_id), _CLEANUP_S, "cancel")
+                await shielded(parts.routing.cancel(node.node_id, dreq.request_id), _CLEANUP_S, "cancel")
             self.end = ev
             return Outcome.FAILED
 

@@ -38,11 +38,20 @@ def _not_connected(node_id: str) -> ForwardedError:
 
 
 class Routes:
-    """Health, metrics and the operator routes of one replica."""
+    """Health, metrics and the operator routes of one replica (the parts they read, taken from the
+    composition root once)."""
 
     def __init__(self, plane: ControlPlane) -> None:
-        self.plane = plane
-        self.deps = plane.deps
+        self.id = plane.id
+        self.settings = plane.settings
+        self.lifecycle = plane.lifecycle
+        self.redis = plane.deps.redis
+        self.node_store = plane.deps.node_store
+        self.models = plane.deps.models
+        self.monotonic = plane.deps.monotonic
+        self.metrics = plane.metrics
+        self.queues = plane.queues
+        self.routing = plane.routing
         self._token = InternalToken(plane.settings.internal_token.get_secret_value())
 
     def table(self) -> list[tuple[str, str, Handler]]:
@@ -51,49 +60,49 @@ class Routes:
             ("POST", "/internal/v1/nodes/{node_id}/load_model", self.load_model),
             ("GET", "/livez", self.livez),
             ("GET", "/readyz", self.readyz),
-            ("GET", "/metrics", self.metrics),
+            ("GET", "/metrics", self.metrics_view),
         ]
 
     def authorized(self, request: web.Request) -> bool:
         return self._token.accepts(request.headers.get("Authorization"))
 
     async def livez(self, _: web.Request) -> web.Response:
-        return web.json_response({"status": "ok", "orchestrator_id": self.plane.id})
+        return web.json_response({"status": "ok", "orchestrator_id": self.id})
 
     async def readyz(self, _: web.Request) -> web.Response:
         problems: list[str] = []
         try:
-            await asyncio.wait_for(self.deps.redis.ping(), 2.0)
+            await asyncio.wait_for(self.redis.ping(), 2.0)
         except (RedisError, OSError, TimeoutError):
             problems.append("redis")
         try:
-            await asyncio.wait_for(self.deps.node_store.ping(), 2.0)
+            await asyncio.wait_for(self.node_store.ping(), 2.0)
         except Exception:
             problems.append("postgresql")
-        if self.plane.stopping:
+        if self.lifecycle.stopping:
             problems.append("stopping")
         status = 503 if problems else 200
         return web.json_response({"ready": not problems, "problems": problems}, status=status)
 
-    async def metrics(self, request: web.Request) -> web.Response:
+    async def metrics_view(self, request: web.Request) -> web.Response:
         refusal = metrics_refusal(
-            token=self.plane.settings.metrics_token.get_secret_value(),
+            token=self.settings.metrics_token.get_secret_value(),
             authorization=request.headers.get("Authorization"),
             client_host=request.remote,
-            on_metrics_port=_local_port(request) == self.plane.settings.metrics_port,
+            on_metrics_port=_local_port(request) == self.settings.metrics_port,
         )
         if refusal is not None:
             return error_response(refusal)
-        self.plane.metrics.observe_nodes(self.plane.local.values(), self.plane.deps.monotonic())
-        for model in self.deps.models:
-            self.plane.metrics.queue_depth.labels(model=model).set(self.plane.queues.depth(model))
-        return web.Response(body=self.plane.metrics.render(), content_type="text/plain", charset="utf-8")
+        self.metrics.observe_nodes(self.routing.local.values(), self.monotonic())
+        for model in self.models:
+            self.metrics.queue_depth.labels(model=model).set(self.queues.depth(model))
+        return web.Response(body=self.metrics.render(), content_type="text/plain", charset="utf-8")
 
     async def drain(self, request: web.Request) -> web.Response:
         if not self.authorized(request):
             return error_response(internal_token_rejected())
         node_id = request.match_info["node_id"]
-        ok = await self.plane.drain_local(node_id) or await self.deps.node_store.request_drain(node_id)
+        ok = await self.routing.drain_local(node_id) or await self.node_store.request_drain(node_id)
         if not ok:
             return error_response(_not_connected(node_id))
         return web.json_response({"node_id": node_id, "draining": True}, status=202)
@@ -133,8 +142,8 @@ class Background:
             while not stop.is_set():
                 try:
                     await self.plane.fleet.refresh()
-                    self.plane.check_remote_streams()
-                    await self.plane.check_pinned_owners()
+                    self.plane.routing.check_remote_streams()
+                    await self.plane.routing.check_pinned_owners()
                     self.plane.cold.expire()
                     await self.plane.sync_shares()
                     self.plane.queues.notify()
@@ -145,13 +154,13 @@ class Background:
 
         async def supervise() -> None:
             async with asyncio.TaskGroup() as tg:
-                tg.create_task(self.plane.bus.run())
+                tg.create_task(self.plane.routing.bus.run())
                 tg.create_task(refresh_loop())
                 tg.create_task(self.settler.run(self.settings.settle_workers))
                 tg.create_task(self.sweeper.run(stop))
 
         task = asyncio.create_task(supervise())
-        await self.plane.bus.ready.wait()
+        await self.plane.routing.bus.ready.wait()
         await self.plane.fleet.refresh()
         event("orchestrator_started", orchestrator_id=self.plane.id, models=sorted(self.plane.deps.models))
         yield
@@ -163,7 +172,7 @@ class Background:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
-        await self.plane.bus.close()
+        await self.plane.routing.bus.close()
 
     async def on_shutdown(self, app: web.Application) -> None:
         """Replica shutdown (SIGTERM, then again from the runner's cleanup: a no-op by then)."""

@@ -181,6 +181,8 @@ class Settler:
 
     async def submit(self, job: SettleJob) -> None:
         self.idle.clear()
+        if job.ack_to is not None:
+            job.ack_to.settling += 1  # until its ack is queued (or it failed): `_worker`
         await self._queue.put(job)
 
     async def run(self, workers: int) -> None:
@@ -206,6 +208,8 @@ class Settler:
                     await self._fleet.release_slot(job.node_id, job.request_id)
                 self._on_slot_freed()
             finally:
+                if job.ack_to is not None:
+                    job.ack_to.settling -= 1
                 self._busy -= 1
                 if self._queue.empty() and self._busy == 0:
                     self.idle.set()

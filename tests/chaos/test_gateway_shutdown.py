@@ -94,7 +94,12 @@ def test_sigterm_lets_every_stream_finish_and_takes_no_new_request(
     # One worker re-raises SIGTERM after its graceful shutdown (uvicorn); the supervisor exits 0.
     assert code in (0, -signal.SIGTERM), code
     assert _refused(platform) == "connection refused"
-    rows = wait_until(lambda: [r for r in settled_rows(migrated_db_url) if r[2] == MAX_TOKENS], 20, "settles")
+    # Every stream's settle (they run on the orchestrator's settle workers after the client's [DONE]).
+    rows = wait_until(
+        lambda: len(r := [x for x in settled_rows(migrated_db_url) if x[2] == MAX_TOKENS]) >= STREAMS and r,
+        20,
+        "settles",
+    )
     assert len(rows) == STREAMS  # every stream billed, once
     assert (
         ledger_totals(migrated_db_url).reserved == 0

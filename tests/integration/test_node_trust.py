@@ -262,7 +262,7 @@ async def test_a_node_token_admits_only_its_models(
         assert metric(refused, "llmfleet_orchestrator_registrations_total") == 0.0
         async with env.session.get(env.orch.url + "/livez") as resp:
             assert resp.headers["Server"] == "llmfleet"  # on main: "Python/3.11 aiohttp/3.x"
-        assert env.orch.plane.local == {}
+        assert env.orch.plane.routing.local == {}
 
 
 async def test_a_node_token_admits_only_its_location(
@@ -282,15 +282,23 @@ async def test_a_node_token_admits_only_its_location(
             ),
         )
         assert metric(refused, "llmfleet_orchestrator_registrations_total") == 0.0
-        assert env.orch.plane.local == {}
+        assert env.orch.plane.routing.local == {}
 
 
 async def test_bogus_registrations_do_not_lock_a_real_node_out(
     migrated_db_url: str, redis_url: str, tmp_path: Path
 ) -> None:
     # One registration per 100 s: on main the bogus attempts below took it, the real node waited.
+    # The unauthenticated bucket too (5 of 20 attempts, then none for 100 s): with its defaults (10,
+    # then 5 per second) only a machine fast enough to make 20 attempts in 2 s would empty it.
     async with trust_env(
-        migrated_db_url, redis_url, tmp_path, registrations_per_s=0.01, registration_burst=1
+        migrated_db_url,
+        redis_url,
+        tmp_path,
+        registrations_per_s=0.01,
+        registration_burst=1,
+        unauthenticated_registrations_per_s=0.01,
+        unauthenticated_registration_burst=5,
     ) as env:
         for i in range(20):
             async with env.session.ws_connect(env.orch.ws_url) as ws:

@@ -175,7 +175,7 @@ async def test_frames_queued_together_reach_a_version_2_node_as_one_message(
     orch = await env.orchestrator()
     node = await env.node(orch, "n1", version=version)
     before = len(node.message_sizes)
-    conn = orch.plane.local["n1"]
+    conn = orch.plane.routing.local["n1"]
     for i in range(3):  # queued in one go, before the writer runs
         assert conn.send(proto.Cancel(request_id=f"x{i}"))
     await node.wait_for(lambda: len(node.cancels) == 3)
@@ -306,7 +306,7 @@ async def test_assignments_that_reached_no_node_do_not_use_up_the_retry_budget(
     orch = await env.orchestrator()
     for name in ("n1", "n2", "n3"):
         await env.node(orch, name, auto=Auto(tokens=2))
-    real_start = orch.plane.start
+    real_start = orch.plane.routing.start
     tried: list[str] = []
 
     async def unreachable_twice(node: NodeView, dreq: DispatchRequest, stream: RequestStream) -> bool:
@@ -315,7 +315,7 @@ async def test_assignments_that_reached_no_node_do_not_use_up_the_retry_budget(
             return False
         return await real_start(node, dreq, stream)
 
-    monkeypatch.setattr(orch.plane, "start", unreachable_twice)
+    monkeypatch.setattr(orch.plane.routing, "start", unreachable_twice)
     env.ledger.add("r1")
     status, headers, body = await env.dispatch(orch, "r1")
     assert status == 200, body
@@ -334,7 +334,7 @@ async def test_node_lost_mid_stream_gives_error_event_and_done_and_a_partial_rec
     assign = await asyncio.wait_for(node.assigns.get(), 5)
     await node.chunk(assign.request_id, vllm_chunk("r1", "m", "hello"))
     await node.chunk(assign.request_id, vllm_chunk("r1", "m", " world"))
-    await eventually(lambda: _done(orch.plane.local["n1"].routes.get("r1") is not None))
+    await eventually(lambda: _done(orch.plane.routing.local["n1"].routes.get("r1") is not None))
     await node.abort()
     status, headers, body = await task
     evs = events(body)

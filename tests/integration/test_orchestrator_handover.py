@@ -8,12 +8,17 @@ a version-2 node gets the 1001 close of before; a stopping replica refuses dispa
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 
+import pytest
+
+from apps.core.ledger.api import SettleResult
 from apps.core.nodes import keys
 from apps.core.protocol import node as proto
 from apps.core.protocol.dispatch import RETRY_ELSEWHERE, DispatchRequest
+from apps.orchestrator import handover
 from apps.orchestrator.app import RunningOrchestrator
-from apps.orchestrator.plane import assignment
+from apps.orchestrator.routing import assignment
 from apps.orchestrator.scheduling.view import PickRequest
 from apps.orchestrator.streams import RequestStream
 from tests.fakes.fake_node import Auto, FakeNode
@@ -41,6 +46,29 @@ async def _register_elsewhere(
     return new
 
 
+@dataclass
+class Handing:
+    """Replica `a` stopping while `node` runs r1 (3 tokens after `gate`), replica `b` up."""
+
+    a: RunningOrchestrator
+    b: RunningOrchestrator
+    node: FakeNode
+    gate: asyncio.Event
+    stream: asyncio.Task[tuple[int, dict[str, str], bytes]]
+    stopping: asyncio.Task[None]
+
+
+async def _handing_over_r1(env: Env) -> Handing:
+    a = await env.orchestrator(handover_deadline_s=20)
+    b = await env.orchestrator()
+    gate = asyncio.Event()
+    node = await env.node(a, "n1", auto=Auto(tokens=3, prompt_tokens=4, gate=gate))
+    env.ledger.add("r1")
+    stream = asyncio.create_task(env.dispatch(a, "r1"))
+    stopping = await _stop_once_assigned(env, a, node)
+    return Handing(a, b, node, gate, stream, stopping)
+
+
 async def _completes_whole(stream: asyncio.Task[tuple[int, dict[str, str], bytes]], tokens: int) -> None:
     """The dispatch ended well: every token, `[DONE]`, no error event."""
     status, _, body = await stream
@@ -52,13 +80,8 @@ async def _completes_whole(stream: asyncio.Task[tuple[int, dict[str, str], bytes
 
 
 async def test_a_stopping_replica_hands_the_socket_over_and_the_running_stream_finishes(env: Env) -> None:
-    a = await env.orchestrator(handover_deadline_s=20)
-    b = await env.orchestrator()
-    gate = asyncio.Event()
-    node = await env.node(a, "n1", auto=Auto(tokens=3, prompt_tokens=4, gate=gate))
-    env.ledger.add("r1")
-    stream = asyncio.create_task(env.dispatch(a, "r1"))
-    stopping = await _stop_once_assigned(env, a, node)
+    h = await _handing_over_r1(env)
+    b, node, gate, stream, stopping = h.b, h.node, h.gate, h.stream, h.stopping
     handover = next(f for f in node.frames if isinstance(f, proto.Handover))
     assert handover.deadline_s == 20
     assert await env.redis.hget(keys.node_hash("n1"), "draining") == b"1"  # nobody picks it meanwhile
@@ -76,6 +99,35 @@ async def test_a_stopping_replica_hands_the_socket_over_and_the_running_stream_f
     assert env.ledger.settle_calls == [("r1", 4, 3)]  # billed once, on the old socket's done
     assert "r1" in node.acks
     assert not new.closed.is_set()
+
+
+async def test_a_handed_over_socket_stays_open_until_the_done_ack_of_its_last_request_went_out(
+    env: Env, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The old socket's last request ended (its route is gone) but its settle has not run yet: the
+    handover must not close the socket before the `done_ack` went out on it. Before, it closed as
+    soon as no route was left, and the ack was dropped (CI saw the previous test miss it). Made
+    certain here: the settle waits until the client has its whole stream, and the handover looks at
+    the socket on every event-loop turn (`_CHECK_S` 0), so the old code closed it first every time."""
+    monkeypatch.setattr(handover, "_CHECK_S", 0.0)
+    released = asyncio.Event()
+    settle = env.ledger.settle
+
+    async def held_settle(request_id: str, prompt: int, completion: int, **kw: int) -> SettleResult:
+        await released.wait()
+        return await settle(request_id, prompt, completion, **kw)
+
+    monkeypatch.setattr(env.ledger, "settle", held_settle)
+    h = await _handing_over_r1(env)
+    await _register_elsewhere(env, h.node, h.b, ["r1"])
+    h.gate.set()
+    await _completes_whole(h.stream, tokens=3)  # r1's route is gone; its settle waits
+    released.set()
+    await asyncio.wait_for(h.node.closed.wait(), 10)
+    assert "r1" in h.node.acks  # before: closed with 4011 first, the ack dropped
+    assert h.node.close_code == proto.CLOSE_HANDED_OVER
+    await asyncio.wait_for(h.stopping, 10)
+    assert env.ledger.settle_calls == [("r1", 4, 3)]
 
 
 async def test_a_version_2_node_gets_the_going_away_close(env: Env) -> None:
@@ -104,7 +156,7 @@ async def test_a_stopping_replica_refuses_dispatches_and_registrations(env: Env)
         assert isinstance(answer, proto.RegisterRefused)
         assert answer.reason == "orchestrator_stopping"
         assert late.close_code == proto.CLOSE_GOING_AWAY
-        assert "n3" not in a.plane.local
+        assert "n3" not in a.plane.routing.local
     finally:
         a.plane.stopping = False
 
@@ -183,11 +235,11 @@ async def test_work_the_stopping_replica_assigns_after_its_node_moved_goes_to_th
         {"request_id": "r2", "team_id": 1, "key_id": 1, "model": "m", "body": {"messages": []}}
     )
     stream = RequestStream("r2", "n6", 64)
-    assert await a.plane.start(picked, assignment(dreq), stream)
+    assert await a.plane.routing.start(picked, assignment(dreq), stream)
     assign = await asyncio.wait_for(new.assigns.get(), 10)
     assert assign.request_id == "r2"
     assert [f.request_id for f in node.frames if isinstance(f, proto.Assign)] == ["r1"]
-    await a.plane.finish("n6", "r2", stream)
+    await a.plane.routing.finish("n6", "r2", stream)
     gate.set()
     await _completes_whole(running, tokens=3)
     await asyncio.wait_for(stopping, 10)
@@ -207,11 +259,13 @@ async def test_a_relay_pinned_to_a_handing_over_replica_that_dies_ends_at_once(e
     env.ledger.add("r7")
     stream = asyncio.create_task(env.dispatch(b, "r7", deadlines={"idle_s": 30}))
     stopping = await _stop_once_assigned(env, a, node)
-    await eventually(lambda: _done((s := b.plane.remote_streams.get("r7")) is not None and s.owner_pinned))
+    await eventually(
+        lambda: _done((s := b.plane.routing.remote_streams.get("r7")) is not None and s.owner_pinned)
+    )
     await _register_elsewhere(env, node, c, ["r7"])
     # What b sees of a kill -9: nobody listens on a's channel any more (a itself lives on in this
     # process, so that the test can end it cleanly).
-    await a.plane.bus._pubsub.unsubscribe(a.plane.bus.replica_channel(a.plane.id))
+    await a.plane.routing.bus._pubsub.unsubscribe(a.plane.routing.bus.replica_channel(a.plane.id))
     status, _, body = await asyncio.wait_for(stream, 10)
     evs = events(body)
     assert status == 200

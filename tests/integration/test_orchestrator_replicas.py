@@ -65,7 +65,7 @@ async def test_a_node_registering_on_another_replica_supersedes_its_old_socket(e
     assert isinstance(await new.connect(), proto.RegisterAck)
     await asyncio.wait_for(old.closed.wait(), 5)
     assert old.close_code == proto.CLOSE_SUPERSEDED
-    await eventually(lambda: _done("n1" not in a.plane.local and "n1" in b.plane.local))
+    await eventually(lambda: _done("n1" not in a.plane.routing.local and "n1" in b.plane.routing.local))
     listed = await env.store.list_nodes()
     assert listed[0]["orchestrator_id"] == b.plane.id
     assert listed[0]["state"] == "ready"
@@ -103,8 +103,8 @@ async def test_forward_to_a_node_nobody_owns_any_more_is_retried_elsewhere(env: 
     # A stale heartbeat of an on-premises node whose owner is gone (nobody on its channel).
     ghost = await env.node(a, "prem-ghost")
     await eventually(lambda: _done(b.plane.fleet.get("prem-ghost") is not None))
-    a.plane.local.pop("prem-ghost")
-    await a.plane.bus.unsubscribe_node("prem-ghost")
+    a.plane.routing.local.pop("prem-ghost")
+    await a.plane.routing.bus.unsubscribe_node("prem-ghost")
     env.ledger.add("r1")
     status, headers, _ = await env.dispatch(b, "r1")
     assert status == 200

@@ -306,7 +306,7 @@ async def test_a_node_whose_owner_is_gone_is_skipped_and_the_next_one_continues(
     ghost = await env.node(b, "n-ghost")  # on premises: the picker's first choice
     second = await env.node(a, "n2", location="cloud")
     await eventually(lambda: _done(a.plane.fleet.get("n-ghost") is not None))
-    await b.plane.bus.unsubscribe_node("n-ghost")  # as if b died: nobody hears its node's channel
+    await b.plane.routing.bus.unsubscribe_node("n-ghost")  # as if b died: nobody hears its node's channel
     task = await _start_and_deliver(env, a, first)
     await _engine_error_then_resumed_on(env, a, task, first, second)
     assert ghost.assigns.empty()
@@ -327,7 +327,7 @@ async def test_a_replayed_abort_of_the_lost_node_waits_for_the_resume_and_does_n
     assert (await asyncio.wait_for(second.assigns.get(), 5)).request_id == "r0"
     first = await env.node(orch, "n1")
     task = await _start_and_deliver(env, orch, first)
-    await eventually(lambda: _done(orch.plane.local["n1"].routes.get("r1") is not None))
+    await eventually(lambda: _done(orch.plane.routing.local["n1"].routes.get("r1") is not None))
     await first.abort()
     again = FakeNode(orch.ws_url, "n1", first.token, heartbeat_every_s=0.2)
     env.nodes.append(again)

@@ -70,5 +70,5 @@ async def test_an_orchestrator_id_in_two_runs_has_a_channel_in_each(env: Env, ot
     a = await env.orchestrator(orchestrator_id="orch-same")
     b = await other_run.orchestrator(orchestrator_id="orch-same")
     lost = msgs.LostMsg(request_id="r1", reason="unreachable")
-    assert await b.plane.bus.to_replica("orch-same", lost) == 1  # itself only
-    assert await a.plane.bus.to_replica("orch-same", lost) == 1
+    assert await b.plane.routing.bus.to_replica("orch-same", lost) == 1  # itself only
+    assert await a.plane.routing.bus.to_replica("orch-same", lost) == 1

@@ -2,7 +2,7 @@
 
 The gateway forwards the client's body (its OpenAI fields and allowed engine extras only) and
 states its intent in the dispatch request; the orchestrator passes both on in `assign`
-(`apps/orchestrator/plane.py` `assignment`), a resumed stream with a `Budget` remainder and the
+(`apps/orchestrator/routing.py` `assignment`), a resumed stream with a `Budget` remainder and the
 text to continue; the agent builds the body the engine gets with `engine_body`
 (`apps/agent/relay.py`). Nothing else edits it.
 
