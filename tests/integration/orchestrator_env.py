@@ -1,5 +1,6 @@
 """An in-process orchestrator environment for integration tests: real PostgreSQL and Redis,
-`NodeStore`, a fake ledger, orchestrator replicas started on demand, scripted nodes.
+`NodeStore`, the real ledger behind `settle_usage` (`RecordedLedger`), orchestrator replicas
+started on demand, scripted nodes.
 
 The `env` fixture is registered in `tests/integration/conftest.py`.
 """
@@ -28,9 +29,9 @@ from apps.core.spec import Prices
 from apps.orchestrator.app import RunningOrchestrator, start_orchestrator
 from apps.orchestrator.plane import OrchestratorDeps
 from apps.orchestrator.settings import OrchestratorSettings
-from tests.fakes.fake_ledger import FakeLedger
 from tests.fakes.fake_node import FakeNode
 from tests.ids import CHANNEL_NAMESPACE
+from tests.integration.recorded_ledger import RecordedLedger
 
 T = TypeVar("T")
 
@@ -119,12 +120,18 @@ async def start_pg_orchestrator(
 
 
 class Env:
-    def __init__(self, pool: AsyncConnectionPool, redis: Redis, namespace: str = CHANNEL_NAMESPACE) -> None:
+    def __init__(
+        self,
+        pool: AsyncConnectionPool,
+        redis: Redis,
+        ledger: RecordedLedger,
+        namespace: str = CHANNEL_NAMESPACE,
+    ) -> None:
         """`namespace`: the pub/sub channel namespace of its store and replicas (`tests/ids.py`)."""
         self.pool = pool
         self.redis = redis
         self.namespace = namespace
-        self.ledger = FakeLedger()
+        self.ledger = ledger
         self.store = NodeStore(pool, redis, SECRET, channel_namespace=namespace, heartbeat_interval_s=0.5)
         self.orchestrators: list[RunningOrchestrator] = []
         self.nodes: list[FakeNode] = []
@@ -154,7 +161,7 @@ class Env:
             redis=self.redis,
             node_store=self.store,
             ledger=self.ledger,
-            settle=self.ledger.settle,
+            settle=functools.partial(settle_usage, self.ledger, self.redis),
             models=set(models),
             **(deps_extra or {}),
             resume_models=resume_models,
@@ -188,7 +195,7 @@ class Env:
         dispatch's task, the assignment)."""
         orch = await self.orchestrator()
         node = await self.node(orch, "n1")
-        self.ledger.add("r1")
+        await self.ledger.add("r1")
         task = asyncio.create_task(self.dispatch(orch, "r1"))
         assign = await asyncio.wait_for(node.assigns.get(), 5)
         return orch, node, task, assign
@@ -198,8 +205,8 @@ class Env:
     ) -> tuple[int, dict[str, str], bytes]:
         body = {
             "request_id": request_id,
-            "team_id": 1,
-            "key_id": 1,
+            "team_id": self.ledger.team_id,
+            "key_id": None,
             "model": model,
             "body": {"model": model, "messages": [{"role": "user", "content": "hi"}], "stream": True},
             **kw,
@@ -221,7 +228,7 @@ async def env(migrated_db_url: str, redis_url: str) -> AsyncIterator[Env]:
     pool = AsyncConnectionPool(migrated_db_url, min_size=1, max_size=8, open=False)
     await pool.open()
     redis = Redis.from_url(redis_url)
-    environment = Env(pool, redis)
+    environment = Env(pool, redis, await RecordedLedger(pool).setup())
     try:
         yield environment
     finally:

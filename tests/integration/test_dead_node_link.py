@@ -87,7 +87,7 @@ async def test_a_silently_cut_node_is_declared_dead_by_heartbeats_and_its_stream
     _agent, proxy, engine = proxied_agent
     plane = orch.app[PLANE]
     await eventually(lambda: _true(plane.fleet.get(NODE) is not None))
-    env.ledger.add("r-silent", model=MODEL)
+    await env.ledger.add("r-silent", model=MODEL)
     body = {
         "request_id": "r-silent",
         "team_id": 1,
@@ -127,10 +127,10 @@ async def test_a_silently_cut_node_is_declared_dead_by_heartbeats_and_its_stream
         # What reached the client is recorded for the sweeper (the node never reported).
         partial = json.loads(await env.redis.get(keys.partial_key("r-silent")) or "null")
         assert partial["completion_tokens"] >= 2
-        assert env.ledger.status("r-silent") is ReservationStatus.RESERVED
+        assert await env.ledger.status("r-silent") is ReservationStatus.RESERVED
         # Nothing more goes to the silent node: a new request waits its queue limit and is refused.
         prefilled = await engine.metric("vllm:prompt_tokens_total")
-        env.ledger.add("r-after", model=MODEL)
+        await env.ledger.add("r-after", model=MODEL)
         refused = {**body, "request_id": "r-after"}
         async with session.post(orch.url + DISPATCH_PATH, json=refused, headers=headers) as after:
             assert after.status == 503
@@ -138,5 +138,5 @@ async def test_a_silently_cut_node_is_declared_dead_by_heartbeats_and_its_stream
         assert await engine.metric("vllm:prompt_tokens_total") == prefilled  # no new request
     counts = await orch.app[SWEEPER].sweep_once(datetime.now(UTC) + timedelta(seconds=120))
     assert counts["settled_partial"] == 1
-    assert env.ledger.status("r-silent") is ReservationStatus.SETTLED
-    assert env.ledger.rows["r-silent"].completion_tokens == partial["completion_tokens"]
+    assert await env.ledger.status("r-silent") is ReservationStatus.SETTLED
+    assert await env.ledger.completion_tokens("r-silent") == partial["completion_tokens"]

@@ -130,7 +130,7 @@ async def test_missed_heartbeats_take_the_node_out_of_routing(env: Env) -> None:
 async def test_dispatch_streams_chunks_usage_and_done_then_settles_and_acks(env: Env) -> None:
     orch = await env.orchestrator()
     node = await env.node(orch, "n1", auto=Auto(tokens=3, prompt_tokens=7))
-    env.ledger.add("r1")
+    await env.ledger.add("r1")
     status, headers, body = await env.dispatch(orch, "r1", client_wants_usage=True)
     assert status == 200
     assert headers["Content-Type"].startswith("text/event-stream")
@@ -141,7 +141,7 @@ async def test_dispatch_streams_chunks_usage_and_done_then_settles_and_acks(env:
     assert b'"choices":[]' in evs[3]
     await node.wait_for(lambda: "r1" in node.acks)
     assert env.ledger.settle_calls == [("r1", 7, 3)]
-    assert env.ledger.status("r1") is ReservationStatus.SETTLED
+    assert await env.ledger.status("r1") is ReservationStatus.SETTLED
 
 
 async def test_a_batched_message_is_relayed_in_order_then_settled_and_the_slot_freed(env: Env) -> None:
@@ -186,7 +186,7 @@ async def test_frames_queued_together_reach_a_version_2_node_as_one_message(
 async def test_usage_chunk_is_stripped_when_the_client_did_not_ask(env: Env) -> None:
     orch = await env.orchestrator()
     await env.node(orch, "n1", auto=Auto(tokens=2))
-    env.ledger.add("r1")
+    await env.ledger.add("r1")
     status, _, body = await env.dispatch(orch, "r1")
     assert status == 200
     assert not any(b'"usage"' in e for e in events(body))
@@ -204,7 +204,7 @@ async def test_dispatch_needs_the_internal_token_and_a_catalog_model(env: Env) -
 
 async def test_queue_wait_limit_gives_503_with_retry_after_and_cancels_the_reservation(env: Env) -> None:
     orch = await env.orchestrator()
-    env.ledger.add("r1")
+    await env.ledger.add("r1")
     loop = asyncio.get_running_loop()
     sent = loop.time()
     status, headers, body = await env.dispatch(orch, "r1", deadlines={"queue_wait_s": 0.3})
@@ -216,7 +216,7 @@ async def test_queue_wait_limit_gives_503_with_retry_after_and_cancels_the_reser
     # is part of it (what ran before the queue, on a loaded machine, is not: no lower bound on it).
     assert elapsed >= 0.3
     assert 0 < float(headers["x-llmfleet-queue-wait"]) <= elapsed
-    assert env.ledger.status("r1") is ReservationStatus.CANCELLED
+    assert await env.ledger.status("r1") is ReservationStatus.CANCELLED
 
 
 async def test_a_full_node_gives_the_short_retry_hint(env: Env) -> None:
@@ -237,7 +237,7 @@ async def test_onprem_nodes_fill_first(env: Env) -> None:
     orch = await env.orchestrator()
     await env.node(orch, "cloud-1", location="cloud", auto=Auto())
     await env.node(orch, "prem-1", location="onprem", auto=Auto())
-    env.ledger.add("r1")
+    await env.ledger.add("r1")
     loop = asyncio.get_running_loop()
     sent = loop.time()
     status, headers, _ = await env.dispatch(orch, "r1")
@@ -273,7 +273,7 @@ async def test_silent_node_hits_first_token_timeout_and_the_request_is_retried_e
     orch = await env.orchestrator()
     silent = await env.node(orch, "prem-silent", location="onprem")
     await env.node(orch, "cloud-ok", location="cloud", auto=Auto(tokens=2))
-    env.ledger.add("r1")
+    await env.ledger.add("r1")
     status, headers, _body = await env.dispatch(orch, "r1", deadlines={"first_token_s": 0.3})
     assert status == 200
     assert headers["x-llmfleet-node"] == "cloud-ok"
@@ -288,7 +288,7 @@ async def test_node_lost_before_the_first_chunk_is_retried_once_on_another_node(
     orch = await env.orchestrator()
     doomed = await env.node(orch, "prem-doomed", location="onprem")
     await env.node(orch, "cloud-ok", location="cloud", auto=Auto(tokens=2))
-    env.ledger.add("r1")
+    await env.ledger.add("r1")
     task = asyncio.create_task(env.dispatch(orch, "r1"))
     await asyncio.wait_for(doomed.assigns.get(), 5)
     await doomed.abort()
@@ -316,7 +316,7 @@ async def test_assignments_that_reached_no_node_do_not_use_up_the_retry_budget(
         return await real_start(node, dreq, stream)
 
     monkeypatch.setattr(orch.plane.routing, "start", unreachable_twice)
-    env.ledger.add("r1")
+    await env.ledger.add("r1")
     status, headers, body = await env.dispatch(orch, "r1")
     assert status == 200, body
     assert len(set(tried)) == 3  # each retry on a node not tried yet
@@ -329,7 +329,7 @@ async def test_node_lost_mid_stream_gives_error_event_and_done_and_a_partial_rec
     orch = await env.orchestrator(resume_models=frozenset())  # resume off (test_orchestrator_resume.py)
     node = await env.node(orch, "n1")
     await env.node(orch, "n2", location="cloud", auto=Auto())
-    env.ledger.add("r1")
+    await env.ledger.add("r1")
     task = asyncio.create_task(env.dispatch(orch, "r1", max_prompt_tokens=12, max_completion_tokens=50))
     assign = await asyncio.wait_for(node.assigns.get(), 5)
     await node.chunk(assign.request_id, vllm_chunk("r1", "m", "hello"))
@@ -358,14 +358,14 @@ async def test_engine_refusal_before_output_passes_the_status_through(env: Env) 
     status, _, body = await task
     assert status == 400
     assert json.loads(body)["error"]["param"] == "max_tokens"
-    assert env.ledger.status("r1") is ReservationStatus.CANCELLED
+    assert await env.ledger.status("r1") is ReservationStatus.CANCELLED
 
 
 async def test_drain_stops_assignments_and_the_node_leaves_after_in_flight(env: Env) -> None:
     orch = await env.orchestrator()
     gate = asyncio.Event()
     node = await env.node(orch, "n1", auto=Auto(tokens=2, gate=gate))
-    env.ledger.add("r1")
+    await env.ledger.add("r1")
     running = asyncio.create_task(env.dispatch(orch, "r1"))
     await asyncio.wait_for(node.assigns.get(), 5)
     async with env.session.post(

@@ -61,7 +61,7 @@ async def test_nothing_serves_and_nothing_starts_503_at_once(env: Env) -> None:
     clock = FakeWallClock()
     orch = await _cold_orchestrator(env, clock, scale_from_zero=False)
     clock.now += 31  # past the replica's start-up grace: it would have seen a node by now
-    env.ledger.add("r1")
+    await env.ledger.add("r1")
     async with asyncio.timeout(QUEUE_LIMIT_S / 2):  # at once, not after the queue limit
         status, headers, body = await env.dispatch(orch, "r1", model="big")
     assert status == 503
@@ -70,26 +70,26 @@ async def test_nothing_serves_and_nothing_starts_503_at_once(env: Env) -> None:
     assert "none is starting" in error["message"]
     assert headers["Retry-After"] == "30"
     assert float(headers["x-llmfleet-queue-wait"]) == 0.0  # it never queued
-    assert env.ledger.status("r1") is ReservationStatus.CANCELLED
+    assert await env.ledger.status("r1") is ReservationStatus.CANCELLED
     assert await env.redis.get(keys.coldstart_key("big")) is None  # nothing was asked to start
 
 
 async def test_a_young_replica_or_a_model_seen_lately_queues_as_before(env: Env) -> None:
     clock = FakeWallClock()
     orch = await _cold_orchestrator(env, clock, scale_from_zero=False)
-    env.ledger.add("r1")
+    await env.ledger.add("r1")
     # Within the grace after start: the nodes may still be reconnecting: it waits its queue limit.
     status, _, body = await env.dispatch(orch, "r1", model="big", deadlines={"queue_wait_s": 0.3})
     assert (status, _error(body)["code"]) == (503, "queue_timeout")
     # A node of the model comes and goes: for the grace after, requests queue (it may be back).
     big = [proto.ModelInfo(name="big", max_num_seqs=2, max_model_len=4096)]
     node = await env.node(orch, "n-big", models=big, auto=Auto())
-    env.ledger.add("r2")
+    await env.ledger.add("r2")
     status, _, _ = await env.dispatch(orch, "r2", model="big")
     assert status == 200
     await node.close()
     clock.now += 29
-    env.ledger.add("r3")
+    await env.ledger.add("r3")
     status, _, body = await env.dispatch(orch, "r3", model="big", deadlines={"queue_wait_s": 0.3})
     assert (status, _error(body)["code"]) == (503, "queue_timeout")
 
@@ -99,7 +99,7 @@ async def test_a_model_loading_from_zero_answers_with_its_load_time(env: Env) ->
     orch = await _cold_orchestrator(env, clock, scale_from_zero=True)
     clock.now += 31
     start = clock.now
-    env.ledger.add("r1")
+    await env.ledger.add("r1")
     async with asyncio.timeout(QUEUE_LIMIT_S / 2):
         status, headers, body = await env.dispatch(orch, "r1", model="big")
     assert status == 503
@@ -107,7 +107,7 @@ async def test_a_model_loading_from_zero_answers_with_its_load_time(env: Env) ->
     assert error["code"] == "model_loading"
     assert "is loading" in error["message"]
     assert headers["Retry-After"] == str(int(LOAD_S))
-    assert env.ledger.status("r1") is ReservationStatus.CANCELLED
+    assert await env.ledger.status("r1") is ReservationStatus.CANCELLED
     # The start is recorded for every replica, and the demand shows for KEDA on this one.
     assert float(await env.redis.get(keys.coldstart_key("big"))) == start + LOAD_S
     assert 0 < await env.redis.ttl(keys.coldstart_key("big")) <= LOAD_S + 60
@@ -115,20 +115,20 @@ async def test_a_model_loading_from_zero_answers_with_its_load_time(env: Env) ->
 
     # Later requests get the same start's remaining time (not a new start).
     clock.now += 50
-    env.ledger.add("r2")
+    await env.ledger.add("r2")
     status, headers, body = await env.dispatch(orch, "r2", model="big")
     assert (status, _error(body)["code"], headers["Retry-After"]) == (503, "model_loading", "45")
 
     # Ready within the queue limit: waiting helps, the request queues and is served by the new node.
     clock.now += 30  # 15 s left
-    env.ledger.add("r3")
+    await env.ledger.add("r3")
     waiting = asyncio.create_task(env.dispatch(orch, "r3", model="big"))
     big = [proto.ModelInfo(name="big", max_num_seqs=2, max_model_len=4096)]
     await env.node(orch, "n-big", models=big, auto=Auto())
     status, _, _ = await asyncio.wait_for(waiting, 20)
     assert status == 200
     # A node serves it now: the start is no longer pending here.
-    env.ledger.add("r4")
+    await env.ledger.add("r4")
     status, _, _ = await env.dispatch(orch, "r4", model="big")
     assert status == 200
     assert await _pending_gauge(env, orch, "big") == 0.0
@@ -139,8 +139,8 @@ async def test_another_replica_answers_with_the_same_start(env: Env) -> None:
     first = await _cold_orchestrator(env, clock, scale_from_zero=True)
     second = await _cold_orchestrator(env, clock, scale_from_zero=True)
     clock.now += 31
-    env.ledger.add("r1")
-    env.ledger.add("r2")
+    await env.ledger.add("r1")
+    await env.ledger.add("r2")
     _, one, _ = await env.dispatch(first, "r1", model="big")
     clock.now += 10
     _, two, _ = await env.dispatch(second, "r2", model="big")

@@ -40,7 +40,7 @@ async def test_a_long_stream_arrives_complete_and_in_order(env: Env, monkeypatch
     monkeypatch.setattr(outlet.GatewayOutlet, "through", counting)
     orch = await env.orchestrator()
     await env.node(orch, "n1", auto=Auto(tokens=500))
-    env.ledger.add("r1")
+    await env.ledger.add("r1")
     status, _, body = await env.dispatch(orch, "r1")
     assert status == 200
     assert contents(body) == [f"t{i}" for i in range(500)]
@@ -72,7 +72,7 @@ async def test_a_gateway_that_stops_reading_gets_every_chunk_in_order(
     monkeypatch.setattr(outlet.GatewayOutlet, "through", spy)
     orch = await env.orchestrator()
     node = await env.node(orch, "n1")
-    env.ledger.add("r1")
+    await env.ledger.add("r1")
     n, size = 1500, 16 * 1024  # ~25 MB: more than the loopback socket buffers hold (up to ~10 MB)
     serving = asyncio.ensure_future(_serve_big(node, n, size))
     host, port = orch.url.removeprefix("http://").split(":")
@@ -113,7 +113,7 @@ async def test_a_gateway_that_stops_reading_gets_every_chunk_in_order(
 async def test_an_empty_chunk_from_a_node_does_not_end_the_response(env: Env) -> None:
     orch = await env.orchestrator()
     node = await env.node(orch, "n1")
-    env.ledger.add("r1")
+    await env.ledger.add("r1")
 
     async def serve() -> None:
         assign = await asyncio.wait_for(node.assigns.get(), 10)

@@ -63,7 +63,7 @@ async def _handing_over_r1(env: Env) -> Handing:
     b = await env.orchestrator()
     gate = asyncio.Event()
     node = await env.node(a, "n1", auto=Auto(tokens=3, prompt_tokens=4, gate=gate))
-    env.ledger.add("r1")
+    await env.ledger.add("r1")
     stream = asyncio.create_task(env.dispatch(a, "r1"))
     stopping = await _stop_once_assigned(env, a, node)
     return Handing(a, b, node, gate, stream, stopping)
@@ -144,7 +144,7 @@ async def test_a_stopping_replica_refuses_dispatches_and_registrations(env: Env)
     a = await env.orchestrator()
     a.plane.stopping = True
     try:
-        env.ledger.add("r9")
+        await env.ledger.add("r9")
         status, headers, body = await env.dispatch(a, "r9")
         assert status == 503
         assert headers[RETRY_ELSEWHERE] == "1"
@@ -170,7 +170,7 @@ async def test_a_stream_relayed_by_another_replica_survives_the_handover_of_its_
     gate = asyncio.Event()
     node = await env.node(a, "n4", auto=Auto(tokens=3, prompt_tokens=4, gate=gate))
     await eventually(lambda: _done(b.plane.fleet.get("n4") is not None))
-    env.ledger.add("r4")
+    await env.ledger.add("r4")
     stream = asyncio.create_task(env.dispatch(b, "r4"))
     stopping = await _stop_once_assigned(env, a, node)
     await _register_elsewhere(env, node, c, ["r4"])
@@ -193,8 +193,8 @@ async def test_a_dispatch_waiting_in_a_stopping_replicas_queue_is_sent_to_anothe
     gate = asyncio.Event()
     one_seq = [proto.ModelInfo(name="m", max_num_seqs=1, max_model_len=4096)]
     node = await env.node(a, "n5", models=one_seq, auto=Auto(tokens=2, prompt_tokens=3, gate=gate))
-    env.ledger.add("r1")
-    env.ledger.add("r2")
+    await env.ledger.add("r1")
+    await env.ledger.add("r2")
     first = asyncio.create_task(env.dispatch(a, "r1"))
     await node.wait_for(lambda: any(isinstance(f, proto.Assign) for f in node.frames))
     second = asyncio.create_task(env.dispatch(a, "r2"))
@@ -223,7 +223,7 @@ async def test_work_the_stopping_replica_assigns_after_its_node_moved_goes_to_th
     b = await env.orchestrator()
     gate = asyncio.Event()
     node = await env.node(a, "n6", auto=Auto(tokens=3, prompt_tokens=4, gate=gate))
-    env.ledger.add("r1")
+    await env.ledger.add("r1")
     running = asyncio.create_task(env.dispatch(a, "r1"))
     stopping = await _stop_once_assigned(env, a, node)
     new = await _register_elsewhere(env, node, b, ["r1"])
@@ -256,7 +256,7 @@ async def test_a_relay_pinned_to_a_handing_over_replica_that_dies_ends_at_once(e
     gate = asyncio.Event()
     node = await env.node(a, "n7", auto=Auto(tokens=3, prompt_tokens=4, gate=gate))
     await eventually(lambda: _done(b.plane.fleet.get("n7") is not None))
-    env.ledger.add("r7")
+    await env.ledger.add("r7")
     stream = asyncio.create_task(env.dispatch(b, "r7", deadlines={"idle_s": 30}))
     stopping = await _stop_once_assigned(env, a, node)
     await eventually(

@@ -23,7 +23,7 @@ async def test_dispatch_on_one_replica_runs_on_a_node_owned_by_the_other(env: En
     b = await env.orchestrator()
     node = await env.node(a, "n1", auto=Auto(tokens=3, prompt_tokens=6))
     await eventually(lambda: _done(b.plane.fleet.get("n1") is not None))
-    env.ledger.add("r1")
+    await env.ledger.add("r1")
     status, headers, body = await env.dispatch(b, "r1", client_wants_usage=True)
     assert status == 200
     assert headers["x-llmfleet-node"] == "n1"
@@ -43,7 +43,7 @@ async def test_gateway_disconnect_on_the_relaying_replica_cancels_on_the_remote_
     gate = asyncio.Event()
     node = await env.node(a, "n1", auto=Auto(tokens=4, prompt_tokens=2, gate=gate))
     await eventually(lambda: _done(b.plane.fleet.get("n1") is not None))
-    env.ledger.add("r1")
+    await env.ledger.add("r1")
     body = {"request_id": "r1", "team_id": 1, "model": "m", "body": {"messages": []}}
     async with aiohttp.ClientSession() as session:
         resp = await session.post(
@@ -78,7 +78,7 @@ async def test_owner_replica_going_away_mid_stream_ends_the_remote_relay_with_an
     b = await env.orchestrator()
     node = await env.node(a, "n1")
     await eventually(lambda: _done(b.plane.fleet.get("n1") is not None))
-    env.ledger.add("r1")
+    await env.ledger.add("r1")
     body = {"request_id": "r1", "team_id": 1, "model": "m", "body": {"messages": []}}
     headers = {"Authorization": f"Bearer {TOKEN}"}
     post = asyncio.ensure_future(env.session.post(b.url + DISPATCH_PATH, json=body, headers=headers))
@@ -93,7 +93,7 @@ async def test_owner_replica_going_away_mid_stream_ends_the_remote_relay_with_an
     assert b"partial" in evs[0]
     assert evs[1].startswith(b'{"error"')
     assert evs[-1] == b"[DONE]"
-    assert env.ledger.status("r1") is ReservationStatus.RESERVED  # the node or the sweeper settles it
+    assert await env.ledger.status("r1") is ReservationStatus.RESERVED  # the node or the sweeper settles it
 
 
 async def test_forward_to_a_node_nobody_owns_any_more_is_retried_elsewhere(env: Env) -> None:
@@ -105,7 +105,7 @@ async def test_forward_to_a_node_nobody_owns_any_more_is_retried_elsewhere(env: 
     await eventually(lambda: _done(b.plane.fleet.get("prem-ghost") is not None))
     a.plane.routing.local.pop("prem-ghost")
     await a.plane.routing.bus.unsubscribe_node("prem-ghost")
-    env.ledger.add("r1")
+    await env.ledger.add("r1")
     status, headers, _ = await env.dispatch(b, "r1")
     assert status == 200
     assert headers["x-llmfleet-node"] == "cloud-ok"
@@ -119,8 +119,8 @@ async def test_node_capacity_holds_across_replicas(env: Env) -> None:
     one_seq = [proto.ModelInfo(name="m", max_num_seqs=1, max_model_len=4096)]
     node = await env.node(a, "n1", auto=Auto(tokens=2, gate=gate), models=one_seq)
     await eventually(lambda: _done(b.plane.fleet.get("n1") is not None))
-    env.ledger.add("ra")
-    env.ledger.add("rb")
+    await env.ledger.add("ra")
+    await env.ledger.add("rb")
     first = asyncio.create_task(env.dispatch(a, "ra"))
     await asyncio.wait_for(node.assigns.get(), 5)
     second = asyncio.create_task(env.dispatch(b, "rb"))
@@ -183,7 +183,7 @@ async def test_relaying_replica_gone_mid_stream_cancels_on_the_node_and_settles_
     a = await env.orchestrator()
     never = asyncio.Event()  # the node waits after its first chunk until cancelled
     node = await env.node(a, "n1", auto=Auto(tokens=50, prompt_tokens=2, gate=never))
-    env.ledger.add("r1")
+    await env.ledger.add("r1")
     # The assignment as the killed replica recorded it when it took the node's slot
     # (`Fleet.acquire_slot`): a node's reports settle only requests assigned to it.
     await env.redis.hset(keys.request_key("r1"), mapping={"node": "n1", "origin": "orch-killed"})

@@ -63,7 +63,7 @@ async def _continue_on(node: FakeNode, prompt: int) -> proto.Assign:
 
 
 async def _start_and_deliver(env: Env, orch: Any, first: FakeNode) -> Dispatch:
-    env.ledger.add("r1")
+    await env.ledger.add("r1")
     task = asyncio.create_task(env.dispatch(orch, "r1", body=BODY, client_wants_usage=True, **BUDGET))
     assign = await asyncio.wait_for(first.assigns.get(), 5)
     await first.chunk(assign.request_id, role("chatcmpl-first", 1) + text("chatcmpl-first", 1, "A"))
@@ -133,7 +133,7 @@ async def _not_resumed(env: Env, task: Dispatch, second: FakeNode, message: str)
     assert status == 200
     assert json.loads(events(body)[-2])["error"]["message"] == message
     assert second.assigns.empty()
-    await eventually(lambda: _done(env.ledger.status("r1") is ReservationStatus.SETTLED))
+    await eventually(lambda: env.ledger.has("r1", ReservationStatus.SETTLED))
     assert env.ledger.settle_calls == [("r1", 7, 2)]
 
 
@@ -165,7 +165,7 @@ async def test_engine_error_mid_stream_continues_on_another_node_and_bills_once(
     assert engine["continue_final_message"] is True
     assert engine["add_generation_prompt"] is False
     assert engine["max_tokens"] == 3
-    assert env.ledger.status("r1") is ReservationStatus.SETTLED
+    assert await env.ledger.status("r1") is ReservationStatus.SETTLED
     assert env.ledger.resume_prompt_tokens == {"r1": 9}
     assert _resumes(orch, "engine_error", "completed") == 1
     prefill = orch.plane.metrics.registry.get_sample_value(
@@ -184,7 +184,7 @@ async def test_socket_cut_mid_stream_continues_on_another_node(env: Env) -> None
     orch = await env.orchestrator()
     first = await env.node(orch, "n1")
     second = await env.node(orch, "n2", location="cloud")
-    env.ledger.add("r1")
+    await env.ledger.add("r1")
     request = {
         "request_id": "r1", "team_id": 1, "key_id": 1, "model": "m", "body": BODY, "client_wants_usage": True,
     }  # fmt: skip
@@ -224,7 +224,7 @@ async def test_no_other_node_gives_the_error_event_and_the_partial_settle_once(e
     assert status == 200
     assert json.loads(evs[-2])["error"]["message"] == "engine died"
     assert evs[-1] == b"[DONE]"
-    await eventually(lambda: _done(env.ledger.status("r1") is ReservationStatus.SETTLED))
+    await eventually(lambda: env.ledger.has("r1", ReservationStatus.SETTLED))
     assert env.ledger.settle_calls == [("r1", 7, 2)]
     assert _resumes(orch, "engine_error", "no_node") == 1
 
@@ -242,7 +242,7 @@ async def test_a_second_failure_ends_the_stream_and_settles_both_parts_once(env:
     assert json.loads(evs[-2])["error"]["message"] == "died too"
     contents = [json.loads(e)["choices"][0]["delta"].get("content") for e in evs[:-2]]
     assert "".join(c or "" for c in contents) == "A B C"
-    await eventually(lambda: _done(env.ledger.status("r1") is ReservationStatus.SETTLED))
+    await eventually(lambda: env.ledger.has("r1", ReservationStatus.SETTLED))
     assert env.ledger.settle_calls == [("r1", 7, 3)]  # at most one resume: no third node
     assert env.ledger.resume_prompt_tokens == {"r1": 9}
     assert _resumes(orch, "engine_error", "failed") == 1
@@ -322,7 +322,7 @@ async def test_a_replayed_abort_of_the_lost_node_waits_for_the_resume_and_does_n
     orch = await env.orchestrator()
     one_seq = [proto.ModelInfo(name="m", max_num_seqs=1, max_model_len=4096)]
     second = await env.node(orch, "n2", location="cloud", models=one_seq)
-    env.ledger.add("r0")
+    await env.ledger.add("r0")
     busy = asyncio.create_task(env.dispatch(orch, "r0", body=BODY, **BUDGET))  # holds n2's only slot
     assert (await asyncio.wait_for(second.assigns.get(), 5)).request_id == "r0"
     first = await env.node(orch, "n1")
@@ -334,7 +334,7 @@ async def test_a_replayed_abort_of_the_lost_node_waits_for_the_resume_and_does_n
     assert isinstance(await again.connect(), proto.RegisterAck)
     await again.done("r1", 7, 2, finish_reason="abort")
     await again.wait_for(lambda: "r1" in again.acks)
-    assert env.ledger.status("r1") is ReservationStatus.RESERVED
+    assert await env.ledger.status("r1") is ReservationStatus.RESERVED
     await second.chunk("r0", text("chatcmpl-r0", 1, "x", "stop"))
     await second.done("r0", 1, 1)
     await _continue_on(second, prompt=9)

@@ -17,7 +17,6 @@ from apps.core.protocol.dispatch import DISPATCH_PATH
 from apps.orchestrator.app import SWEEPER
 from tests.fakes.fake_node import Auto, FakeNode, vllm_chunk
 from tests.integration.orchestrator_env import TOKEN, Env, eventually
-from tests.integration.test_orchestrator_app import _done
 
 
 async def test_engine_error_mid_stream_settles_the_tokens_produced(env: Env) -> None:
@@ -28,7 +27,7 @@ async def test_engine_error_mid_stream_settles_the_tokens_produced(env: Env) -> 
     assert status == 200
     assert b"engine died" in body
     assert body.endswith(b"data: [DONE]\n\n")
-    await eventually(lambda: _done(env.ledger.status("r1") is ReservationStatus.SETTLED))
+    await eventually(lambda: env.ledger.has("r1", ReservationStatus.SETTLED))
     assert env.ledger.settle_calls == [("r1", 9, 1)]
 
 
@@ -48,7 +47,7 @@ async def test_gateway_disconnect_cancels_on_the_node_and_settles_what_was_produ
     orch = await env.orchestrator()
     gate = asyncio.Event()
     node = await env.node(orch, "n1", auto=Auto(tokens=5, prompt_tokens=4, gate=gate))
-    env.ledger.add("r1")
+    await env.ledger.add("r1")
     body = {"request_id": "r1", "team_id": 1, "model": "m", "body": request_body}
     headers = {"Authorization": f"Bearer {TOKEN}"}
     async with aiohttp.ClientSession() as session:
@@ -58,14 +57,14 @@ async def test_gateway_disconnect_cancels_on_the_node_and_settles_what_was_produ
         resp.close()
     await node.wait_for(lambda: "r1" in node.cancels)
     await node.wait_for(lambda: "r1" in node.acks)
-    await eventually(lambda: _done(env.ledger.status("r1") is ReservationStatus.SETTLED))
+    await eventually(lambda: env.ledger.has("r1", ReservationStatus.SETTLED))
     assert env.ledger.settle_calls == [("r1", 4, 1)]
 
 
 async def test_replayed_done_settles_once_and_is_acked_each_time(env: Env) -> None:
     orch = await env.orchestrator()
     node = await env.node(orch, "n1")
-    env.ledger.add("r9")
+    await env.ledger.add("r9")
     task = asyncio.create_task(env.dispatch(orch, "r9"))
     await asyncio.wait_for(node.assigns.get(), 5)  # r9 is n1's: its reports settle (issue 27 item 1)
     await node.done("r9", 3, 4, finish_reason="stop")
@@ -79,7 +78,7 @@ async def test_replayed_done_settles_once_and_is_acked_each_time(env: Env) -> No
     assert ack.unknown_requests == ["r9"]
     await again.done("r9", 3, 4, finish_reason="stop")
     await again.wait_for(lambda: "r9" in again.acks)
-    assert env.ledger.status("r9") is ReservationStatus.SETTLED
+    assert await env.ledger.status("r9") is ReservationStatus.SETTLED
     assert len(env.ledger.settle_calls) == 2  # the second is a no-op in the ledger
     assert json.loads(await env.redis.get(keys.done_key("r9")) or "null")["completion_tokens"] == 4
 
@@ -88,15 +87,15 @@ async def test_sweeper_settles_from_done_or_partial_records_and_cancels_the_rest
     orch = await env.orchestrator(max_request_s=60)
     old = datetime.now(UTC) - timedelta(hours=1)
     for rid in ("s-done", "s-partial", "s-none"):
-        env.ledger.add(rid, created_at=old)
-    env.ledger.add("s-young")
+        await env.ledger.add(rid, created_at=old)
+    await env.ledger.add("s-young")
     await env.redis.set(keys.done_key("s-done"), json.dumps({"prompt_tokens": 2, "completion_tokens": 3}))
     await env.redis.set(
         keys.partial_key("s-partial"), json.dumps({"prompt_tokens": 0, "completion_tokens": 4})
     )
     counts = await orch.app[SWEEPER].sweep_once()
     assert counts == {"settled": 1, "settled_partial": 1, "cancelled": 1}
-    assert env.ledger.rows["s-done"].completion_tokens == 3
-    assert env.ledger.rows["s-partial"].completion_tokens == 4
-    assert env.ledger.status("s-none") is ReservationStatus.CANCELLED
-    assert env.ledger.status("s-young") is ReservationStatus.RESERVED
+    assert await env.ledger.completion_tokens("s-done") == 3
+    assert await env.ledger.completion_tokens("s-partial") == 4
+    assert await env.ledger.status("s-none") is ReservationStatus.CANCELLED
+    assert await env.ledger.status("s-young") is ReservationStatus.RESERVED

@@ -18,6 +18,7 @@ from apps.core.protocol import bus as msgs
 from tests.conftest import _redis_db_url, claimed_redis_db
 from tests.ids import unique
 from tests.integration.orchestrator_env import Env
+from tests.integration.recorded_ledger import RecordedLedger
 
 OTHER_NAMESPACE = unique("other-run")  # never another run's
 
@@ -33,7 +34,7 @@ async def other_run(pg_admin_url: str, redis_base_url: str) -> AsyncIterator[Env
         pool = AsyncConnectionPool(db_url, min_size=1, max_size=4, open=False)
         await pool.open()
         redis = Redis.from_url(url)
-        environment = Env(pool, redis, OTHER_NAMESPACE)
+        environment = Env(pool, redis, await RecordedLedger(pool).setup(), OTHER_NAMESPACE)
         try:
             yield environment
         finally:
