@@ -31,6 +31,7 @@ from tests.chaos.helpers import wait_until
 pytestmark = pytest.mark.chaos
 
 RATE = 1.0
+LATENCY_SLACK_S = 0.5  # between the limiter's decision and the registration's recorded time
 BURST = 1
 JITTER_AFTER_REFUSAL_S = 16.0
 
@@ -95,7 +96,11 @@ def test_all_orchestrators_restart_nodes_return_within_bound_at_limited_rate(
         f"reconnect spread {spread:.1f} s; registration times {[round(t - times[0], 2) for t in times]}"
     )
     assert back_s <= bound_s
-    # The limit holds per replica: in every window [t, t + w], at most BURST + RATE * w accepted.
+    # The limit holds per replica: in every window [t, t + w], at most BURST + RATE * w accepted. The
+    # times are PostgreSQL's at the registration's insert, which comes a few round trips after the
+    # limiter took its token (`node_ws._activate`: subscribe, publish, heartbeat, a pool connection):
+    # that delay varies with load, so each window gets `LATENCY_SLACK_S` more (a broken limiter
+    # accepts all six at once and still fails).
     by_replica: dict[str, list[float]] = {}
     for _, orch, at in regs:
         by_replica.setdefault(orch, []).append(at.timestamp())
@@ -104,5 +109,5 @@ def test_all_orchestrators_restart_nodes_return_within_bound_at_limited_rate(
         for i in range(len(stamps)):
             for j in range(i, len(stamps)):
                 window = stamps[j] - stamps[i]
-                assert j - i + 1 <= BURST + RATE * window + 1e-6 + 0.05 * RATE, (stamps, i, j)
+                assert j - i + 1 <= BURST + RATE * (window + LATENCY_SLACK_S), (stamps, i, j)
     assert spread > 0.5  # spread out by the limit and the jitter, not all in the same instant

@@ -46,7 +46,13 @@ async def test_queue_full_and_queue_timeout_keep_their_codes(
         return HttpDispatcher([orch.url], TOKEN)
 
     async with gateway_env(
-        migrated_db_url, redis_url, serve=True, dispatcher_factory=dispatcher, queue_wait_s=1.0
+        # 5 s in the queue: the third request must reach it (SDK, gateway, reservation, dispatch on
+        # one loaded event loop) while the second still waits there.
+        migrated_db_url,
+        redis_url,
+        serve=True,
+        dispatcher_factory=dispatcher,
+        queue_wait_s=5.0,
     ) as gw:
         _, key = await gw.team_with_key("a")
         async with openai.AsyncOpenAI(base_url=gw.base_url + "/v1", api_key=key, max_retries=0) as client:

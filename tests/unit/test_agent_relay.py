@@ -262,8 +262,10 @@ async def test_per_chunk_usage_reaches_a_client_that_asked_for_it(engine: FakeEn
 
 
 async def test_idle_deadline_between_tokens(sim: SimEngine) -> None:
-    sim.set_faults(Faults(stall_s=0.6, stall_after_tokens=1))
-    frame, _, _ = await _relay(sim, _sim_assign(200), idle_s=0.1, first_byte_s=5.0)  # 1 s of tokens
+    # A 1.5 s stall after the first token against a 0.3 s idle limit (which a loaded machine's
+    # pause between the role chunk and the first token must not reach).
+    sim.set_faults(Faults(stall_s=1.5, stall_after_tokens=1))
+    frame, _, _ = await _relay(sim, _sim_assign(200), idle_s=0.3, first_byte_s=5.0)
     assert isinstance(frame, proto.Error)
     assert (frame.status, frame.error_type) == (
         TIMEOUT.status,

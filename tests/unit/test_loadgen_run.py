@@ -75,7 +75,8 @@ async def test_ramp_spreads_the_first_requests_of_the_closed_loop(sim: RunningEn
     starts = sorted(r.start for r in report.results)
     gaps = [b - a for a, b in itertools.pairwise(starts)]
     assert report.to_json()["requests"]["ok"] == 4
-    assert all(g >= 0.09 for g in gaps), gaps  # one every 0.1 s, not four at once
+    # One every 0.1 s, not four at once (a late wake-up of a loaded machine shortens one gap).
+    assert all(g >= 0.05 for g in gaps), gaps
 
 
 def test_ramp_bad_values_are_refused() -> None:

@@ -104,9 +104,9 @@ async def test_chunks_written_by_the_sink_keep_the_idle_deadline_moving() -> Non
     stream = RequestStream("r", "n", limit=8)
     stream.sink = lambda delta: True
     start = loop.time()
-    waiter = asyncio.ensure_future(stream.next(0.3))  # idle limit 300 ms
+    waiter = asyncio.ensure_future(stream.next(1.0))  # idle limit 1 s (a loaded machine stalls ~0.3 s)
     await asyncio.sleep(0)
-    while loop.time() - start < 0.9:  # 900 ms of output, every chunk written through
+    while loop.time() - start < 2.0:  # 2 s of output, every chunk written through
         stream.deliver(ChunkEv("x"))
         await asyncio.sleep(0.03)
         assert not waiter.done(), "idle timeout while output was flowing"
