@@ -14,7 +14,19 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from apps.core.protocol.node import CLOSE_NORMAL, Done, Error, _Frame, encode
+from apps.core.nodes.store import NodeIdentity
+from apps.core.protocol.node import (
+    CLOSE_HANDED_OVER,
+    CLOSE_HEARTBEAT_TIMEOUT,
+    CLOSE_NORMAL,
+    CLOSE_REVOKED,
+    CLOSE_SUPERSEDED,
+    Done,
+    Error,
+    Register,
+    _Frame,
+    encode,
+)
 from apps.orchestrator.streams import RequestStream
 from apps.orchestrator.tolerance import content_events
 
@@ -84,6 +96,17 @@ class NodeConnection:
             return False
         return True
 
+    def death_reason(self, code: int) -> str | None:
+        """Why the node is gone when its socket closed with `code` (None: it left in order: drained,
+        or handed over to another replica)."""
+        if self.drained or (code == CLOSE_NORMAL and self.draining) or code == CLOSE_HANDED_OVER:
+            return None
+        if code in (CLOSE_REVOKED, CLOSE_SUPERSEDED):
+            return "revoked" if code == CLOSE_REVOKED else "superseded"
+        if code == CLOSE_HEARTBEAT_TIMEOUT:
+            return "heartbeat_timeout"
+        return "socket_closed"
+
     def carries_nothing(self) -> bool:
         """No request runs on this socket, no report of it waits for its settle and `done_ack`, and
         nothing queued is unsent: closing it now loses nothing."""
@@ -140,3 +163,16 @@ class NodeConnection:
             "in_flight": len(self.routes),
             "draining": "1" if self.draining or self.handing_over else "0",
         }
+
+
+def not_permitted(identity: NodeIdentity, frame: Register) -> str | None:
+    """Why the token does not admit this registration (None: it does): a node registers only the
+    models and the location its token was issued for (issue 21 item 4). The location routed on is
+    the token's in any case (`NodeConnection(location=...)`); a node claiming another is refused,
+    not silently moved: an on-premises agent started with `--location cloud` (or the reverse) is a
+    misconfiguration its operator must see."""
+    if identity.models is not None and not {m.name for m in frame.models} <= set(identity.models):
+        return "model_not_permitted"
+    if frame.location != identity.location:
+        return "location_not_permitted"
+    return None

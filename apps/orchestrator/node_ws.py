@@ -21,7 +21,6 @@ from aiohttp import WSMsgType, web
 from pydantic import ValidationError
 
 from apps.core.aio import shielded, until_first_ends
-from apps.core.nodes.store import NodeIdentity
 from apps.core.protocol import bus as msgs
 from apps.core.protocol.node import (
     BATCHING_VERSION,
@@ -52,7 +51,7 @@ from apps.core.protocol.node import (
     peek_version,
     split_frames,
 )
-from apps.orchestrator.connection import NodeConnection
+from apps.orchestrator.connection import NodeConnection, not_permitted
 from apps.orchestrator.fleet import HEARTBEAT_REVOKED, HEARTBEAT_SUPERSEDED
 from apps.orchestrator.handover import SocketHandover
 from apps.orchestrator.logs import event
@@ -139,7 +138,7 @@ class NodeSockets:
             else:
                 await self._refuse(ws, CLOSE_AUTH_FAILED, "invalid or revoked node token")
             return None
-        refusal = _not_permitted(identity, frame)
+        refusal = not_permitted(identity, frame)
         if refusal is not None:
             await self._refuse(ws, CLOSE_AUTH_FAILED, refusal)
             return None
@@ -358,14 +357,7 @@ class NodeSockets:
             await parts.routing.bus.to_replica(
                 origin, msgs.LostMsg(request_id=request_id, reason=reason.value)
             )
-        if conn.drained or (code == CLOSE_NORMAL and conn.draining) or code == CLOSE_HANDED_OVER:
-            death = None
-        elif code in (CLOSE_REVOKED, CLOSE_SUPERSEDED):
-            death = "revoked" if code == CLOSE_REVOKED else "superseded"
-        elif code == CLOSE_HEARTBEAT_TIMEOUT:
-            death = "heartbeat_timeout"
-        else:
-            death = "socket_closed"
+        death = conn.death_reason(code)
         if death is not None and not parts.lifecycle.stopping:
             parts.metrics.node_deaths.labels(reason=death).inc()
         if owned and code != CLOSE_SUPERSEDED:
@@ -385,19 +377,6 @@ class NodeSockets:
         """Replica shutdown: hand every node socket over (`apps.orchestrator.handover`; a node
         older than protocol version 3 is closed with 1001 and reconnects elsewhere)."""
         await self.handover.run()
-
-
-def _not_permitted(identity: NodeIdentity, frame: Register) -> str | None:
-    """Why the token does not admit this registration (None: it does): a node registers only the
-    models and the location its token was issued for (issue 21 item 4). The location routed on is
-    the token's in any case (`NodeConnection(location=...)`); a node claiming another is refused,
-    not silently moved: an on-premises agent started with `--location cloud` (or the reverse) is a
-    misconfiguration its operator must see."""
-    if identity.models is not None and not {m.name for m in frame.models} <= set(identity.models):
-        return "model_not_permitted"
-    if frame.location != identity.location:
-        return "location_not_permitted"
-    return None
 
 
 __all__ = ["CLOSE_HEARTBEAT_TIMEOUT", "PROTOCOL_VERSION", "NodeSockets"]
