@@ -274,6 +274,7 @@ class NodeSockets:
                     from_error=isinstance(frame, Error),
                     replayed_abort=replayed,
                     relayed=relayed,
+                    source=conn,
                 )
             )
         else:

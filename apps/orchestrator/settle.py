@@ -130,6 +130,11 @@ class SettleJob:
     # Content events this socket relayed for the request (None: it did not carry it; a journal
     # replay of an assignment on an earlier socket, whose count is in `req:{id}`.relayed).
     relayed: int | None = None
+    # The socket the report came on. A report this socket had no assignment for when it came (relayed
+    # None) while it has one by the time the report is settled was sent before that assignment: it is
+    # not for it (a hostile node reporting a queued request; under load its settle ran after the
+    # request was assigned to it, and billed the report unchecked).
+    source: NodeConnection | None = None
 
 
 class Settler:
@@ -215,6 +220,13 @@ class Settler:
                     self.idle.set()
 
     async def handle(self, job: SettleJob) -> None:
+        if job.relayed is None and job.source is not None and job.request_id in job.source.relayed:
+            # Not for the assignment this socket has now: refused before the script, which would
+            # also free the slot of that assignment.
+            self._metrics.settles.labels(outcome="not_assigned").inc()
+            event("done_before_assigned", logging.WARNING, node_id=job.node_id, request_id=job.request_id)
+            self._ack(job)
+            return
         record = {
             "node": job.node_id,
             "prompt_tokens": job.prompt_tokens,

@@ -124,3 +124,34 @@ async def test_one_requests_reports_are_handled_in_order_by_concurrent_workers(r
             await asyncio.gather(workers, return_exceptions=True)
     finally:
         await redis.aclose()
+
+
+async def test_a_report_sent_before_its_request_was_assigned_is_not_billed(redis_url: str) -> None:
+    """A hostile node reports a request still queued (nobody's yet: refused), but under load the
+    report's settle runs only after the request was assigned to that node, on that socket. The
+    report was not for that assignment: it is refused, not billed unchecked (the property test saw
+    seed 3 settle 40 completion tokens against 2 relayed events, 1 run in 3 under load), and the
+    slot of the real assignment stays taken."""
+    from apps.orchestrator.connection import NodeConnection
+
+    redis = Redis.from_url(redis_url)
+    try:
+        settle = Recorder()
+        settler = await _settler(redis, settle)
+        node = f"hostile-{uuid.uuid4().hex[:6]}"
+        conn = NodeConnection(node_id=node, location="onprem", gpus=1, models={MODEL: 4}, send_limit=8)
+        rid = f"queued-{uuid.uuid4().hex[:10]}"
+        report = SettleJob(node, rid, 61, 40, None, relayed=conn.relayed.pop(rid, None), source=conn)
+        assert report.relayed is None  # the socket had no assignment for it when it came
+        # Then the request is assigned to that node, on that socket (`Routing.start`).
+        await redis.hset(
+            keys.request_key(rid), mapping={"node": node, "max_prompt": 64, "max_completion": 40}
+        )
+        await redis.zadd(keys.node_inflight(node), {rid: 2**40})
+        conn.assigned(rid, object())  # type: ignore[arg-type]
+        await settler.handle(report)
+        assert settle.calls == []  # before: [(rid, 61, 40)], billed unchecked
+        assert await redis.zscore(keys.node_inflight(node), rid) is not None  # its slot stays taken
+        assert await redis.get(keys.done_key(rid)) is None
+    finally:
+        await redis.aclose()
