@@ -34,6 +34,7 @@ from apps.agent.engine import EngineClient
 from apps.agent.health import AgentMetrics, health_app
 from apps.agent.heartbeat import HeartbeatSource
 from apps.agent.journal import Journal
+from apps.agent.kvforward import KvForwarder
 from apps.agent.link import Link
 from apps.agent.outlet import Outlet
 from apps.agent.relay import RelayTimeouts
@@ -69,6 +70,7 @@ class Agent:
         self._gpu: GpuProbe | None = self.deps.gpu_probe
         self._beats: HeartbeatSource | None = None
         self._group: asyncio.TaskGroup | None = None
+        self.kv = KvForwarder.for_settings(settings)
         self._max_model_len = settings.max_model_len
         self._gpus = settings.gpus
         self._heartbeat_interval_s = settings.heartbeat_interval_s
@@ -134,8 +136,11 @@ class Agent:
                     self._gpu = choose_gpu_probe(session, self.settings.dcgm_url, self.settings.nvidia_smi)
                 self._beats = HeartbeatSource(self._engine, self._gpu, self.metrics)
                 self._work = Work(self._engine, self._timeouts, self.journal, self.metrics)
+                if self.kv is not None:
+                    self.kv.token_ids, self._work.on_done = self._engine.token_ids, self.kv.request_done
                 async with asyncio.TaskGroup() as group:
                     self._group = group
+                    kv = group.create_task(self.kv.run(), name="agent-kv-events") if self.kv else None
                     async with asyncio.TaskGroup() as tg:
                         tg.create_task(self.link.run(), name="agent-connection-loop")
                         tg.create_task(self._drain_watcher(), name="agent-drain")
@@ -143,6 +148,8 @@ class Agent:
                             tg.create_task(self._spot_watcher(session), name="agent-spot")
                     # Every request finished (the drain waited for them or aborted them).
                     self._abort_all("agent stopping")
+                    if kv is not None:
+                        kv.cancel()
                 await self._engine.aclose()
         finally:
             self._set_state(AgentState.STOPPED)
@@ -233,11 +240,15 @@ class Agent:
         for request_id in ack.unknown_requests:
             if self._work is not None:
                 self._work.abort(request_id, "orchestrator no longer relays it")
+        if self.kv is not None and conn.version >= proto.KV_EVENTS_VERSION and self._group is not None:
+            self._group.create_task(self.kv.connected(conn.send), name="agent-kv-events-connected")
 
     def on_connection_ended(self, conn: Connection | None) -> None:
         """`conn` ended (None: an attempt that never registered): the requests that came on it end."""
         if conn is not None:
             conn.close()
+            if self.kv is not None:
+                self.kv.disconnected(conn.send)
             if self._work is not None:
                 self._work.abort_on(conn, "connection to the orchestrator lost")
         if conn is None or conn is self.outlet.conn:

@@ -58,6 +58,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
         type=float,
         help="seconds of the notice kept for handing off streams",
     )
+    parser.add_argument(
+        "--kv-events-endpoint",
+        help="the engine's KV events (its --kv-events-config endpoint: tcp://127.0.0.1:PORT or ipc://PATH);"
+        " forwarded to the orchestrator for prefix-aware routing",
+    )
+    parser.add_argument("--kv-events-replay-endpoint", help="the engine's KV events replay endpoint")
     parser.add_argument("--log-level", default="info")
 
 

@@ -96,9 +96,15 @@ def _not_urgent(item: tuple[bool, str]) -> bool:
 
 class Connection:
     def __init__(
-        self, ws: aiohttp.ClientWebSocketResponse, queue_size: int, *, batching: bool = False
+        self,
+        ws: aiohttp.ClientWebSocketResponse,
+        queue_size: int,
+        *,
+        batching: bool = False,
+        version: int = 1,
     ) -> None:
         self.ws = ws
+        self.version = version  # the protocol version this connection registered with
         # Protocol version 2: a batch goes out as one message, its frames one per line.
         self.batching = batching
         # (urgent, text): an urgent frame (a request's first chunk) leads the batch it is sent in.

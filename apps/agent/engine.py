@@ -160,17 +160,28 @@ class EngineClient:
             log.warning("engine /metrics is not Prometheus text")
             return None
 
+    async def token_ids(self, chat_body: dict[str, Any]) -> list[int] | None:
+        """The token ids of a chat body's messages as the engine's template renders them, without a
+        generation prompt (a conversation prefix), or None if the engine cannot answer."""
+        data = await self._tokenize({**tokenize_body(chat_body), "add_generation_prompt": False})
+        tokens = data.get("tokens")
+        return tokens if isinstance(tokens, list) and all(isinstance(t, int) for t in tokens) else None
+
     async def prompt_tokens(self, chat_body: dict[str, Any]) -> int | None:
         """Exact prompt tokens from `POST /tokenize` (chat form), or None if the engine
         cannot answer (e.g. it died, which is why the stream broke)."""
+        count = (await self._tokenize(tokenize_body(chat_body))).get("count")
+        return count if isinstance(count, int) and count >= 0 else None
+
+    async def _tokenize(self, body: dict[str, Any]) -> dict[str, Any]:
+        """The engine's `POST /tokenize` answer ({} when it cannot answer)."""
         try:
             async with self._session.post(
-                self.url("/tokenize"), json=tokenize_body(chat_body), timeout=self._probe_timeout
+                self.url("/tokenize"), json=body, timeout=self._probe_timeout
             ) as resp:
                 if resp.status != 200:
-                    return None
+                    return {}
                 data = json.loads(await resp.read())
         except (aiohttp.ClientError, TimeoutError, ValueError):
-            return None
-        count = data.get("count") if isinstance(data, dict) else None
-        return count if isinstance(count, int) and count >= 0 else None
+            return {}
+        return data if isinstance(data, dict) else {}

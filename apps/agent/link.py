@@ -184,7 +184,7 @@ class Link:
                 return  # drained (SIGTERM) while this registration was in flight
             self.metrics.connects.labels("registered").inc()
             self.backoff.reset()
-            await self.serve(ws, ack, batching=version >= proto.BATCHING_VERSION)
+            await self.serve(ws, ack, version=version)
 
     def _refused(self, exc: RegistrationFailed, version: int) -> float | None:
         self.metrics.connects.labels("refused").inc()
@@ -213,9 +213,10 @@ class Link:
         await self.host.pause(delay)
 
     async def serve(
-        self, ws: aiohttp.ClientWebSocketResponse, ack: proto.RegisterAck, *, batching: bool
+        self, ws: aiohttp.ClientWebSocketResponse, ack: proto.RegisterAck, *, version: int
     ) -> None:
-        conn = Connection(ws, self.settings.send_queue_size, batching=batching)
+        batching = version >= proto.BATCHING_VERSION
+        conn = Connection(ws, self.settings.send_queue_size, batching=batching, version=version)
         self.current = conn
         self.host.on_registered(conn, ack)
         try:

@@ -77,6 +77,8 @@ class Outlet:
 
     async def send_done_on(self, conn: Connection, done: proto.Done) -> None:
         self._done_sent_at[done.request_id] = asyncio.get_running_loop().time()
+        if conn.version < proto.KV_EVENTS_VERSION and done.cached_tokens is not None:
+            done = done.model_copy(update={"cached_tokens": None})  # a version 1-4 replica refuses it
         await conn.send(done)
 
     def acked(self, request_id: str) -> None:

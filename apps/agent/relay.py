@@ -44,6 +44,7 @@ from apps.core.protocol.node import Assign, Chunk, Done, Error
 from apps.core.protocol.openai import (
     DONE_PAYLOAD,
     SseSplitter,
+    cached_tokens,
     is_error_event,
     is_usage_event,
     parse_usage,
@@ -238,6 +239,7 @@ class Relay:
                     completion_tokens=usage.completion_tokens,
                     finish_reason=self.finish_reason,
                     usage_event=usage_raw.decode(),
+                    cached_tokens=cached_tokens(usage_raw),
                 )
         if saw_done:
             # The engine ignored include_usage: bill what we can count (logged, should not happen).

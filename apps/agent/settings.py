@@ -44,6 +44,13 @@ class AgentSettings(BaseSettings):
         default=None, ge=0, le=65535, description="port of `/livez`, `/readyz`, `/metrics` (unset: none)"
     )
     ca_bundle: Path | None = Field(None, description="CA bundle verifying the orchestrator's TLS certificate")
+    kv_events_endpoint: str | None = Field(
+        None,
+        description="the engine's KV cache events on this node (`ipc://` path or `tcp://127.0.0.1:port`; unset: not forwarded)",
+    )
+    kv_events_replay_endpoint: str | None = Field(
+        None, description="the engine's KV events replay socket (unset: lost batches reset the index)"
+    )
 
     # Timing. Every phase has a bound; defaults follow the design brief.
     heartbeat_interval_s: float = Field(default=5.0, gt=0, description="interval of the heartbeats")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 
 from apps.agent.connection import Connection
 from apps.agent.engine import EngineClient
@@ -38,6 +39,8 @@ class Work:
         self._outlets: dict[str, BoundOutlet] = {}  # the connection each request came on
         self.idle = asyncio.Event()  # set while nothing is in flight
         self.idle.set()
+        # Called with each request that ended well, after its `done` was sent (prefix announcements).
+        self.on_done: Callable[[proto.Assign], None] | None = None
 
     def __len__(self) -> int:
         return len(self._relays)
@@ -102,6 +105,8 @@ class Work:
                 await asyncio.shield(self._journal.record_done(result))
                 self._metrics.journal_pending.set(len(self._journal.pending()))
                 await outlet.send_done(result)
+                if self.on_done is not None and result.finish_reason != "abort":
+                    self.on_done(relay.assign)
             else:
                 await outlet.send_error(result)
         finally:

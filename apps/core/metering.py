@@ -42,10 +42,15 @@ async def settle_usage(
     completion_tokens: int,
     *,
     resume_prompt_tokens: int = 0,
+    cached_prompt_tokens: int = 0,
     now: datetime | None = None,
 ) -> SettleResult:
     result = await ledger.settle(
-        request_id, prompt_tokens, completion_tokens, resume_prompt_tokens=resume_prompt_tokens
+        request_id,
+        prompt_tokens,
+        completion_tokens,
+        resume_prompt_tokens=resume_prompt_tokens,
+        cached_prompt_tokens=cached_prompt_tokens,
     )
     subject = result.tokens_subject
     if result.outcome is SettleOutcome.SETTLED and subject is not None:

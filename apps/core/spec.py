@@ -43,11 +43,31 @@ class GpuType(_Strict):
     gpus_per_instance: tuple[PositiveInt, ...] = (1,)
 
 
+# Prompt tokens the engine found in its prefix cache cost this share of the prompt price unless the
+# stack names a cached price (their prefill is not computed again: the GPU time is mostly saved).
+CACHED_INPUT_FRACTION = 0.25
+
+
 class Prices(_Strict):
     """Credits are integer microcredits; 1 credit = 1,000,000 microcredits."""
 
     prompt_per_million_microcredits: NonNegInt
     completion_per_million_microcredits: NonNegInt
+    cached_prompt_per_million_microcredits: NonNegInt | None = None  # None: CACHED_INPUT_FRACTION of prompt
+
+    @model_validator(mode="after")
+    def _cached_not_dearer(self) -> Prices:
+        cached = self.cached_prompt_per_million_microcredits
+        if cached is not None and cached > self.prompt_per_million_microcredits:
+            raise ValueError("cached_prompt_per_million_microcredits must not exceed the prompt price")
+        return self
+
+    @property
+    def cached_prompt(self) -> int:
+        """The price per million cached prompt tokens."""
+        if self.cached_prompt_per_million_microcredits is not None:
+            return self.cached_prompt_per_million_microcredits
+        return int(self.prompt_per_million_microcredits * CACHED_INPUT_FRACTION)
 
 
 class ReplicaBounds(_Strict):
@@ -77,6 +97,10 @@ class Serving(_Strict):
     # A stream whose node is lost after output started continues on another node of the model
     # (apps/orchestrator/resume.py); off: the client gets the error event and the partial settle.
     resume_streams: bool = True
+    # Prefix-aware picks (apps/core/scheduling/prefix.py): the load a node's whole-prefix match may
+    # outweigh (0: off), and how far ahead of the least-loaded node of its tier it may run and keep it.
+    prefix_weight: NonNegFloat = 0.5
+    prefix_hot_margin: PositiveFloat = 0.5
     on_demand_min_replicas: NonNegInt = 0
     office_hours_warm_replicas: NonNegInt = 0
 

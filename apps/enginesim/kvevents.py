@@ -34,53 +34,22 @@ import zmq
 from apps.core.batching.prefix_cache import AllBlocksCleared as CoreCleared
 from apps.core.batching.prefix_cache import BlockRemoved as CoreRemoved
 from apps.core.batching.prefix_cache import KvEvent
+from apps.core.kvwire import (
+    END_SEQ,
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    EventBatch,
+    KVCacheEvent,
+    engine_binds,
+)
 from apps.enginesim.settings import KvEventsConfig
 
 log = logging.getLogger("llmfleet.enginesim")
 
 MEDIUM_GPU = "GPU"
 FULL_ATTENTION = "full_attention"  # vLLM's KVCacheSpecKind of a plain decoder's KV cache group
-END_SEQ = (-1).to_bytes(8, "big", signed=True)
 POLL_S = 0.1  # how often the publisher thread looks at the replay socket when idle
-
-
-class EventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
-    ts: float
-    events: list[Any]
-    data_parallel_rank: int | None = None
-
-
-class KVCacheEvent(msgspec.Struct, omit_defaults=True, gc=False, tag=True):
-    pass
-
-
-class BlockStored(KVCacheEvent):
-    block_hashes: list[int]
-    parent_block_hash: int | None
-    token_ids: list[int]
-    block_size: int
-    lora_id: int | None
-    medium: str | None
-    lora_name: str | None
-    extra_keys: list[tuple[Any, ...] | None] | None = None
-    group_idx: int | None = None
-    kv_cache_spec_kind: str | None = None
-    kv_cache_spec_sliding_window: int | None = None
-    locality: str | None = None
-    ownership: str | None = None
-    session_id: str | None = None
-
-
-class BlockRemoved(KVCacheEvent):
-    block_hashes: list[int]
-    medium: str | None
-    group_idx: int | None = None
-    locality: str | None = None
-    ownership: str | None = None
-
-
-class AllBlocksCleared(KVCacheEvent):
-    pass
 
 
 def wire_events(events: Sequence[KvEvent], block_size: int) -> list[KVCacheEvent]:
@@ -88,7 +57,8 @@ def wire_events(events: Sequence[KvEvent], block_size: int) -> list[KVCacheEvent
     out: list[KVCacheEvent] = []
     for ev in events:
         if isinstance(ev, CoreRemoved):
-            out.append(BlockRemoved(block_hashes=[ev.block_hash], medium=MEDIUM_GPU, group_idx=0))
+            removed: list[int | bytes] = [ev.block_hash]
+            out.append(BlockRemoved(block_hashes=removed, medium=MEDIUM_GPU, group_idx=0))
         elif isinstance(ev, CoreCleared):
             out.append(AllBlocksCleared())
         else:
@@ -96,9 +66,10 @@ def wire_events(events: Sequence[KvEvent], block_size: int) -> list[KVCacheEvent
             keys: list[tuple[Any, ...] | None] = [None] * len(ev.block_hashes)
             if salt:
                 keys[0] = (salt,)
+            stored: list[int | bytes] = list(ev.block_hashes)
             out.append(
                 BlockStored(
-                    block_hashes=list(ev.block_hashes),
+                    block_hashes=stored,
                     parent_block_hash=ev.parent_block_hash,
                     token_ids=list(ev.token_ids),
                     block_size=block_size,
@@ -111,11 +82,6 @@ def wire_events(events: Sequence[KvEvent], block_size: int) -> list[KVCacheEvent
                 )
             )
     return out
-
-
-def is_bind_endpoint(endpoint: str) -> bool:
-    """vLLM's rule: bind a wildcard, ipc or inproc endpoint; connect to any other."""
-    return "*" in endpoint or "::" in endpoint or endpoint.startswith(("ipc://", "inproc://"))
 
 
 class ZmqEventPublisher:
@@ -133,7 +99,7 @@ class ZmqEventPublisher:
         try:
             self._pub.set_hwm(config.hwm)
             self._pub.setsockopt(zmq.LINGER, 0)
-            if is_bind_endpoint(config.endpoint):
+            if engine_binds(config.endpoint):
                 self._pub.bind(config.endpoint)
             else:
                 self._pub.connect(config.endpoint)

@@ -67,7 +67,14 @@ def usage_route(settings: GatewaySettings, deps: GatewayDeps) -> Any:
         rows = await deps.teams.usage(team_id, start, end, by_day=group == "day")
         total = {
             k: sum(r[k] for r in rows)
-            for k in ("requests", "prompt_tokens", "completion_tokens", "total_tokens", "cost_microcredits")
+            for k in (
+                "requests",
+                "prompt_tokens",
+                "cached_prompt_tokens",
+                "completion_tokens",
+                "total_tokens",
+                "cost_microcredits",
+            )
         }
         return JSONResponse(
             {

@@ -4,7 +4,8 @@ GPU hours: cloud from the serving pods' `vllm:*` series (scrape targets labelled
 `location="cloud"`: the vLLM ServiceMonitor adds the label) times the plan's GPUs per replica;
 on premises from the orchestrators' node gauges (registrations kept alive by heartbeats:
 nothing scrapes a node behind NAT). Idle GPU hours: GPU hours of replicas with no request
-running. Tokens: the ledger's settled completion tokens. Cost: GPU hours x the stack's price
+running. Tokens: the ledger's settled completion tokens; the share of prompt tokens the engines found
+in their prefix caches (billed at the cached price) beside them. Cost: GPU hours x the stack's price
 per GPU-hour (on-premises hours at the same price, as their amortised cost).
 """
 
@@ -32,6 +33,12 @@ class ModelWeek:
     idle_gpu_hours: float = 0.0
     empty_queue_hours: float | None = None  # scale-to-zero models only
     tokens: dict[Day, int] = field(default_factory=lambda: defaultdict(int))
+    prompt_tokens: int = 0
+    cached_prompt_tokens: int = 0  # of prompt_tokens: found in the engines' prefix caches
+
+    @property
+    def cached_share(self) -> float | None:
+        return self.cached_prompt_tokens / self.prompt_tokens if self.prompt_tokens else None
 
     @property
     def gpu_hours(self) -> float:
@@ -62,6 +69,7 @@ class CostReport:
                     f"{m.idle_gpu_hours:.3f}",
                     "" if m.empty_queue_hours is None else f"{m.empty_queue_hours:.3f}",
                     str(sum(m.tokens.values())),
+                    "" if m.cached_share is None else f"{m.cached_share:.1%}",
                     f"{m.gpu_hours * self.price_per_gpu_hour:.2f}",
                     "" if cpm is None else f"{cpm:.2f}",
                 ]
@@ -70,7 +78,7 @@ class CostReport:
 
     HEADER = (
         "model", "cloud GPU h", "on-prem GPU h", "idle GPU h", "empty-queue h (scale-to-zero)",
-        "tokens served", "cost USD", "USD per million tokens",
+        "tokens served", "prompt tokens cached", "cost USD", "USD per million tokens",
     )  # fmt: skip
 
     def markdown(self) -> str:
@@ -155,7 +163,8 @@ def _ledger_tokens(
     database_url: str, start: dt.datetime, end: dt.datetime, models: dict[str, ModelWeek]
 ) -> None:
     sql = (
-        "SELECT model, to_char(finalized_at AT TIME ZONE 'UTC', 'YYYY-MM-DD'), SUM(completion_tokens)"
+        "SELECT model, to_char(finalized_at AT TIME ZONE 'UTC', 'YYYY-MM-DD'), SUM(completion_tokens),"
+        " SUM(prompt_tokens), SUM(cached_prompt_tokens)"
         " FROM usage_ledger WHERE status = 'settled' AND finalized_at >= %s AND finalized_at < %s GROUP BY 1, 2"
     )
     try:
@@ -165,9 +174,11 @@ def _ledger_tokens(
         raise OpsError(
             f"ledger database not reachable: {str(exc).splitlines()[0]}", param="database_url"
         ) from None
-    for model, day, tokens in rows:
+    for model, day, tokens, prompt, cached in rows:
         if model in models:
             models[model].tokens[day] += int(tokens)
+            models[model].prompt_tokens += int(prompt)
+            models[model].cached_prompt_tokens += int(cached)
 
 
 def chart_png(report: CostReport) -> bytes:

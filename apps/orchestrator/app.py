@@ -24,6 +24,7 @@ from apps.core.ledger.pg import PgLedger
 from apps.core.metering import settle_usage
 from apps.core.nodes.store import NodeStore
 from apps.core.protocol.dispatch import DISPATCH_PATH
+from apps.core.scheduling.prefix import PrefixWeights
 from apps.core.sizing.coldstart import model_load_times_s
 from apps.core.spec import load_spec
 from apps.orchestrator.exposure import hide_server_version, openai_errors, restrict_ports
@@ -162,6 +163,10 @@ async def build_deps(settings: OrchestratorSettings) -> tuple[OrchestratorDeps, 
         models=frozenset(spec.models),
         load_time_s=model_load_times_s(spec),
         resume_models=frozenset(name for name, m in spec.models.items() if m.serving.resume_streams),
+        prefix_weights={
+            name: PrefixWeights(m.serving.prefix_weight, m.serving.prefix_hot_margin)
+            for name, m in spec.models.items()
+        },
     )
     return deps, pool
 

@@ -205,6 +205,7 @@ class Fleet:
             kv_cache_usage=_f(hb.get("kv_cache_usage")),
             queue_depth=int(_f(hb.get("queue_depth"))),
             owner=hb.get("orchestrator_id", ""),
+            conn=hb.get("conn", ""),
         )
 
     def snapshot(self) -> list[NodeView]:

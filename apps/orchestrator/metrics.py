@@ -76,6 +76,24 @@ class Metrics:
             ["model", "outcome"],
             registry=r,
         )
+        self.prefix_picks = Counter(
+            "llmfleet_orchestrator_prefix_picks_total",
+            "Picks by whether the node taken held part of the request's conversation prefix "
+            "(hit), another node did (miss), or none did (none)",
+            ["model", "outcome"],
+            registry=r,
+        )
+        self.prefix_frames_dropped = Counter(
+            "llmfleet_orchestrator_prefix_frames_dropped_total",
+            "KV events and prefix announcements refused: an older or superseded socket, a model the node "
+            "did not register, a block its events never stored",
+            registry=r,
+        )
+        self.prefix_store_errors = Counter(
+            "llmfleet_orchestrator_prefix_store_errors_total",
+            "Prefix announcements that could not be written to or read from Redis (routing went on without)",
+            registry=r,
+        )
         self.retries = Counter(
             "llmfleet_orchestrator_retries_total",
             "Requests retried on another node",

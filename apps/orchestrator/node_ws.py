@@ -42,6 +42,9 @@ from apps.core.protocol.node import (
     Error,
     HandedOver,
     Heartbeat,
+    KvEvents,
+    KvPrefix,
+    KvReset,
     Register,
     RegisterAck,
     RegisterRefused,
@@ -243,6 +246,8 @@ class NodeSockets:
             # this side closes the socket; the node waits for that close before it goes.
             conn.close(CLOSE_NORMAL, "drained")
             return False
+        elif isinstance(frame, KvEvents | KvPrefix | KvReset):
+            await parts.prefix_feed.take(conn, frame, owned=parts.routing.local.get(conn.node_id) is conn)
         elif isinstance(frame, HandedOver):
             conn.handed_over = True  # ownership moved; this socket carries its requests to their end
             event(
@@ -275,6 +280,7 @@ class NodeSockets:
                     replayed_abort=replayed,
                     relayed=relayed,
                     source=conn,
+                    cached_tokens=(frame.cached_tokens or 0) if isinstance(frame, Done) else 0,
                 )
             )
         else:
@@ -348,6 +354,8 @@ class NodeSockets:
         owned = parts.routing.local.get(conn.node_id) is conn
         if owned:
             del parts.routing.local[conn.node_id]
+            elsewhere = conn.handed_over or code in (CLOSE_SUPERSEDED, CLOSE_HANDED_OVER)
+            await parts.prefix_feed.closed(conn, code, elsewhere=elsewhere)
             if not parts.routing.local:
                 self.all_closed.set()
             await parts.routing.bus.unsubscribe_node(conn.node_id)

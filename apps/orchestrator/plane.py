@@ -17,11 +17,15 @@ from redis.asyncio import Redis
 from apps.core.clock import SYSTEM
 from apps.core.ledger.api import Ledger, SettleResult
 from apps.core.nodes.store import NodeStore
+from apps.core.scheduling.prefix import PrefixWeights
 from apps.orchestrator.coldstart import ColdStarts
 from apps.orchestrator.fairshare import TeamService
 from apps.orchestrator.fleet import Fleet
 from apps.orchestrator.logs import event
 from apps.orchestrator.metrics import Metrics
+from apps.orchestrator.prefix_feed import PrefixFeed
+from apps.orchestrator.prefix_index import PrefixIndex
+from apps.orchestrator.prefix_store import PrefixStore
 from apps.orchestrator.queue import Queues, Share
 from apps.orchestrator.routing import Routing
 from apps.orchestrator.scheduling.picker import rank
@@ -33,7 +37,13 @@ class SettleFn(Protocol):
     """`apps.core.metering.settle_usage` bound to the ledger and Redis."""
 
     def __call__(
-        self, request_id: str, prompt_tokens: int, completion_tokens: int, *, resume_prompt_tokens: int = 0
+        self,
+        request_id: str,
+        prompt_tokens: int,
+        completion_tokens: int,
+        *,
+        resume_prompt_tokens: int = 0,
+        cached_prompt_tokens: int = 0,
     ) -> Awaitable[SettleResult]: ...
 
 
@@ -51,6 +61,8 @@ class OrchestratorDeps:
     # Models whose streams resume on another node when theirs is lost (`serving.resume_streams`);
     # None: every catalog model.
     resume_models: Collection[str] | None = None
+    # Each model's prefix-aware pick weights (the stack's `serving.prefix_weight`/`prefix_hot_margin`).
+    prefix_weights: Mapping[str, PrefixWeights] = field(default_factory=dict)
     wall_clock: Callable[[], float] = field(default=SYSTEM.wall)  # apps.core.clock
     monotonic: Callable[[], float] = field(default=SYSTEM.monotonic)
 
@@ -70,6 +82,7 @@ class RelayParts:
     lifecycle: Lifecycle
     models: Collection[str]
     resume_models: Collection[str] | None
+    prefix_weights: Mapping[str, PrefixWeights]
     redis: Redis
     ledger: Ledger
     settle: SettleFn
@@ -79,6 +92,7 @@ class RelayParts:
     queues: Queues
     shares: TeamService
     routing: Routing
+    prefix_store: PrefixStore
     monotonic: Callable[[], float]
 
 
@@ -92,6 +106,7 @@ class SocketParts:
     metrics: Metrics
     fleet: Fleet
     routing: Routing
+    prefix_feed: PrefixFeed
     wake_queues: Callable[[], None]  # a slot or a node came: the model queues look again
     monotonic: Callable[[], float]
 
@@ -137,6 +152,8 @@ class ControlPlane:
             self.queues.notify,
             namespace=settings.channel_namespace,
         )
+        self.prefixes = PrefixIndex()  # the prefix caches of the nodes whose sockets are here
+        self.prefix_store = PrefixStore(deps.redis)  # what every replica's picks read
 
     @property
     def stopping(self) -> bool:
@@ -153,6 +170,7 @@ class ControlPlane:
             lifecycle=self.lifecycle,
             models=deps.models,
             resume_models=deps.resume_models,
+            prefix_weights=self._prefix_weights(),
             redis=deps.redis,
             ledger=deps.ledger,
             settle=deps.settle,
@@ -162,6 +180,7 @@ class ControlPlane:
             queues=self.queues,
             shares=self.shares,
             routing=self.routing,
+            prefix_store=self.prefix_store,
             monotonic=deps.monotonic,
         )
 
@@ -173,9 +192,17 @@ class ControlPlane:
             metrics=self.metrics,
             fleet=self.fleet,
             routing=self.routing,
+            prefix_feed=PrefixFeed(self.prefixes, self.prefix_store, self.metrics),
             wake_queues=self.queues.notify,
             monotonic=self.deps.monotonic,
         )
+
+    def _prefix_weights(self) -> dict[str, PrefixWeights]:
+        weights = {m: self.deps.prefix_weights.get(m, PrefixWeights()) for m in self.deps.models}
+        override = self.settings.prefix_weight
+        if override is None:
+            return weights
+        return {m: PrefixWeights(override, w.hot_margin) for m, w in weights.items()}
 
     # -- scheduling ---------------------------------------------------------------
 

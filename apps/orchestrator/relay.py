@@ -21,25 +21,27 @@ import json
 
 from aiohttp import web
 from pydantic import ValidationError
+from redis.exceptions import RedisError
 
 from apps.core.aio import shielded
 from apps.core.budget import Usage
-from apps.core.error_table import TIMEOUT, UPSTREAM_ERROR, for_frame, stream_error
+from apps.core.error_table import for_frame
 from apps.core.errors import (
     InvalidRequest,
     LlmfleetError,
     NotFound,
     Unavailable,
     UpstreamFailed,
-    http_error,
     internal_token_rejected,
 )
 from apps.core.nodes import keys
 from apps.core.protocol.dispatch import QUEUE_WAIT_HEADER, DispatchRequest, InternalToken
 from apps.core.protocol.node import Error
 from apps.core.protocol.openai import SSE_DONE, sse_event
+from apps.core.scheduling.prefix import PrefixWeights, chat_messages, lookup_keys, prefix_outcome
 from apps.core.scheduling.retry import RetryBudget, queue_budget
 from apps.core.sharing import PriorityClass
+from apps.orchestrator.answers import error_response, mid_stream_error
 from apps.orchestrator.handover import STOPPING, refuse_dispatch
 from apps.orchestrator.logs import event
 from apps.orchestrator.outlet import GatewayOutlet
@@ -52,6 +54,7 @@ from apps.orchestrator.streams import ChunkEv, DoneEv, ErrorEv, LostEv, RequestS
 from apps.orchestrator.sweeper import partial_usage
 
 CLEANUP_S = 5.0
+PREFIX_LOOKUP_S = 0.25  # a pick waits this long at most for the prefix announcements
 
 
 class Retry(enum.StrEnum):
@@ -59,12 +62,6 @@ class Retry(enum.StrEnum):
     FIRST_TOKEN_TIMEOUT = "first_token_timeout"
     NODE_ERROR = "node_error"
     NODE_LOST = "node_lost"
-
-
-def error_response(exc: LlmfleetError, request_id: str = "") -> web.Response:
-    """The orchestrator's JSON error answer: `apps.core.errors.http_error` in an aiohttp response."""
-    status, headers, body = http_error(exc, {"x-request-id": request_id} if request_id else None)
-    return web.json_response(body, status=status, headers=headers)
 
 
 class DispatchHandler:
@@ -107,6 +104,8 @@ class _Relay:
         self._t0 = parts.monotonic()
         self.queued_s = 0.0  # time in the model's queue waiting for a node (all attempts)
         self.share = _share(dreq)
+        self.prefix: dict[str, int] = {}  # node id -> blocks of the conversation prefix it holds
+        self.weights = parts.prefix_weights.get(dreq.model, PrefixWeights())
 
     async def run(self) -> web.StreamResponse:
         parts, dreq = self.parts, self.dreq
@@ -145,6 +144,7 @@ class _Relay:
             except LlmfleetError as exc:
                 self.outcome = exc.code or "unavailable"
                 return await self._fail_before_output(exc)
+        self.prefix = await self._prefix_matches()
         budget = RetryBudget()
         while budget.left():
             elapsed = parts.monotonic() - self._t0
@@ -164,6 +164,8 @@ class _Relay:
                 self.outcome = exc.code or "unavailable"
                 return await self._fail_before_output(exc)
             self.queued_s += parts.monotonic() - queued_at
+            if not excluded:  # the request's first pick (a retry is not another lookup)
+                parts.metrics.prefix_picks.labels(dreq.model, prefix_outcome(self.prefix, node.node_id)).inc()
             if self.out.gateway_gone():
                 await shielded(parts.fleet.release_slot(node.node_id, dreq.request_id), CLEANUP_S, "release")
                 self.outcome = "gateway_gone"
@@ -193,7 +195,22 @@ class _Relay:
             reserve_fraction=(
                 settings.batch_reserve_fraction if dreq.priority_class is PriorityClass.BATCH else 0.0
             ),
+            prefix=self.prefix,
+            prefix_weights=self.weights,
         )
+
+    async def _prefix_matches(self) -> dict[str, int]:
+        """Which nodes hold how much of this request's conversation prefix (one Redis round trip)."""
+        if self.weights.weight <= 0:
+            return {}
+        keys = lookup_keys(chat_messages(self.dreq.body), self.dreq.body.get("tools"))
+        conns = {n.node_id: n.conn for n in self.parts.fleet.snapshot()}
+        try:
+            async with asyncio.timeout(PREFIX_LOOKUP_S):
+                return await self.parts.prefix_store.matches(self.dreq.model, keys, conns)
+        except (RedisError, OSError, TimeoutError):
+            self.parts.metrics.prefix_store_errors.inc()
+            return {}  # prefix routing is an optimisation: the pick goes on by load
 
     def _exhausted(self, last_retry: Retry | None) -> LlmfleetError:
         """The error of a request whose every attempt failed before output."""
@@ -288,21 +305,12 @@ class _Relay:
 
     async def _end_mid_stream(self, node: NodeView, ev: ErrorEv | LostEv | None) -> None:
         """A stream that failed after output (and did not resume): one error event and [DONE]."""
-        param = None
-        if ev is None:
-            entry, message = TIMEOUT, f"no output from the node for {self.dreq.deadlines.idle_s:g} s"
-        elif isinstance(ev, ErrorEv):
+        if isinstance(ev, ErrorEv):
             self.outcome = "node_error_mid_stream"
-            entry, message, param = (
-                for_frame(ev.frame.status, ev.frame.error_type),
-                ev.frame.message,
-                ev.frame.param,
-            )
-        else:
+        elif isinstance(ev, LostEv):
             self.outcome = f"lost_mid_stream_{ev.reason.value}"
-            entry, message = UPSTREAM_ERROR, "the node serving this request was lost"
             await self._record_partial(node)
-        await self.out.write(stream_error(entry, message, param))
+        await self.out.write(mid_stream_error(ev, self.dreq.deadlines.idle_s))
 
     async def _resume(
         self, node: NodeView, reason: Reason, ev: ErrorEv | LostEv | None
@@ -372,17 +380,6 @@ class _Relay:
         # Nothing ran: the reservation must not wait for the sweeper (idempotent: the
         # gateway may cancel it too).
         await shielded(self.parts.ledger.cancel(self.dreq.request_id), CLEANUP_S, "ledger_cancel")
-
-
-def mid_stream_error(ev: ErrorEv | LostEv | None, idle_s: float) -> bytes:
-    """The end of a stream that failed after output: the node's error, a lost node, or silence
-    past the idle deadline (None), as its entry of apps/core/error_table.py."""
-    if ev is None:
-        return stream_error(TIMEOUT, f"no output from the node for {idle_s:g} s")
-    if isinstance(ev, ErrorEv):
-        frame = ev.frame
-        return stream_error(for_frame(frame.status, frame.error_type), frame.message, frame.param)
-    return stream_error(UPSTREAM_ERROR, "the node serving this request was lost")
 
 
 def _share(dreq: DispatchRequest) -> Share:

@@ -16,11 +16,11 @@ from redis.exceptions import RedisError
 from apps.core.errors import ForwardedError, internal_token_rejected
 from apps.core.metrics_access import metrics_refusal
 from apps.core.protocol.dispatch import InternalToken
+from apps.orchestrator.answers import error_response
 from apps.orchestrator.handover import stopping_refusal
 from apps.orchestrator.logs import event
 from apps.orchestrator.node_ws import NodeSockets
 from apps.orchestrator.plane import ControlPlane
-from apps.orchestrator.relay import error_response
 from apps.orchestrator.settings import OrchestratorSettings
 from apps.orchestrator.settle import Settler
 from apps.orchestrator.sweeper import Sweeper

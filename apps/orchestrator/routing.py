@@ -186,6 +186,10 @@ class Routing:
             else:
                 route.deliver(ErrorEv(frame))
         elif isinstance(route, RemoteRoute):
+            if isinstance(frame, Done) and frame.cached_tokens is not None:
+                # The origin replica may be older (a rolling update) and refuse the version-5 field;
+                # it does not need it: this replica settles.
+                raw = encode(frame.model_copy(update={"cached_tokens": None}))
             heard = await self.bus.to_replica(
                 route.origin, msgs.FrameMsg(request_id=frame.request_id, frame=raw)
             )

@@ -115,6 +115,13 @@ class OrchestratorSettings(BaseSettings):
     kv_cache_max: float = Field(
         default=0.95, gt=0, le=1, description="KV-cache use above which a node gets no work"
     )
+    # Prefix-aware picks: the stack's per-model `serving.prefix_weight` unless this overrides it for
+    # every model (experiments, `tools/bench prefix`'s least-loaded runs: 0).
+    prefix_weight: float | None = Field(
+        default=None,
+        ge=0,
+        description="overrides every model's serving.prefix_weight (0: prefix-aware picks off)",
+    )
     fleet_refresh_s: float = Field(default=0.5, gt=0, description="how often the fleet view is refreshed")
     # Replicas of a model are started on demand (KEDA scales from zero; true in the k8s manifests):
     # a request for a model no node serves is told when one should be ready (apps/orchestrator/coldstart.py).

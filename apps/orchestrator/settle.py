@@ -135,6 +135,7 @@ class SettleJob:
     # not for it (a hostile node reporting a queued request; under load its settle ran after the
     # request was assigned to it, and billed the report unchecked).
     source: NodeConnection | None = None
+    cached_tokens: int = 0  # prompt tokens the engine found in its prefix cache (a version-5 `done`)
 
 
 class Settler:
@@ -219,18 +220,24 @@ class Settler:
                 if self._queue.empty() and self._busy == 0:
                     self.idle.set()
 
-    async def handle(self, job: SettleJob) -> None:
+    def _sent_before_its_assignment(self, job: SettleJob) -> bool:
+        """Not for the assignment this socket has now (`SettleJob.source`): refused before the
+        script, which would also free the slot of that assignment."""
         if job.relayed is None and job.source is not None and job.request_id in job.source.relayed:
-            # Not for the assignment this socket has now: refused before the script, which would
-            # also free the slot of that assignment.
             self._metrics.settles.labels(outcome="not_assigned").inc()
             event("done_before_assigned", logging.WARNING, node_id=job.node_id, request_id=job.request_id)
             self._ack(job)
+            return True
+        return False
+
+    async def handle(self, job: SettleJob) -> None:
+        if self._sent_before_its_assignment(job):
             return
         record = {
             "node": job.node_id,
             "prompt_tokens": job.prompt_tokens,
             "completion_tokens": job.completion_tokens,
+            "cached_tokens": job.cached_tokens,  # the sweeper bills them as this settle would
         }
         answer = await self._record_done(
             keys=[
@@ -270,7 +277,15 @@ class Settler:
         prompt, completion, platform = int(answer[3]), int(answer[4]), int(answer[5])
         if int(answer[2]):
             await self._overreported(job, prompt, completion)
-        result = await self._settle(job.request_id, prompt, completion, resume_prompt_tokens=platform)
+        result = await self._settle(
+            job.request_id,
+            prompt,
+            completion,
+            resume_prompt_tokens=platform,
+            # Never more than what is billed; none for a resumed stream (the second node's cache
+            # saw its own prompt, the resume's, which is platform cost).
+            cached_prompt_tokens=0 if platform else min(job.cached_tokens, prompt),
+        )
         self._metrics.settles.labels(outcome=result.outcome.value).inc()
         self._metrics.writeoff.inc(result.written_off_microcredits)
         self._ack(job)

@@ -91,8 +91,12 @@ class Sweeper:
             if raw is None:
                 continue
             record = json.loads(raw)
+            prompt = int(record.get("prompt_tokens", 0))
             result = await self._settle(
-                request_id, int(record.get("prompt_tokens", 0)), int(record.get("completion_tokens", 0))
+                request_id,
+                prompt,
+                int(record.get("completion_tokens", 0)),
+                cached_prompt_tokens=min(int(record.get("cached_tokens", 0)), prompt),
             )
             self._metrics.writeoff.inc(result.written_off_microcredits)
             return action

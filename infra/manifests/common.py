@@ -32,6 +32,12 @@ ORCHESTRATOR_METRICS_PORT = 8083  # the orchestrator's metrics-only port (Promet
 GATEWAY_METRICS_PORT = 8084  # the gateway's `/metrics` port (Prometheus only), see netpol.py
 VLLM_PORT = 8000
 AGENT_HEALTH_PORT = 8090
+# The engine's KV cache events inside the pod, on loopback only: vLLM connects its PUB socket to the
+# agent's (which binds it) and binds its replay socket; the agent forwards them to the orchestrator.
+KV_EVENTS_PORT = 5557
+KV_REPLAY_PORT = 5558
+KV_EVENTS_ENDPOINT = f"tcp://127.0.0.1:{KV_EVENTS_PORT}"
+KV_REPLAY_ENDPOINT = f"tcp://127.0.0.1:{KV_REPLAY_PORT}"
 
 
 def slug(model: str) -> str:

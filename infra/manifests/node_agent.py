@@ -5,7 +5,15 @@ what is left of a Spot reclaim notice on the spot pool)."""
 from __future__ import annotations
 
 from infra.manifests.appenv import AgentSettings, from_secret
-from infra.manifests.common import AGENT_HEALTH_PORT, NAMESPACE, NODE_PORT, VLLM_PORT, Manifest
+from infra.manifests.common import (
+    AGENT_HEALTH_PORT,
+    KV_EVENTS_ENDPOINT,
+    KV_REPLAY_ENDPOINT,
+    NAMESPACE,
+    NODE_PORT,
+    VLLM_PORT,
+    Manifest,
+)
 from infra.manifests.vllm_target import Capacity, Timing, VllmTarget
 
 NODE_TOKEN_SECRET = "llmfleet-cloud-node-token"
@@ -62,6 +70,10 @@ def _agent_args(t: VllmTarget, tm: Timing, capacity: Capacity) -> list[str]:
         "0.0.0.0",  # the kubelet probes the pod IP
         "--health-port",
         str(AGENT_HEALTH_PORT),
+        "--kv-events-endpoint",
+        KV_EVENTS_ENDPOINT,
+        "--kv-events-replay-endpoint",
+        KV_REPLAY_ENDPOINT,
     ]
 
 

@@ -9,12 +9,16 @@ planner's, so `llmfleet plan` and the cluster never disagree (docs/architecture.
 
 from __future__ import annotations
 
+import json
+
 from apps.core.sizing.pools import ON_DEMAND_POOL, SPOT_POOL
 from infra.manifests.common import (
     AGENT_HEALTH_PORT,
     CAPACITY_TYPE,
     GPU_RESOURCE,
     GPU_TAINT,
+    KV_EVENTS_ENDPOINT,
+    KV_REPLAY_ENDPOINT,
     MODEL_CACHE_HOST_PATH,
     MODEL_CACHE_MOUNT,
     MODEL_LABEL,
@@ -83,6 +87,19 @@ def _vllm_args(t: VllmTarget, tm: Timing) -> list[str]:
         # The orchestrator passes the request's class as vLLM's `priority` (apps.core.sharing).
         "--scheduling-policy",
         "priority",
+        # `usage.prompt_tokens_details.cached_tokens`: cached input is billed at its own price.
+        "--enable-prompt-tokens-details",
+        # The prefix cache's events, forwarded by the agent (apps/agent/kvforward.py).
+        "--kv-events-config",
+        json.dumps(
+            {
+                "enable_kv_cache_events": True,
+                "publisher": "zmq",
+                "endpoint": KV_EVENTS_ENDPOINT,
+                "replay_endpoint": KV_REPLAY_ENDPOINT,
+            },
+            separators=(",", ":"),
+        ),
     ]
 
 

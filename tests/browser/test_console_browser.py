@@ -68,11 +68,14 @@ def admin_api(platform: LocalPlatform, path: str, body: dict[str, object]) -> di
 
 
 def usage_requests(driver: webdriver.Chrome) -> int:
+    """The usage table's requests for the 8B model, its columns found by their headings."""
+    heads = [h.text for h in driver.find_elements(By.CSS_SELECTOR, "#usage-table thead th")]
+    model, requests = heads.index("Model"), heads.index("Requests")
     cells = [
         r.find_elements(By.TAG_NAME, "td")
         for r in driver.find_elements(By.CSS_SELECTOR, "#usage-table tbody tr")
     ]
-    return sum(int(c[2].text) for c in cells if len(c) == 7 and c[1].text == MODEL_8B)
+    return sum(int(c[requests].text) for c in cells if len(c) == len(heads) and c[model].text == MODEL_8B)
 
 
 def signed_in(driver: webdriver.Chrome, url: str) -> None:

@@ -105,15 +105,16 @@ class AgentFleet:
             body["stream_options"] = {"include_usage": usage}
         return body
 
-    async def reserve(self, max_tokens: int) -> str:
-        """A reservation as the gateway makes it; returns its request id."""
+    async def reserve(self, max_tokens: int, prompt_tokens: int = 64) -> str:
+        """A reservation as the gateway makes it (`prompt_tokens`: its prompt estimate, the cost's
+        cap with `max_tokens`); returns its request id."""
         request_id = f"conf-{uuid.uuid4().hex[:16]}"
         await self.ledger.reserve(
             request_id=request_id,
             team_id=self.team_id,
             key_id=None,
             model=self.engine.model,
-            estimated_prompt_tokens=64,
+            estimated_prompt_tokens=prompt_tokens,
             max_tokens=max_tokens,
         )
         return request_id
@@ -250,8 +251,9 @@ async def fleet(
 
 @contextlib.asynccontextmanager
 async def agent_fleet(
-    engine: EngineUnderTest, db_url: str, redis_url: str, work_dir: Path
+    engine: EngineUnderTest, db_url: str, redis_url: str, work_dir: Path, **agent_settings: Any
 ) -> AsyncIterator[AgentFleet]:
+    """`agent_settings`: more `AgentSettings` fields (the engine's KV events endpoints...)."""
     pool = AsyncConnectionPool(db_url, min_size=1, max_size=8, open=False)
     await pool.open()
     redis = Redis.from_url(redis_url)
@@ -280,6 +282,7 @@ async def agent_fleet(
             max_num_seqs=8,
             journal=work_dir / "agent-journal.jsonl",
             drain_ack_wait_s=1.0,
+            **agent_settings,
         )
     )
     task = asyncio.create_task(agent.run(), name="conformance-agent")

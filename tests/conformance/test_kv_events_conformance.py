@@ -15,6 +15,10 @@ vLLM's CPU backend, 16 in enginesim's tiny profile), never assumed.
 - The replay socket answers vLLM's protocol, from sequence number 0 with no gaps, and every batch
   has the same wire shape on both engines (`WIRE`).
 - A pause that clears the cache says `AllBlocksCleared`, and the blocks are stored again after it.
+- The agent forwards the events over its WebSocket (protocol version 5) and the orchestrator's prefix
+  index then holds every full block of a prompt the engine ran, keyed by its tokens
+  (`apps/orchestrator/prefix_index.py`); a new connection clears the node's index and the engine's
+  replay buffer rebuilds it.
 """
 
 from __future__ import annotations
@@ -29,6 +33,9 @@ from typing import Any
 import httpx
 import pytest
 
+from apps.core.scheduling.prefix import block_keys, lookup_keys
+from apps.orchestrator.app import PLANE
+from tests.conformance.agent_env import NODE_ID, PRICES, agent_fleet, cost
 from tests.conformance.conftest import VLLM_CAP_S, EngineUnderTest, serve_enginesim, serve_vllm
 from tests.conformance.helpers import metric, metric_values, poll_until
 from tests.conformance.kvevents import (
@@ -43,6 +50,7 @@ from tests.conformance.kvevents import (
     wait_live,
 )
 from tests.conformance.slots import run_tag, words
+from tests.integration.orchestrator_env import poll
 
 KV_TOKENS = 2048  # the cache both engines get: a few long prompts overflow it
 MAX_MODEL_LEN = 2048
@@ -302,3 +310,98 @@ async def test_a_pause_that_clears_the_cache_says_all_blocks_cleared(kv: KvEngin
     assert _cached(again) == 0, again["usage"]
     blocks = {b.block_hash for b in chain_in(log.stored, tuple(ids[:PREFIX]))}
     assert log.stored_twice(blocks) == len(ids) // log.block_size, "the blocks were not stored again"
+
+
+async def test_the_agent_forwards_the_events_and_the_orchestrator_indexes_the_prompt(
+    kv: KvEngine, migrated_db_url: str, redis_url: str, tmp_path: Path
+) -> None:
+    engine, log, tag = kv.engine, kv.log, run_tag()
+    endpoints = {"kv_events_endpoint": log.endpoint, "kv_events_replay_endpoint": kv.replay_endpoint}
+    async with agent_fleet(engine, migrated_db_url, redis_url, tmp_path, **endpoints) as fleet:
+        prefixes = fleet.orch.app[PLANE].prefixes
+        messages = [{"role": "user", "content": await prompt_of(engine, f"f{tag}x", FIRST_PROMPT)}]
+        ids = await prompt_ids(engine, messages)
+        request_id = await fleet.reserve(4)
+        body = {"model": engine.model, "messages": messages, "max_tokens": 4, "stream": True}
+        assert (await fleet.dispatch(request_id, body, wants_usage=False)).status == 200
+        await stored_after(engine, log, f"g{tag}x")  # the engine published the request's blocks
+        bs = log.block_size
+        keys = block_keys(ids, bs)
+        assert len(keys) == len(ids) // bs > 0
+
+        def indexed() -> Any:
+            return _matched(prefixes, engine.model, keys)
+
+        # The agent's forwarding runs beside the request: its frames come a little after the engine's.
+        assert await poll(indexed, lambda n: n == len(keys)) == len(keys)
+        # The agent announced the conversation's prefix (its engine's tokenizer counting the blocks):
+        # every replica's picker now finds the node holding it.
+        store = fleet.orch.app[PLANE].prefix_store
+        announced = await poll(
+            lambda: store.matches(engine.model, lookup_keys(messages)), lambda m: NODE_ID in m
+        )
+        assert 0 < announced[NODE_ID] <= len(keys)
+        engine_blocks = prefixes.engine(NODE_ID, engine.model)
+        assert engine_blocks is not None
+        assert engine_blocks.unkeyed == 0  # every stored block's parent was seen: nothing left out
+        assert prefixes.matched(NODE_ID, engine.model, block_keys([ids[0] + 1, *ids[1:]], bs)) == 0
+
+        # A new connection: the orchestrator forgets the node's index (`kv_reset connected`), the
+        # engine's replay buffer rebuilds it from sequence 0.
+        forwarder = fleet.agent.kv
+        assert forwarder is not None
+        resets, forwarded = forwarder.resets, forwarder.forwarded
+        registered = fleet.agent.registered
+        registered.clear()
+        fleet.orch.app[PLANE].routing.local[NODE_ID].close(4000, "test: reconnect")
+        await asyncio.wait_for(registered.wait(), 30)
+        assert await poll(indexed, lambda n: n == len(keys)) == len(keys)
+        assert forwarder.resets == resets + 1
+        # The whole history again, from sequence 0 up to what the log had seen by the close (the
+        # engine's buffer keeps 10,000 batches: all of this module's).
+        assert forwarder.forwarded - forwarded >= log.last_seq + 1
+
+
+async def _matched(prefixes: Any, model: str, keys: list[bytes]) -> int:
+    return int(prefixes.matched(NODE_ID, model, keys))
+
+
+async def test_a_second_turn_is_billed_its_cached_tokens_at_the_cached_price(
+    kv: KvEngine, migrated_db_url: str, redis_url: str, tmp_path: Path
+) -> None:
+    """The engine reports the prompt tokens it found in its prefix cache
+    (`usage.prompt_tokens_details.cached_tokens`); the agent carries them in its `done` and the
+    ledger bills them at the cached-input price: the bill is exact to that report."""
+    engine, tag = kv.engine, run_tag()
+    async with agent_fleet(engine, migrated_db_url, redis_url, tmp_path) as fleet:
+        first_turn = [{"role": "user", "content": await prompt_of(engine, f"b{tag}x", FIRST_PROMPT)}]
+        body = {"model": engine.model, "messages": first_turn, "max_tokens": 8, "stream": True}
+        rid1 = await fleet.reserve(8)
+        one = await fleet.dispatch(rid1, body, wants_usage=False)
+        assert one.status == 200
+        answer = "".join(
+            c["choices"][0]["delta"].get("content") or "" for c in one.chunks if c.get("choices")
+        )
+        await fleet.final_row(rid1)
+        second = [*first_turn, {"role": "assistant", "content": answer}, {"role": "user", "content": "and?"}]
+        rid2 = await fleet.reserve(8, prompt_tokens=MAX_MODEL_LEN)  # the cost is not capped by the estimate
+        two = await fleet.dispatch(rid2, {**body, "messages": second}, wants_usage=True)
+        assert two.status == 200
+        usage = next(c["usage"] for c in reversed(two.chunks) if c.get("usage"))
+        prompt, completion = int(usage["prompt_tokens"]), int(usage["completion_tokens"])
+        cached = int(usage["prompt_tokens_details"]["cached_tokens"])
+        assert 0 < cached <= prompt, usage  # the first turn's blocks were in the cache
+        row = await fleet.final_row(rid2)
+        cached_price = PRICES.cached_prompt
+        expected = -(
+            -(
+                (prompt - cached) * PRICES.prompt_per_million_microcredits
+                + cached * cached_price
+                + completion * PRICES.completion_per_million_microcredits
+            )
+            // 1_000_000
+        )
+        assert (row.prompt_tokens, row.completion_tokens) == (prompt, completion)
+        assert row.cost_microcredits == expected, (row, usage)
+        uncached = cost(prompt, completion)
+        assert row.cost_microcredits < uncached  # cheaper than the same tokens uncached

@@ -56,7 +56,13 @@ class FakeLedger:
         self.rows[request_id] = Row(request_id, 1, 1, model, 100, created_at or self.clock())
 
     async def settle(
-        self, request_id: str, prompt_tokens: int, completion_tokens: int, *, resume_prompt_tokens: int = 0
+        self,
+        request_id: str,
+        prompt_tokens: int,
+        completion_tokens: int,
+        *,
+        resume_prompt_tokens: int = 0,
+        cached_prompt_tokens: int = 0,
     ) -> SettleResult:
         self.settle_calls.append((request_id, prompt_tokens, completion_tokens))
         if resume_prompt_tokens:

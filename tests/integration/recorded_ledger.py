@@ -30,6 +30,7 @@ class RecordedLedger:
         self.settle_calls: list[tuple[str, int, int]] = []
         self.cancel_calls: list[str] = []
         self.resume_prompt_tokens: dict[str, int] = {}  # platform cost per request
+        self.cached_prompt_tokens: dict[str, int] = {}
 
     async def setup(self) -> RecordedLedger:
         team = await TeamStore(self.pool).create_team("orchestrator-tests")
@@ -40,13 +41,25 @@ class RecordedLedger:
     # -- the `Ledger` the orchestrator uses --------------------------------------------------
 
     async def settle(
-        self, request_id: str, prompt_tokens: int, completion_tokens: int, *, resume_prompt_tokens: int = 0
+        self,
+        request_id: str,
+        prompt_tokens: int,
+        completion_tokens: int,
+        *,
+        resume_prompt_tokens: int = 0,
+        cached_prompt_tokens: int = 0,
     ) -> SettleResult:
         self.settle_calls.append((request_id, prompt_tokens, completion_tokens))
         if resume_prompt_tokens:
             self.resume_prompt_tokens[request_id] = resume_prompt_tokens
+        if cached_prompt_tokens:
+            self.cached_prompt_tokens[request_id] = cached_prompt_tokens
         return await self.pg.settle(
-            request_id, prompt_tokens, completion_tokens, resume_prompt_tokens=resume_prompt_tokens
+            request_id,
+            prompt_tokens,
+            completion_tokens,
+            resume_prompt_tokens=resume_prompt_tokens,
+            cached_prompt_tokens=cached_prompt_tokens,
         )
 
     async def cancel(self, request_id: str) -> bool:

@@ -66,12 +66,13 @@ async def test_team_sign_in_sets_a_safe_cookie_and_shows_usage(env: GatewayEnv) 
         page = await c.get("/console/team")
         assert page.status_code == 200
         assert "content-security-policy" in page.headers
-        # 11 prompt + 4 completion tokens from the fake engine, in the usage table and the chart data.
-        assert f"<td>{MODEL}</td><td>1</td><td>11</td><td>4</td><td>15</td>" in page.text
+        # 11 prompt (none cached) + 4 completion tokens from the fake engine, in the usage table and
+        # the chart data.
+        assert f"<td>{MODEL}</td><td>1</td><td>11</td><td>0</td><td>4</td><td>15</td>" in page.text
         assert '"tokens": [15' in page.text or '"tokens": [0' in page.text
         csv = await c.get("/console/team/usage.csv")
         assert csv.headers["content-type"].startswith("text/csv")
-        assert f",{MODEL},1,11,4,15," in csv.text
+        assert f",{MODEL},1,11,0,4,15," in csv.text
 
 
 async def test_cookie_is_secure_behind_tls(env: GatewayEnv) -> None:

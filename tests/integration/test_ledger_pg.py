@@ -121,6 +121,36 @@ async def test_a_resumed_request_records_its_re_prefill_as_platform_cost_never_c
     assert await invariants(pool, team.id) == (950, 50)
 
 
+async def test_cached_prompt_tokens_cost_the_cached_price_and_never_more_than_the_prompt(ledger: Env) -> None:
+    """Issue 29 item 4: the price recorded at reservation (a quarter of the prompt price unless the stack
+    names one); cached tokens beyond the prompt are not believed; a row reserved before the cached price
+    existed (NULL) charges its cached tokens the prompt price."""
+    lg, teams, pool = ledger
+    team = await teams.create_team("t")
+    await teams.add_credits(team.id, 10_000)
+    for rid in ("c1", "c2", "c3"):
+        await lg.reserve(
+            request_id=rid,
+            team_id=team.id,
+            key_id=None,
+            model="m",
+            estimated_prompt_tokens=1000,
+            max_tokens=100,
+        )
+    one = await lg.settle("c1", 400, 10, cached_prompt_tokens=320)
+    assert one.cost_microcredits == 80 + 80 + 20  # 80 uncached, 320 at 0.25, 10 completion at 2
+    assert (
+        await scalar(pool, "SELECT cached_prompt_tokens FROM usage_ledger WHERE request_id=%s", "c1") == 320
+    )
+    two = await lg.settle("c2", 400, 10, cached_prompt_tokens=9_999)  # more than the prompt: all of it cached
+    assert two.cost_microcredits == 100 + 20
+    async with pool.connection() as conn:
+        await conn.execute("UPDATE usage_ledger SET cached_price_per_million = NULL WHERE request_id = 'c3'")
+    three = await lg.settle("c3", 400, 10, cached_prompt_tokens=320)
+    assert three.cost_microcredits == 400 + 20  # as before the migration
+    assert await invariants(pool, team.id) == (10_000 - 180 - 120 - 420, 720)
+
+
 @pytest.mark.parametrize(
     ("prompt", "completion"), [(0, 0), (1, 0), (0, 1), (7, 13), (999_999, 1), (12_345, 67_890)]
 )

@@ -38,7 +38,13 @@ class Recorder:
         self.entered = asyncio.Event()
 
     async def __call__(
-        self, request_id: str, prompt_tokens: int, completion_tokens: int, *, resume_prompt_tokens: int = 0
+        self,
+        request_id: str,
+        prompt_tokens: int,
+        completion_tokens: int,
+        *,
+        resume_prompt_tokens: int = 0,
+        cached_prompt_tokens: int = 0,
     ) -> SettleResult:
         self.calls.append((request_id, prompt_tokens, completion_tokens))
         self.entered.set()

@@ -60,7 +60,10 @@ async def _random_ledger(pool: AsyncConnectionPool, rng: random.Random, rows: in
             await conn.execute("UPDATE usage_ledger SET created_at = %s WHERE request_id = %s", (at, rid))
         fate = rng.random()
         if fate < 0.75:
-            await ledger.settle(rid, rng.randint(0, 4000), rng.randint(0, 4000))
+            prompt = rng.randint(0, 4000)
+            await ledger.settle(
+                rid, prompt, rng.randint(0, 4000), cached_prompt_tokens=rng.randint(0, prompt)
+            )
             if rng.random() < 0.1:  # a retried settle must not count twice
                 await ledger.settle(rid, 1, 1)
         elif fate < 0.9:
@@ -74,7 +77,8 @@ async def _raw(
     async with pool.connection() as conn:
         cur = await conn.execute(
             "SELECT to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD'), model, COALESCE(key_id, 0), count(*), "
-            "SUM(prompt_tokens), SUM(completion_tokens), SUM(cost_microcredits) FROM usage_ledger "
+            "SUM(prompt_tokens), SUM(completion_tokens), SUM(cost_microcredits), SUM(cached_prompt_tokens) "
+            "FROM usage_ledger "
             "WHERE team_id = %s AND status = 'settled' AND created_at >= %s AND created_at < %s GROUP BY 1, 2, 3",
             (
                 team_id,
@@ -86,7 +90,7 @@ async def _raw(
 
 
 def _fold(raw: dict[tuple[str, str, int], list[int]], key_id: int | None) -> dict[tuple[str, str], list[int]]:
-    out: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0, 0, 0])
+    out: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0, 0, 0, 0])
     for (day, model, key), values in raw.items():
         if key_id is None or key == key_id:
             out[(day, model)] = [a + b for a, b in zip(out[(day, model)], values, strict=True)]
@@ -95,7 +99,13 @@ def _fold(raw: dict[tuple[str, str, int], list[int]], key_id: int | None) -> dic
 
 def _rolled(rows: list[DailyUsage]) -> dict[tuple[str, str], list[int]]:
     return {
-        (r.day.isoformat(), r.model): [r.requests, r.prompt_tokens, r.completion_tokens, r.cost_microcredits]
+        (r.day.isoformat(), r.model): [
+            r.requests,
+            r.prompt_tokens,
+            r.completion_tokens,
+            r.cost_microcredits,
+            r.cached_prompt_tokens,
+        ]
         for r in rows
     }
 
@@ -138,9 +148,10 @@ async def test_migration_backfills_rows_settled_before_it(fresh_db_url: str, tmp
     before = tmp_path / "before"
     before.mkdir()
     for path in MIGRATIONS_DIR.glob("*.sql"):
-        # Every migration but the rollups' own: today's code writes the rows, and it needs the
-        # columns of the later migrations (0006's key caps and quota subject).
-        if not path.name.startswith("0005"):
+        # Every migration but the rollups' own (0005, and 0012 which extends its table): today's code
+        # writes the rows, and it needs the columns of the later migrations (0006's key caps and quota
+        # subject, 0011's cached tokens on the ledger).
+        if not path.name.startswith(("0005", "0012")):
             shutil.copy(path, before / path.name)
     migrate_sync(fresh_db_url, before)
     async with AsyncConnectionPool(fresh_db_url, min_size=1, max_size=2, kwargs={"autocommit": True}) as p:

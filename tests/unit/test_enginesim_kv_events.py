@@ -16,7 +16,8 @@ from pydantic import ValidationError
 
 from apps.core.batching.prefix_cache import AllBlocksCleared, BlockRemoved, BlocksStored, block_hashes
 from apps.core.batching.scheduler import Scheduler, Sequence
-from apps.enginesim.kvevents import END_SEQ, ZmqEventPublisher, is_bind_endpoint, make_publisher
+from apps.core.kvwire import engine_binds as is_bind_endpoint
+from apps.enginesim.kvevents import END_SEQ, ZmqEventPublisher, make_publisher
 from apps.enginesim.profiles import TINY
 from apps.enginesim.settings import KvEventsConfig
 

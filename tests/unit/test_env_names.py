@@ -25,7 +25,7 @@ NAME = re.compile(r"LLMFLEET_[A-Z0-9_]*[A-Z0-9](?![A-Z0-9_])")  # not a prefix s
 ALLOWED_LITERALS = {
     # `llmfleet dev` prints the admin JWT as a shell assignment for the operator's curl examples;
     # no app reads it.
-    ("apps/cli/platform.py", "LLMFLEET_ADMIN_TOKEN"),
+    ("apps/cli/platform_config.py", "LLMFLEET_ADMIN_TOKEN"),
     # apps.core may not import the apps' settings classes (import-linter): its messages name them.
     ("apps/core/embedded.py", "LLMFLEET_DATABASE_URL"),
     ("apps/core/embedded.py", "LLMFLEET_REDIS_URL"),

@@ -17,8 +17,8 @@ from apps.core.protocol.node import Assign, Error
 from apps.gateway.errors import error_response as gateway_answer
 from apps.gateway.exchange import upstream_error
 from apps.gateway.relay import RelayResponse
-from apps.orchestrator.relay import error_response as orchestrator_answer
-from apps.orchestrator.relay import mid_stream_error
+from apps.orchestrator.answers import error_response as orchestrator_answer
+from apps.orchestrator.answers import mid_stream_error
 from apps.orchestrator.streams import ErrorEv, LostEv, LostReason
 
 pytestmark = pytest.mark.timeout(30)

@@ -19,7 +19,18 @@ from apps.core.protocol.engine import engine_body, legacy_assign, wants_chunk_us
 from apps.core.sharing import PriorityClass
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "protocol"
-NODE_TYPES = {"register", "heartbeat", "chunk", "done", "error", "drained", "handed_over"}
+NODE_TYPES = {
+    "register",
+    "heartbeat",
+    "chunk",
+    "done",
+    "error",
+    "drained",
+    "handed_over",
+    "kv_events",
+    "kv_prefix",
+    "kv_reset",
+}
 SERVER_TYPES = {
     "register_ack",
     "register_refused",
@@ -149,10 +160,11 @@ def test_an_encoded_frame_never_holds_a_raw_newline(path: Path) -> None:
 
 
 def test_the_orchestrator_accepts_every_version() -> None:
-    assert {1, 2, 3, 4} == proto.SUPPORTED_VERSIONS
+    assert {1, 2, 3, 4, 5} == proto.SUPPORTED_VERSIONS
     assert proto.BATCHING_VERSION == 2
     assert proto.HANDOVER_VERSION == 3
-    assert proto.PROTOCOL_VERSION == proto.INTENT_VERSION == 4
+    assert proto.INTENT_VERSION == 4
+    assert proto.PROTOCOL_VERSION == proto.KV_EVENTS_VERSION == 5
 
 
 def test_a_version_4_assign_carries_intent_and_an_older_node_gets_the_engine_body() -> None:

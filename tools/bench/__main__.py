@@ -14,6 +14,7 @@ BENCHMARKS: dict[str, str] = {
     "engine": "enginesim's 8B profile vs the brief, loadgen's own overhead, a real vLLM on CPU",
     "settle": "latency and client CPU of one ledger settle against PostgreSQL",
     "console": "the console's full-year team page on 1,000,000 ledger rows vs the raw-ledger query",
+    "prefix": "least-loaded vs prefix-aware picks: multi-turn, shared system prompt, random (TTFT, hit rate)",
     "fairqueue": "the orchestrator's fair queue vs the FIFO it replaced: CPU per request at 200 and 1,000 queued",
 }
 

@@ -80,11 +80,18 @@ class Ledger(Protocol):
         ...
 
     async def settle(
-        self, request_id: str, prompt_tokens: int, completion_tokens: int, *, resume_prompt_tokens: int = 0
+        self,
+        request_id: str,
+        prompt_tokens: int,
+        completion_tokens: int,
+        *,
+        resume_prompt_tokens: int = 0,
+        cached_prompt_tokens: int = 0,
     ) -> SettleResult:
         """Exactly once: `reserved -> settled` and debit the team in one transaction.
         `resume_prompt_tokens`: a resumed stream's re-prefill on its second node, recorded on the row
-        as platform cost (never charged)."""
+        as platform cost (never charged). `cached_prompt_tokens`: prompt tokens the engine found in its
+        prefix cache, charged at the cached-input price recorded at reservation."""
         ...
 
     async def cancel(self, request_id: str) -> bool:

@@ -50,8 +50,9 @@ WITH claimed AS (
     RETURNING id
 ), inserted AS (
     INSERT INTO usage_ledger (request_id, team_id, key_id, model, prompt_price_per_million,
-                              completion_price_per_million, estimated_cost_microcredits, quota_subject)
-    SELECT %(rid)s, id, %(key)s, %(model)s, %(pp)s, %(cp)s, %(est)s, %(subject)s FROM claimed
+                              completion_price_per_million, cached_price_per_million,
+                              estimated_cost_microcredits, quota_subject)
+    SELECT %(rid)s, id, %(key)s, %(model)s, %(pp)s, %(cp)s, %(kp)s, %(est)s, %(subject)s FROM claimed
     RETURNING 1
 )
 SELECT t.balance_microcredits, t.reserved_microcredits, (SELECT count(*) FROM inserted)
@@ -65,7 +66,9 @@ FROM (SELECT 1) AS one LEFT JOIN teams t ON t.id = %(team)s
 _SETTLE = """
 WITH r AS (
     SELECT team_id, estimated_cost_microcredits AS est,
-           LEAST((%(p)s::bigint * prompt_price_per_million + %(c)s::bigint * completion_price_per_million
+           LEAST(((%(p)s::bigint - %(k)s) * prompt_price_per_million
+                  + %(k)s::bigint * COALESCE(cached_price_per_million, prompt_price_per_million)
+                  + %(c)s::bigint * completion_price_per_million
                   + 999999) / 1000000, estimated_cost_microcredits) AS cost
     FROM usage_ledger WHERE request_id = %(rid)s AND status = 'reserved'
     FOR UPDATE
@@ -80,7 +83,7 @@ WITH r AS (
     RETURNING 1
 ), settled AS (
     UPDATE usage_ledger SET status = 'settled', prompt_tokens = %(p)s, completion_tokens = %(c)s,
-           cost_microcredits = t.charged, uncharged_microcredits = t.cost - t.charged, finalized_at = now()
+           cached_prompt_tokens = %(k)s, cost_microcredits = t.charged, uncharged_microcredits = t.cost - t.charged, finalized_at = now()
     FROM t WHERE usage_ledger.request_id = %(rid)s
     RETURNING usage_ledger.team_id, usage_ledger.key_id, usage_ledger.model, t.charged,
               t.cost - t.charged AS written_off, usage_ledger.quota_subject
@@ -154,6 +157,7 @@ class PgLedger:
             "model": model,
             "pp": prices.prompt_per_million_microcredits,
             "cp": prices.completion_per_million_microcredits,
+            "kp": prices.cached_prompt,
         }
         async with self._pool.connection() as conn:
             # One statement, one round trip: the UPDATE's condition is re-checked under the team's row
@@ -170,13 +174,20 @@ class PgLedger:
         return Reservation(request_id, team_id, key_id, model, estimate)
 
     async def settle(
-        self, request_id: str, prompt_tokens: int, completion_tokens: int, *, resume_prompt_tokens: int = 0
+        self,
+        request_id: str,
+        prompt_tokens: int,
+        completion_tokens: int,
+        *,
+        resume_prompt_tokens: int = 0,
+        cached_prompt_tokens: int = 0,
     ) -> SettleResult:
         prompt_tokens, completion_tokens = max(prompt_tokens, 0), max(completion_tokens, 0)
         params = {
             "rid": request_id,
             "p": prompt_tokens,
             "c": completion_tokens,
+            "k": min(max(cached_prompt_tokens, 0), prompt_tokens),  # never more than the prompt
             "r": max(resume_prompt_tokens, 0),
         }
         async with self._pool.connection() as conn:

@@ -29,6 +29,7 @@ class DailyUsage:
     prompt_tokens: int
     completion_tokens: int
     cost_microcredits: int
+    cached_prompt_tokens: int = 0  # of prompt_tokens, billed at the cached price
 
     @property
     def total_tokens(self) -> int:
@@ -40,6 +41,7 @@ class DailyUsage:
             "model": self.model,
             "requests": self.requests,
             "prompt_tokens": self.prompt_tokens,
+            "cached_prompt_tokens": self.cached_prompt_tokens,
             "completion_tokens": self.completion_tokens,
             "total_tokens": self.total_tokens,
             "cost_microcredits": self.cost_microcredits,
@@ -90,13 +92,15 @@ class UsageRollups:
             params.append(model)
         query = (
             "SELECT day, model, SUM(requests), SUM(prompt_tokens), SUM(completion_tokens), "  # noqa: S608 (constant)
-            f"SUM(cost_microcredits) FROM usage_daily WHERE {where} AND day >= %s AND day < %s "
+            f"SUM(cost_microcredits), SUM(cached_prompt_tokens) FROM usage_daily WHERE {where} AND day >= %s AND day < %s "
             "GROUP BY 1, 2 ORDER BY 1, 2"
         )
         async with self._pool.connection() as conn:
             cur = await conn.execute(query.encode(), (*params, start, end))
             rows = await cur.fetchall()
-        return [DailyUsage(r[0], str(r[1]), int(r[2]), int(r[3]), int(r[4]), int(r[5])) for r in rows]
+        return [
+            DailyUsage(r[0], str(r[1]), int(r[2]), int(r[3]), int(r[4]), int(r[5]), int(r[6])) for r in rows
+        ]
 
     async def key_last_used(self, team_id: int | None) -> dict[int, datetime]:
         where, params = _scope(team_id, None)

@@ -211,7 +211,8 @@ class TeamStore:
         day = "to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD')" if by_day else "NULL::text"
         query = (
             f"SELECT model, {day} AS day, count(*), COALESCE(SUM(prompt_tokens), 0), "  # noqa: S608 (constant)
-            "COALESCE(SUM(completion_tokens), 0), COALESCE(SUM(cost_microcredits), 0) "
+            "COALESCE(SUM(completion_tokens), 0), COALESCE(SUM(cost_microcredits), 0), "
+            "COALESCE(SUM(cached_prompt_tokens), 0) "
             "FROM usage_ledger WHERE team_id = %s AND status = 'settled' AND created_at >= %s AND created_at < %s "
             "GROUP BY 1, 2 ORDER BY 2 NULLS FIRST, 1"
         )
@@ -219,11 +220,12 @@ class TeamStore:
             cur = await conn.execute(query.encode(), (team_id, start, end))
             rows = await cur.fetchall()
         out: list[dict[str, Any]] = []
-        for model, bucket, n, prompt, completion, cost in rows:
+        for model, bucket, n, prompt, completion, cost, cached in rows:
             item: dict[str, Any] = {
                 "model": model,
                 "requests": int(n),
                 "prompt_tokens": int(prompt),
+                "cached_prompt_tokens": int(cached),  # of prompt_tokens, billed at the cached price
                 "completion_tokens": int(completion),
                 "total_tokens": int(prompt) + int(completion),
                 "cost_microcredits": int(cost),

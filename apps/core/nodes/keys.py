@@ -20,6 +20,10 @@
 - `done:{request_id}`    the usage a node reported (JSON), kept for the sweeper; TTL 24 h.
 - `partial:{request_id}` content events relayed before a node vanished (JSON), for the sweeper.
 - `orch:sweeper`         lock so one replica sweeps at a time.
+- `pfx:{model}:{key}`    HASH node id -> blocks of the conversation prefix `key` (apps/core/scheduling/
+                         prefix.py) the node's engine holds; written by the node's owner replica while
+                         its KV events say so, read by every replica's picker; TTL 1 h.
+- `pfxnode:{id}`         SET of the `{model}:{key}` a node is announced under (to retract them all).
 """
 
 from __future__ import annotations
@@ -73,3 +77,11 @@ def coldstart_key(model: str) -> str:
 
 def partial_key(request_id: str) -> str:
     return f"partial:{request_id}"
+
+
+def prefix_key(model: str, key: str) -> str:
+    return f"pfx:{model}:{key}"
+
+
+def prefix_node(node_id: str) -> str:
+    return f"pfxnode:{node_id}"

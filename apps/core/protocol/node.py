@@ -6,7 +6,8 @@ reason and `retry_after_s`) and closes. A `version` the orchestrator does not kn
 refused with WebSocket close code `CLOSE_UNSUPPORTED_VERSION` (4001).
 
 server -> node: register_ack, register_refused, assign, cancel, load_model, drain, handover, done_ack
-node -> server: register, heartbeat (every 5 s), chunk, done, error, drained, handed_over
+node -> server: register, heartbeat (every 5 s), chunk, done, error, drained, handed_over, kv_events,
+kv_prefix, kv_reset
 
 Version 2 adds one thing to version 1: on a version-2 connection either side may put several
 frames in one text message, one per line (`batch_messages`/`split_frames`; compact JSON never
@@ -23,6 +24,14 @@ sends `handover {deadline_s}` instead of closing; the node registers on another 
 there until they end; the old socket then closes with `CLOSE_HANDED_OVER` (4011). A version 1-2
 node gets a 1001 close instead; an orchestrator that does not know version 3 refuses it with
 4001 and the agent steps down one version per refusal.
+
+Version 5 adds the engine's KV cache events (issue 29): the agent forwards each event batch its
+engine publishes as `kv_events {model, seq, events}` (in the engine's order; block hashes as the
+engine's 64-bit ints, a stored block's token ids with it) and says `kv_reset {model, reason}` when
+the orchestrator must forget what it knows of that engine's cache (a new connection, an engine
+restart, a gap the engine's replay buffer could not fill). After a request, the agent announces
+which blocks its conversation prefixes fill (`kv_prefix {model, key, block, blocks}`, its engine's
+tokenizer counting). Nothing of this is sent on a version 1-4 connection.
 
 Version 4 moves the engine's body to the agent (issue 28): `assign` carries the client's body
 as the gateway forwarded it plus the request's intent (`budget`, `wants_chunk_usage`,
@@ -48,11 +57,12 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 from apps.core.budget import Budget
 from apps.core.sharing import PriorityClass
 
-PROTOCOL_VERSION = 4
-SUPPORTED_VERSIONS = frozenset({1, 2, 3, 4})
+PROTOCOL_VERSION = 5
+SUPPORTED_VERSIONS = frozenset({1, 2, 3, 4, 5})
 BATCHING_VERSION = 2  # from this version on a node's message may carry several frames
 HANDOVER_VERSION = 3  # from this version on a stopping orchestrator hands its sockets over
 INTENT_VERSION = 4  # from this version on `assign` carries intent and the agent builds the engine body
+KV_EVENTS_VERSION = 5  # from this version on a node forwards its engine's KV cache events
 
 # WebSocket close codes (4000-4999 are for applications).
 CLOSE_NORMAL = 1000
@@ -116,6 +126,9 @@ class Done(_Frame):
     completion_tokens: int = Field(ge=0)
     finish_reason: str | None = None  # stop | length | abort
     usage_event: str | None = None  # the engine's raw usage chunk payload, for clients that asked
+    # Version 5: prompt tokens the engine found in its prefix cache (its `prompt_tokens_details`);
+    # absent on the wire when None, so a version 1-4 orchestrator never sees the field.
+    cached_tokens: int | None = Field(default=None, ge=0)
 
 
 class Error(_Frame):
@@ -142,6 +155,63 @@ class HandedOver(_Frame):
     type: Literal["handed_over"] = "handed_over"
     orchestrator_id: str
     in_flight: list[str] = []
+
+
+class KvStoredOp(_Frame):
+    """Blocks that entered the engine's prefix cache: `hashes[i]` holds `tokens[i*block_size:(i+1)*block_size]`,
+    chained to `parent` (None: the first blocks of a prompt); `extra[i]`, when present, the block's
+    extra hash keys (the cache salt of a prompt's first block)."""
+
+    op: Literal["stored"] = "stored"
+    hashes: list[int]
+    parent: int | None = None
+    tokens: list[int]
+    block_size: int = Field(gt=0)
+    extra: list[list[Any] | None] | None = None
+
+
+class KvRemovedOp(_Frame):
+    op: Literal["removed"] = "removed"
+    hashes: list[int]
+
+
+class KvClearedOp(_Frame):
+    op: Literal["cleared"] = "cleared"
+
+
+KvOp = Annotated[KvStoredOp | KvRemovedOp | KvClearedOp, Field(discriminator="op")]
+
+
+class KvEvents(_Frame):
+    """Version 5: one batch of `model`'s engine events, `seq` the engine's sequence number."""
+
+    type: Literal["kv_events"] = "kv_events"
+    model: str = Field(max_length=256)
+    seq: int = Field(ge=0)
+    events: list[KvOp]
+
+
+HEX_KEY = r"^[0-9a-f]{32}$"  # a 16-byte key, as `apps.core.scheduling.prefix` makes them
+
+
+class KvPrefix(_Frame):
+    """Version 5: the conversation prefix `key` (apps/core/scheduling/prefix.py) fills `blocks` full
+    blocks of `model`'s engine, the last one `block` (its key, as the orchestrator's index names it:
+    hex); the engine's own tokenizer said so."""
+
+    type: Literal["kv_prefix"] = "kv_prefix"
+    model: str
+    key: str = Field(pattern=HEX_KEY)
+    block: str = Field(pattern=HEX_KEY)
+    blocks: int = Field(gt=0, le=1 << 20)
+
+
+class KvReset(_Frame):
+    """Version 5: forget this node's index of `model` (what follows rebuilds it)."""
+
+    type: Literal["kv_reset"] = "kv_reset"
+    model: str
+    reason: Literal["connected", "engine_restart", "gap"]
 
 
 # -- server -> node ---------------------------------------------------------------
@@ -208,7 +278,8 @@ class DoneAck(_Frame):
 
 
 NodeFrame = Annotated[
-    Register | Heartbeat | Chunk | Done | Error | Drained | HandedOver, Field(discriminator="type")
+    Register | Heartbeat | Chunk | Done | Error | Drained | HandedOver | KvEvents | KvPrefix | KvReset,
+    Field(discriminator="type"),
 ]
 ServerFrame = Annotated[
     RegisterAck | RegisterRefused | Assign | Cancel | LoadModel | Drain | Handover | DoneAck,
@@ -226,6 +297,8 @@ def encode(frame: _Frame) -> str:
         return encode_chunk(frame.request_id, frame.delta)
     if type(frame) is Assign:  # version-4 fields only when set: a version 1-3 frame stays as it was
         return frame.model_dump_json(exclude={f for f in INTENT_FIELDS if getattr(frame, f) is None})
+    if type(frame) is Done and frame.cached_tokens is None:  # a version 1-4 frame stays as it was
+        return frame.model_dump_json(exclude={"cached_tokens"})
     return frame.model_dump_json()
 
 

@@ -95,6 +95,19 @@ def parse_usage(payload: bytes) -> Usage | None:
     return Usage(prompt, completion)
 
 
+def cached_tokens(payload: bytes) -> int | None:
+    """`usage.prompt_tokens_details.cached_tokens` of a usage chunk (vLLM with
+    `--enable-prompt-tokens-details`), else None."""
+    try:
+        obj = json.loads(payload)
+    except ValueError:
+        return None
+    usage = obj.get("usage") if isinstance(obj, dict) else None
+    details = usage.get("prompt_tokens_details") if isinstance(usage, dict) else None
+    cached = details.get("cached_tokens") if isinstance(details, dict) else None
+    return cached if isinstance(cached, int) and cached >= 0 else None
+
+
 def assemble_completion(payloads: list[bytes]) -> dict[str, Any]:
     """Fold streamed `chat.completion.chunk` payloads into one `chat.completion` body.
 

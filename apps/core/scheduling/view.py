@@ -8,6 +8,7 @@ from dataclasses import dataclass, field, replace
 
 from apps.core.budget import UNBOUNDED, Budget
 from apps.core.nodes.state import NodeState
+from apps.core.scheduling.prefix import PrefixWeights
 
 
 @dataclass(frozen=True)
@@ -20,6 +21,7 @@ class NodeView:
     kv_cache_usage: float = 0.0
     queue_depth: int = 0  # the engine's waiting requests
     owner: str = ""  # replica holding the node's socket
+    conn: str = ""  # that socket's id (a new registration is a new socket)
 
     def with_in_flight(self, delta: int) -> NodeView:
         return replace(self, in_flight=max(0, self.in_flight + delta))
@@ -38,6 +40,10 @@ class PickRequest:
     resumable: bool = False
     # The share of each node's slots this request may not take (batch leaves it to interactive).
     reserve_fraction: float = 0.0
+    # Prefix affinity (apps/core/scheduling/prefix.py): node id -> blocks of the request's prompt its
+    # engine holds, and how much that may outweigh load.
+    prefix: Mapping[str, int] = field(default_factory=dict)
+    prefix_weights: PrefixWeights = field(default_factory=PrefixWeights)
 
     def capacity(self, max_num_seqs: int) -> int:
         """How many of a node's `max_num_seqs` slots this request may fill (at least one)."""

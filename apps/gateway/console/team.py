@@ -38,6 +38,7 @@ USAGE_HEADER = (
     "model",
     "requests",
     "prompt_tokens",
+    "cached_prompt_tokens",
     "completion_tokens",
     "total_tokens",
     "cost_credits",
@@ -63,8 +64,8 @@ def chart_data(query: UsageQuery, rows: list[DailyUsage]) -> dict[str, Any]:
 
 def _usage_rows(rows: list[DailyUsage]) -> list[tuple[Any, ...]]:
     return [
-        (r.day.isoformat(), r.model, r.requests, r.prompt_tokens, r.completion_tokens, r.total_tokens,
-         f"{r.cost_microcredits / 1_000_000:.6f}")
+        (r.day.isoformat(), r.model, r.requests, r.prompt_tokens, r.cached_prompt_tokens, r.completion_tokens,
+         r.total_tokens, f"{r.cost_microcredits / 1_000_000:.6f}")
         for r in rows
     ]  # fmt: skip
 

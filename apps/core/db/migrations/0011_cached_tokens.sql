@@ -1,0 +1,8 @@
+-- Cached input tokens (issue 29 item 4): prompt tokens the engine found in its prefix cache are
+-- billed at the model's cached-input price. The price is recorded at reservation like the others
+-- (NULL on rows reserved before this migration: their cached tokens cost the prompt price); the
+-- count is the engine's `usage.prompt_tokens_details.cached_tokens`, never more than prompt_tokens.
+ALTER TABLE usage_ledger ADD COLUMN cached_price_per_million BIGINT CHECK (cached_price_per_million >= 0);
+ALTER TABLE usage_ledger ADD COLUMN cached_prompt_tokens INTEGER NOT NULL DEFAULT 0
+    CHECK (cached_prompt_tokens >= 0 AND cached_prompt_tokens <= prompt_tokens);
+
