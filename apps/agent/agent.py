@@ -134,7 +134,8 @@ class Agent:
                 )
                 if self._gpu is None:
                     self._gpu = choose_gpu_probe(session, self.settings.dcgm_url, self.settings.nvidia_smi)
-                self._beats = HeartbeatSource(self._engine, self._gpu, self.metrics)
+                down = self.kv.engine_down_soon if self.kv is not None else None
+                self._beats = HeartbeatSource(self._engine, self._gpu, self.metrics, down)
                 self._work = Work(self._engine, self._timeouts, self.journal, self.metrics)
                 if self.kv is not None:
                     self.kv.token_ids, self._work.on_done = self._engine.token_ids, self.kv.request_done

@@ -12,7 +12,9 @@ Sequence numbers run from 0 without gaps. A batch past the next expected one mea
 engine's replay socket and sent first; if its buffer no longer holds them, the orchestrator is told
 to forget this engine's index (`kv_reset gap`) and it is rebuilt from what follows. A sequence
 number that goes back with another batch than the one sent under it means the engine restarted
-(`kv_reset engine_restart`). On every new
+(`kv_reset engine_restart`). An engine that stops answering (the agent sends no heartbeat) is
+forgotten at once (`kv_reset engine_down`), and what follows it is taken from 0: a new engine's
+batches, or the same engine's history replayed from its buffer if it was only slow. On every new
 connection the orchestrator starts from nothing (`kv_reset connected`) and the engine's buffered
 history is replayed from 0, so the index is whole again without waiting for new traffic.
 """
@@ -110,6 +112,7 @@ class KvForwarder:
         self.block_size: int | None = None  # the engine's, from its first stored block
         self.token_ids: TokenIds | None = None  # the engine's tokenizer (`EngineClient.token_ids`)
         self._announcing: set[asyncio.Future[None]] = set()
+        self._resets: set[asyncio.Future[None]] = set()  # `engine_down_soon`'s
         self._ctx = zmq.asyncio.Context.instance()
         self._order = asyncio.Lock()  # a connection's catch-up and the live batches, one at a time
         self._recent: OrderedDict[int, bytes] = OrderedDict()  # the last batches sent, by sequence
@@ -125,7 +128,7 @@ class KvForwarder:
         """A request ended well: announce its prefixes in the background (never on its path)."""
         if self.token_ids is None or self.send is None or len(self._announcing) >= ANNOUNCING_MAX:
             return
-        task = asyncio.ensure_future(self._announce_quietly(assign.body, self.token_ids))
+        task = asyncio.ensure_future(self._announce_quietly(assign.body, self.token_ids, assign.cache_scope))
         self._announcing.add(task)
         task.add_done_callback(self._announcing.discard)
 
@@ -141,28 +144,48 @@ class KvForwarder:
                 log.exception("kv_events_catch_up_failed", extra={"model": self.model})
                 await self._reset("gap")
 
-    async def _announce_quietly(self, body: dict[str, Any], token_ids: TokenIds) -> None:
+    async def _announce_quietly(self, body: dict[str, Any], token_ids: TokenIds, scope: str | None) -> None:
         try:
-            await self.announce(body, token_ids)
+            await self.announce(body, token_ids, scope)
         except Exception:  # the engine or the session went away: a missed announcement, nothing more
             log.debug("kv_prefix_announce_failed", extra={"model": self.model}, exc_info=True)
 
-    async def announce(self, body: dict[str, Any], token_ids: TokenIds) -> None:
+    async def announce(self, body: dict[str, Any], token_ids: TokenIds, scope: str | None = None) -> None:
         """After a request: which blocks its conversation prefixes fill, by the engine's tokenizer
         (the whole conversation, the next turn's start; and its first message, a system prompt
-        other conversations share). Nothing before the engine's block size is known."""
+        other conversations share). Nothing before the engine's block size is known. `scope`: the
+        team's cache scope, the engine's `cache_salt`, which its first block's hash holds too."""
         send, size = self.send, self.block_size
         messages = chat_messages(body)
         if send is None or size is None or not messages:
             return
-        keys = prefix_keys(messages, body.get("tools"))
+        keys = prefix_keys(messages, body.get("tools"), scope)
+        salt = [scope] if scope else None
         for k in sorted({len(messages), 1}):
             tokens = await token_ids({**body, "messages": list(messages[:k])})
-            blocks = block_keys(tokens, size) if tokens else []
+            blocks = block_keys(tokens, size, salt) if tokens else []
             if blocks and await send(
                 proto.KvPrefix(model=self.model, key=keys[k - 1], block=blocks[-1].hex(), blocks=len(blocks))
             ):
                 self.announced += 1
+
+    def engine_down_soon(self) -> None:
+        """`engine_down` in the background: the heartbeat that found the engine down never waits for
+        a replay in progress."""
+        task = asyncio.ensure_future(self.engine_down())
+        self._resets.add(task)
+        task.add_done_callback(self._resets.discard)
+
+    async def engine_down(self) -> None:
+        """The engine stopped answering: its cache is gone, or soon will be. The orchestrator forgets
+        this engine's index now (once: not again until a batch was forwarded since), not when the next
+        engine's first batch shows a restart."""
+        async with self._order:
+            if self.send is None or (self.next_seq == 0 and not self._recent):
+                return  # not connected, or nothing forwarded since the last reset
+            await self._reset("engine_down")
+            self._recent.clear()
+            self.next_seq = 0  # a new engine starts at 0; a slow one's history is replayed up to its next
 
     def disconnected(self, send: Send) -> None:
         """A connection ended: nothing more goes on it (a newer one, e.g. after a handover, goes on)."""
@@ -289,7 +312,7 @@ class KvForwarder:
             self._recent.popitem(last=False)
         self.next_seq = seq + 1
 
-    async def _reset(self, reason: Literal["connected", "engine_restart", "gap"]) -> None:
+    async def _reset(self, reason: Literal["connected", "engine_restart", "engine_down", "gap"]) -> None:
         self.resets += 1
         if self.send is not None:
             await self.send(proto.KvReset(model=self.model, reason=reason))

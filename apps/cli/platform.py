@@ -36,6 +36,7 @@ from apps.cli.platform_config import (
     NodeSpec,
     PlatformConfig,
     dev_nodes,
+    engine_argv,
     kv_events_args,
 )
 from apps.cli.procs import Child, ChildFailed, Supervisor, free_port, llmfleet_argv
@@ -92,6 +93,7 @@ class LocalPlatform:
         self.gateway: Child | None = None
         self.gateway_port = config.gateway_port or free_port()
         self.credentials: Credentials | None = None
+        self.demo_team_id: int | None = None  # the demo team's id, once bootstrapped
         self.admin_token = self.issuer.mint("admin", admin=True, ttl_s=7 * 24 * 3600)
         self._pg: EmbeddedPostgres | None = None
         self._redis: EmbeddedRedis | None = None
@@ -235,14 +237,14 @@ class LocalPlatform:
             if self.config.kv_events
             else None
         )
-        argv = llmfleet_argv(
+        argv = engine_argv(spec, port, kv) if spec.engine_command else llmfleet_argv(
             "enginesim",
             "--model", spec.model, "--port", str(port), "--speed", str(self.config.speed),
             "--seed", str(self.config.seed), "--max-num-seqs", str(seqs),
             "--scheduling-policy", "priority", "--enable-prompt-tokens-details", *kv_events_args(kv),
             *spec.engine_args,
         )  # fmt: skip
-        child = self.supervisor.start(f"engine-{spec.node_id}", argv)
+        child = self.supervisor.start(f"engine-{spec.node_id}", argv, dict(spec.engine_env))
         engine = Engine(spec, port, child, seqs, kv)
         self.engines[spec.node_id] = engine
         self.node_engines[spec.node_id] = engine
@@ -335,6 +337,7 @@ class LocalPlatform:
                     )
                 except Conflict:
                     team = await teams.get_team(DEMO_TEAM)
+                self.demo_team_id = team.id
                 key, _ = await KeyStore(pool, secret).create(
                     team=team.id, name="dev demo key", **self.config.demo_key
                 )

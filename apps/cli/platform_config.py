@@ -25,6 +25,11 @@ class NodeSpec:
     engine_args: tuple[str, ...] = ()  # extra enginesim flags, e.g. fault injection
     orchestrator: int | None = None  # index of the replica it dials; None: round robin
     engine_of: str | None = None  # share the engine of this other node (many agents, one engine)
+    # Another engine than enginesim, e.g. a real vLLM (`python -m tools.bench prefix --engine vllm`):
+    # its argv, with `{port}` and `{kv_events_config}` (the JSON of `--kv-events-config`) filled in,
+    # and its environment on top of this process's.
+    engine_command: tuple[str, ...] = ()
+    engine_env: tuple[tuple[str, str], ...] = ()
 
 
 def dev_nodes() -> list[NodeSpec]:
@@ -97,3 +102,9 @@ def kv_events_args(endpoints: tuple[str, str] | None) -> list[str]:
         return []
     config = {"enable_kv_cache_events": True, "endpoint": endpoints[0], "replay_endpoint": endpoints[1]}
     return ["--kv-events-config", json.dumps(config, separators=(",", ":"))]
+
+
+def engine_argv(spec: NodeSpec, port: int, kv: tuple[str, str] | None) -> list[str]:
+    """A node's `engine_command` with its port and KV events configuration filled in."""
+    config = kv_events_args(kv)[1] if kv is not None else ""
+    return [a.replace("{port}", str(port)).replace("{kv_events_config}", config) for a in spec.engine_command]

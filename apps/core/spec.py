@@ -20,6 +20,7 @@ PositiveInt = Annotated[int, Field(gt=0)]
 NonNegInt = Annotated[int, Field(ge=0)]
 PositiveFloat = Annotated[float, Field(gt=0)]
 NonNegFloat = Annotated[float, Field(ge=0)]
+Fraction = Annotated[float, Field(ge=0, le=1)]
 
 
 def _stacks_dir() -> Path:
@@ -101,6 +102,9 @@ class Serving(_Strict):
     # outweigh (0: off), and how far ahead of the least-loaded node of its tier it may run and keep it.
     prefix_weight: NonNegFloat = 0.5
     prefix_hot_margin: PositiveFloat = 0.5
+    # The share of prompt tokens the engines find in their prefix cache (measured: the dashboards'
+    # prefix-cache hit rate): the plan prices prompts at it, `llmfleet simulate` skips its prefill.
+    prefix_hit_rate: Fraction = 0.0
     on_demand_min_replicas: NonNegInt = 0
     office_hours_warm_replicas: NonNegInt = 0
 

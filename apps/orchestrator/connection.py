@@ -21,6 +21,7 @@ from apps.core.protocol.node import (
     CLOSE_NORMAL,
     CLOSE_REVOKED,
     CLOSE_SUPERSEDED,
+    KV_EVENTS_VERSION,
     Done,
     Error,
     Register,
@@ -123,6 +124,13 @@ class NodeConnection:
         ended_here = frame.request_id in self.ended_relays
         self.ended_relays.discard(frame.request_id)
         return route is None and not ended_here and isinstance(frame, Done) and frame.finish_reason == "abort"
+
+    def cached_tokens(self, frame: Done | Error) -> int:
+        """The prompt tokens a `done` says its engine found cached: a version 5 field, never taken
+        from an older socket (the settle bounds it by the prompt tokens billed)."""
+        if isinstance(frame, Done) and self.version >= KV_EVENTS_VERSION:
+            return frame.cached_tokens or 0
+        return 0
 
     def count_relayed(self, request_id: str, delta: str) -> None:
         """A chunk crossed this socket: count its events if the request was assigned here (also

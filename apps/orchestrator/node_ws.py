@@ -280,7 +280,7 @@ class NodeSockets:
                     replayed_abort=replayed,
                     relayed=relayed,
                     source=conn,
-                    cached_tokens=(frame.cached_tokens or 0) if isinstance(frame, Done) else 0,
+                    cached_tokens=conn.cached_tokens(frame),
                 )
             )
         else:

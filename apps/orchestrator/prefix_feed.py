@@ -35,7 +35,11 @@ class PrefixFeed:
             return
         try:
             if isinstance(frame, KvEvents):
+                overflows = self.index.overflows
                 gone = self.index.apply(conn.node_id, frame)
+                if self.index.overflows > overflows:
+                    self.metrics.prefix_frames_dropped.inc()
+                    event("prefix_index_overflow", logging.WARNING, node_id=conn.node_id, model=frame.model)
                 if gone:
                     await self.store.retract(conn.node_id, frame.model, gone)
             elif isinstance(frame, KvPrefix):

@@ -11,6 +11,10 @@ started reaching this replica) cannot be keyed and is left out: a missed hit, ne
 
 A node's index of a model is dropped when the node says so (`kv_reset`: a new connection, an
 engine restart, a gap), when its socket here closes, and on `cleared`.
+
+Bounded whatever a node sends: an engine's index past `MAX_BLOCKS` (more than any engine holds) starts
+again from nothing, and an engine keeps at most `MAX_ANNOUNCED` announcements (more are refused), so
+neither this replica's memory nor the announcements in Redis grow with a broken or hostile node.
 """
 
 from __future__ import annotations
@@ -20,6 +24,11 @@ from dataclasses import dataclass, field
 
 from apps.core.protocol.node import KvClearedOp, KvEvents, KvPrefix, KvRemovedOp, KvStoredOp
 from apps.core.scheduling.prefix import ROOT, block_key
+
+# Blocks indexed per engine and model: more than any engine holds (an 80 GB GPU holds about 40,000
+# blocks of an 8B model's 16 tokens), and at most about 100 MB of this replica's memory.
+MAX_BLOCKS = 1 << 19
+MAX_ANNOUNCED = 1 << 16  # conversation prefixes announced per engine and model
 
 
 @dataclass
@@ -33,6 +42,7 @@ class EngineBlocks:
     # Conversation prefixes announced for this engine, by the key of their last block.
     announced: dict[bytes, set[str]] = field(default_factory=dict)
     depth: dict[bytes, int] = field(default_factory=dict)  # key -> its block's place in its chain (1..)
+    n_announced: int = 0
 
     def apply(self, ops: Iterable[KvStoredOp | KvRemovedOp | KvClearedOp]) -> list[str]:
         """Apply one batch; returns the announced prefixes whose last block is gone."""
@@ -46,21 +56,32 @@ class EngineBlocks:
                     if key is not None:
                         self.held.discard(key)
                         self.depth.pop(key, None)
-                        gone += self.announced.pop(key, ())
+                        gone += self._unannounce(key)
             else:
                 self.keys_of.clear()
                 self.held.clear()
                 self.depth.clear()
-                gone += [p for prefixes in self.announced.values() for p in prefixes]
+                gone += self.all_announced()
                 self.announced.clear()
+                self.n_announced = 0
         return gone
+
+    def all_announced(self) -> list[str]:
+        return [p for prefixes in self.announced.values() for p in prefixes]
+
+    def _unannounce(self, key: bytes) -> set[str]:
+        prefixes = self.announced.pop(key, set())
+        self.n_announced -= len(prefixes)
+        return prefixes
 
     def announce(self, prefix: str, block: bytes, blocks: int) -> bool:
         """Keep `prefix` while its last block is held; False (nothing kept) when this engine's events
         never stored that block, or not as the `blocks`-th of its chain."""
-        if block not in self.held or self.depth.get(block) != blocks:
+        if block not in self.held or self.depth.get(block) != blocks or self.n_announced >= MAX_ANNOUNCED:
             return False
-        self.announced.setdefault(block, set()).add(prefix)
+        prefixes = self.announced.setdefault(block, set())
+        self.n_announced += prefix not in prefixes
+        prefixes.add(prefix)
         return True
 
     def _stored(self, op: KvStoredOp) -> None:
@@ -96,6 +117,7 @@ class PrefixIndex:
 
     def __init__(self) -> None:
         self._engines: dict[tuple[str, str], EngineBlocks] = {}
+        self.overflows = 0  # engine indexes started again past MAX_BLOCKS
 
     def apply(self, node_id: str, frame: KvEvents) -> list[str]:
         """One batch of the node's events; returns the prefixes to retract (their last block is gone)."""
@@ -103,7 +125,12 @@ class PrefixIndex:
         if frame.seq <= blocks.last_seq:
             return []  # already applied (a replay overlapping what came live)
         blocks.last_seq = frame.seq
-        return blocks.apply(frame.events)
+        gone = blocks.apply(frame.events)
+        if len(blocks.keys_of) > MAX_BLOCKS:  # a broken or hostile node: its index starts again
+            gone += blocks.all_announced()
+            self._engines[(node_id, frame.model)] = EngineBlocks(last_seq=frame.seq)
+            self.overflows += 1
+        return gone
 
     def announce(self, node_id: str, frame: KvPrefix) -> bool:
         blocks = self._engines.get((node_id, frame.model))

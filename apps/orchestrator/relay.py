@@ -38,7 +38,7 @@ from apps.core.nodes import keys
 from apps.core.protocol.dispatch import QUEUE_WAIT_HEADER, DispatchRequest, InternalToken
 from apps.core.protocol.node import Error
 from apps.core.protocol.openai import SSE_DONE, sse_event
-from apps.core.scheduling.prefix import PrefixWeights, chat_messages, lookup_keys, prefix_outcome
+from apps.core.scheduling.prefix import PrefixWeights, chat_messages, lookup_keys, prefix_outcome, team_scope
 from apps.core.scheduling.retry import RetryBudget, queue_budget
 from apps.core.sharing import PriorityClass
 from apps.orchestrator.answers import error_response, mid_stream_error
@@ -203,7 +203,8 @@ class _Relay:
         """Which nodes hold how much of this request's conversation prefix (one Redis round trip)."""
         if self.weights.weight <= 0:
             return {}
-        keys = lookup_keys(chat_messages(self.dreq.body), self.dreq.body.get("tools"))
+        body = self.dreq.body
+        keys = lookup_keys(chat_messages(body), body.get("tools"), team_scope(self.dreq.team_id))
         conns = {n.node_id: n.conn for n in self.parts.fleet.snapshot()}
         try:
             async with asyncio.timeout(PREFIX_LOOKUP_S):

@@ -27,6 +27,7 @@ from apps.core.protocol.node import (
     CLOSE_REVOKED,
     CLOSE_SUPERSEDED,
     INTENT_VERSION,
+    KV_EVENTS_VERSION,
     Assign,
     Cancel,
     Chunk,
@@ -36,6 +37,7 @@ from apps.core.protocol.node import (
     decode_node_frame,
     encode,
 )
+from apps.core.scheduling.prefix import team_scope
 from apps.orchestrator.bus import Bus
 from apps.orchestrator.connection import NodeConnection, RemoteRoute
 from apps.orchestrator.fleet import Fleet
@@ -49,8 +51,8 @@ def assignment(
     dreq: DispatchRequest, budget: Budget | None = None, continuation: str | None = None
 ) -> Assign:
     """The node's assignment: the client's body and the request's intent, as data (the agent
-    builds the engine's body, `apps/core/protocol/engine.py`); a resumed stream passes its
-    budget's remainder and the text to continue."""
+    builds the engine's body, `apps/core/protocol/engine.py`), the team's prefix-cache scope among
+    it; a resumed stream passes its budget's remainder and the text to continue."""
     return Assign(
         request_id=dreq.request_id,
         model=dreq.model,
@@ -59,12 +61,19 @@ def assignment(
         wants_chunk_usage=dreq.wants_chunk_usage,
         priority_class=dreq.priority_class,
         continuation=continuation,
+        cache_scope=team_scope(dreq.team_id),
     )
 
 
 def for_node(conn: NodeConnection, assign: Assign) -> Assign:
-    """The assignment as `conn`'s protocol version takes it."""
-    return assign if conn.version >= INTENT_VERSION else legacy_assign(assign)
+    """The assignment as `conn`'s protocol version takes it (a version 4 node: the cache scope as
+    the body's `cache_salt`, which its engine body keeps)."""
+    if conn.version < INTENT_VERSION:
+        return legacy_assign(assign)
+    if conn.version < KV_EVENTS_VERSION and assign.cache_scope is not None:
+        body = {**assign.body, "cache_salt": assign.cache_scope}
+        return assign.model_copy(update={"body": body, "cache_scope": None})
+    return assign
 
 
 def _forwarded(msg: msgs.AssignMsg) -> Assign:

@@ -92,11 +92,15 @@ class Sweeper:
                 continue
             record = json.loads(raw)
             prompt = int(record.get("prompt_tokens", 0))
+            platform = int(record.get("resume_prompt_tokens", 0))
             result = await self._settle(
                 request_id,
                 prompt,
                 int(record.get("completion_tokens", 0)),
-                cached_prompt_tokens=min(int(record.get("cached_tokens", 0)), prompt),
+                resume_prompt_tokens=platform,
+                # As the settle bills them (apps/orchestrator/settle.py): none for a resumed stream,
+                # whose second node's cache saw the resume's prompt (platform cost).
+                cached_prompt_tokens=0 if platform else min(int(record.get("cached_tokens", 0)), prompt),
             )
             self._metrics.writeoff.inc(result.written_off_microcredits)
             return action

@@ -25,6 +25,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     what_if.add_argument(
         "--context", type=int, metavar="TOKENS", help="planning context length for every model"
     )
+    what_if.add_argument(
+        "--prefix-hit-rate",
+        type=float,
+        metavar="RATE",
+        help="share of prompt tokens cached, every model (0..1)",
+    )
 
 
 def _parse_streams(items: list[str]) -> dict[str, int]:
@@ -41,12 +47,13 @@ def _parse_streams(items: list[str]) -> dict[str, int]:
 
 def run(args: argparse.Namespace) -> int:
     spec = load_spec(args.stack)
-    if args.streams or args.gpu_type or args.context is not None:
+    if args.streams or args.gpu_type or args.context is not None or args.prefix_hit_rate is not None:
         spec = with_overrides(
             spec,
             peak_streams=_parse_streams(args.streams),
             gpu_type=args.gpu_type,
             context_tokens=args.context,
+            prefix_hit_rate=args.prefix_hit_rate,
         )
     plan = plan_fleet(spec)
     pools = pool_demand(spec, plan)

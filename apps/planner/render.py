@@ -87,6 +87,8 @@ def _economics_table(plan: FleetPlan) -> list[str]:
             "s/answer",
             "req/s/replica",
             f"burst in {plan.queue_limit_s:.0f} s",
+            "prefix hits",
+            "credits/M prompt",
         ],
         [
             [
@@ -98,6 +100,8 @@ def _economics_table(plan: FleetPlan) -> list[str]:
                 f"{m.queue.service_time_s:.1f}",
                 f"{m.queue.requests_per_s_per_replica:.1f}",
                 f"{m.queue.burst_per_replica:.0f}",
+                f"{m.prefix_hit_rate:.0%}",
+                f"{m.prompt_microcredits_per_million / 1_000_000:.4f}",
             ]
             for m in models
         ],

@@ -52,6 +52,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--gpu-limit", type=int, help="what-if: every GPU NodePool's limit")
     parser.add_argument("--start", help="wall time of t=0 (ISO, UTC) for the cron triggers; profiles set one")
+    parser.add_argument(
+        "--prefix-hit-rate",
+        type=float,
+        help="share of prompt tokens found in the prefix cache, every model (default: each model's "
+        "serving.prefix_hit_rate in the stack)",
+    )
 
 
 def _launch(text: str) -> tuple[float, float]:
@@ -84,6 +90,8 @@ def settings(args: argparse.Namespace, world: World, start: datetime) -> Setting
     onprem = None if args.onprem == "none" else args.onprem
     if onprem not in (None, "auto") and onprem not in world.spec.models:
         raise SpecError(f"--onprem: stack {world.spec.name!r} has no model {onprem!r}", param="onprem")
+    if args.prefix_hit_rate is not None and not 0 <= args.prefix_hit_rate <= 1:
+        raise SpecError(f"--prefix-hit-rate: want 0..1, got {args.prefix_hit_rate}", param="prefix_hit_rate")
     if args.start:
         try:
             start = datetime.fromisoformat(args.start).replace(tzinfo=UTC)
@@ -98,6 +106,7 @@ def settings(args: argparse.Namespace, world: World, start: datetime) -> Setting
         spot_interruptions_per_node_hour=args.spot_interruptions_per_hour,
         onprem_model=onprem,
         start=start,
+        prefix_hit_rate=args.prefix_hit_rate,
     )
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from apps.core.batching.scheduler import Sequence, StepResult
+from apps.core.batching.scheduler import Scheduler, Sequence, StepResult
 from apps.simulate.fleet import Pod
 
 Schedule = Callable[[float, Pod], None]
@@ -65,3 +65,14 @@ def add(pod: Pod, seq: Sequence, now: float, schedule: Schedule) -> None:
     if not pod.busy:
         eng.advance_to(now)
         plan(pod, schedule)
+
+
+def shared_prefix(prompt_tokens: int, hit_rate: float, engine: Scheduler) -> tuple[int, ...]:
+    """The block hashes that model a fleet whose engines find `hit_rate` of prompt tokens cached: the
+    first `hit_rate` share of a prompt's full blocks is the start of one chain every request to the
+    engine shares (computed once, then found in its prefix cache while it stays there), the rest is
+    left unhashed (never found: the request's own text). Nothing when `hit_rate` is 0."""
+    if hit_rate <= 0:
+        return ()
+    size = engine.profile.block_size
+    return tuple(range(min(prompt_tokens // size, round(hit_rate * prompt_tokens / size))))

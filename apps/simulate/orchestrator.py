@@ -63,6 +63,7 @@ class Orchestrator:
     orchestrators: int
     limit_s: float
     recorder: Recorder
+    hit_rates: dict[str, float]  # per model: the share of prompt tokens found in the prefix cache
 
     def _wake_at(self, t: float, pod: Pod) -> None:
         raise NotImplementedError
@@ -138,6 +139,9 @@ class Orchestrator:
         target = min(r.answer_tokens, r.max_tokens)
         reason = "stop" if r.answer_tokens <= r.max_tokens else "length"
         seq = Sequence(f"{f.rid}.{f.tries}", r.prompt_tokens, target, reason, now)
+        seq.block_hashes = engines.shared_prefix(
+            r.prompt_tokens, self.hit_rates.get(r.model, 0.0), pod.engine
+        )
         engines.add(pod, seq, now, self._wake_at)
 
     def _leave(self, f: Flight, now: float) -> None:

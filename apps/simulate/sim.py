@@ -44,6 +44,7 @@ class Settings:
     onprem_model: str | None = "auto"  # "auto": the model with the most GPUs per replica; None: no on-prem
     start: datetime = datetime(2026, 12, 1, 9, 0)  # t = 0 (UTC), for the cron triggers
     until_s: float | None = None
+    prefix_hit_rate: float | None = None  # every model's; None: each model's `serving.prefix_hit_rate`
 
 
 @dataclass
@@ -89,6 +90,10 @@ class Simulation(Orchestrator):
         self.recorder = Recorder(self.world)
         self.orchestrators = self.world.infra.orchestrator_replicas
         self.limit_s = self.world.spec.slo.queue_limit_s
+        self.hit_rates = {
+            name: m.serving.prefix_hit_rate if s.prefix_hit_rate is None else s.prefix_hit_rate
+            for name, m in self.world.spec.models.items()
+        }
 
     # -- events -----------------------------------------------------------------------------
 

@@ -95,6 +95,27 @@ def overview_panels(spec: StackSpec) -> list[Panel]:
             ),
             unit="percentunit",
         ),
+        _p(
+            "Prefix-cache hit rate per model",
+            (
+                f"sum by (model_name) (rate(vllm:prefix_cache_hits_total{{{MN}}}[5m])) / "
+                f"clamp_min(sum by (model_name) (rate(vllm:prefix_cache_queries_total{{{MN}}}[5m])), 1)",
+                "{{model_name}}",
+            ),
+            unit="percentunit",
+            desc="Prompt tokens the engines found cached, of all they looked up (the engines' own counters; "
+            "on-premises engines are not scraped). The plan's serving.prefix_hit_rate: docs/planner.md.",
+        ),
+        _p(
+            "Picks by prefix outcome",
+            (
+                f"sum by (model, outcome) (rate(llmfleet_orchestrator_prefix_picks_total{{{M}}}[5m]))",
+                "{{model}} {{outcome}}",
+            ),
+            unit="reqps",
+            desc="hit: the node taken held part of the conversation; miss: another node did; none: no node did "
+            "(docs/prefix-routing.md).",
+        ),
         _p("Preemptions per second", (f"llmfleet:preemptions:rate5m{{{MN}}}", "{{model_name}}")),
         _p(
             "Running and waiting requests",

@@ -10,7 +10,6 @@ goes to the idle node Y. Without the prefix, the second request would have gone 
 from __future__ import annotations
 
 import threading
-from typing import Any
 
 import httpx
 import pytest
@@ -18,9 +17,9 @@ import redis
 
 from apps.cli.platform import LocalPlatform
 from apps.core.nodes import keys
-from apps.core.scheduling.prefix import prefix_keys
+from apps.core.scheduling.prefix import prefix_keys, team_scope
 from tests.chaos.conftest import PlatformFactory, eight_b_nodes
-from tests.chaos.helpers import wait_until
+from tests.chaos.helpers import http_post_json, wait_until
 
 pytestmark = pytest.mark.chaos
 SYSTEM = {"role": "system", "content": " ".join(f"rule{i} applies to claims" for i in range(120))}
@@ -43,16 +42,18 @@ def _chat(platform: LocalPlatform, messages: list[dict[str, str]], max_tokens: i
     assert resp.status_code == 200, resp.text
 
 
-def _served_by(platform: LocalPlatform, before: dict[str, float]) -> str:
-    """The one node whose engine finished one more request since `before`."""
-    after = {n: _engine_counter(platform, n, "vllm:request_success_total") for n in before}
+def _prompts(platform: LocalPlatform, nodes: list[str]) -> dict[str, float]:
+    """Each engine's prompt tokens so far: vLLM counts a request's prompt when its first token comes
+    out, so only a request that started since moves it (not one that merely finishes)."""
+    return {n: _engine_counter(platform, n, "vllm:prompt_tokens_total") for n in nodes}
+
+
+def _started_on(platform: LocalPlatform, before: dict[str, float]) -> str:
+    """The one node whose engine started a request since `before`."""
+    after = _prompts(platform, list(before))
     moved = [n for n in before if after[n] > before[n]]
     assert len(moved) == 1, (before, after)
     return moved[0]
-
-
-def _successes(platform: LocalPlatform, nodes: list[str]) -> dict[str, float]:
-    return {n: _engine_counter(platform, n, "vllm:request_success_total") for n in nodes}
 
 
 @pytest.mark.timeout(180)
@@ -63,51 +64,63 @@ def test_a_known_system_prompt_goes_back_to_its_node_and_a_new_one_to_the_idle_n
     nodes = [s.node_id for s in specs]
     platform = make_platform(orchestrators=1, nodes=specs, speed=4.0)
     # 1. The system prompt's first conversation: on X.
-    before = _successes(platform, nodes)
+    before = _prompts(platform, nodes)
     _chat(platform, [SYSTEM, {"role": "user", "content": "is claim 1 covered?"}])
-    x = _served_by(platform, before)
+    x = _started_on(platform, before)
     (y,) = [n for n in nodes if n != x]
     # Its prefixes were announced (the agent asked its engine's tokenizer, the orchestrator checked
     # the blocks against X's KV events): every replica's picker can see them now.
     r = redis.Redis.from_url(redis_url)
-    announced = keys.prefix_key("llama-3.1-8b-instruct", prefix_keys([SYSTEM])[0])
+    assert platform.demo_team_id is not None
+    scope = team_scope(platform.demo_team_id)  # the team's prefix keys: no other team's match them
+    announced = keys.prefix_key("llama-3.1-8b-instruct", prefix_keys([SYSTEM], scope=scope)[0])
     wait_until(lambda: r.hget(announced, x) is not None, 30, "the system prompt's announcement")
+    assert r.hget(keys.prefix_key("llama-3.1-8b-instruct", prefix_keys([SYSTEM])[0]), x) is None
 
-    # 2. X gets a long stream (both idle: the tie goes to X again, the lower id) and runs ahead.
+    # 2. X gets a long stream (both idle: the tie goes to X again, the lower id) and runs ahead. X's
+    # engine stalls that one stream's output after a few tokens (a fault for its next request only),
+    # so the stream holds X's slot until the test closes it, however fast or slow the machine is.
     assert platform.credentials is not None
-    long_body: dict[str, Any] = {
-        "model": "llama-3.1-8b-instruct",
-        "messages": [{"role": "user", "content": "tell a long story"}],
-        "max_tokens": 2000,
-        "stream": True,
-    }
+    status, _ = http_post_json(
+        platform.engines[x].url + "/_sim/faults", {"stall_s": 120, "stall_after_tokens": 3, "times": 1}
+    )
+    assert status == 200
+    long_body = {"model": "llama-3.1-8b-instruct", "messages": [{"role": "user", "content": "a story"}]}
+    client = httpx.Client(
+        base_url=platform.gateway_url,
+        headers={"Authorization": f"Bearer {platform.credentials.api_key}"},
+        timeout=httpx.Timeout(10, read=150),
+    )
     started = threading.Event()
 
     def long_stream() -> None:
-        with httpx.stream(
-            "POST",
-            platform.gateway_url + "/v1/chat/completions",
-            json=long_body,
-            headers={"Authorization": f"Bearer {platform.credentials.api_key}"},  # type: ignore[union-attr]
-            timeout=120,
-        ) as resp:
-            for _ in resp.iter_lines():  # read to its end (closing it would cancel it)
-                started.set()
+        try:
+            with client.stream("POST", "/v1/chat/completions", json={**long_body, "stream": True}) as resp:
+                for _ in resp.iter_lines():
+                    started.set()
+        except Exception:  # the test closes the client under it
+            started.set()
 
-    busy = _engine_counter(platform, x, "vllm:num_requests_running")
+    before = _prompts(platform, nodes)
     thread = threading.Thread(target=long_stream, daemon=True)
     thread.start()
-    assert started.wait(30)
-    wait_until(lambda: _engine_counter(platform, x, "vllm:num_requests_running") > busy, 30, "X busier")
+    try:
+        assert started.wait(30)
+        assert _started_on(platform, before) == x
 
-    # 3. The known system prompt goes back to X (its cache), a new one to the idle Y.
-    before, hits = _successes(platform, nodes), _engine_counter(platform, x, "vllm:prefix_cache_hits_total")
-    _chat(platform, [SYSTEM, {"role": "user", "content": "and claim 2?"}])
-    assert _served_by(platform, before) == x
-    assert _engine_counter(platform, x, "vllm:prefix_cache_hits_total") > hits
-    before = _successes(platform, nodes)
-    _chat(platform, [OTHER, {"role": "user", "content": "what is my deductible?"}])
-    assert _served_by(platform, before) == y
-    metrics = httpx.get(platform.orchestrator_url(0) + "/metrics", timeout=10).text
-    assert 'llmfleet_orchestrator_prefix_picks_total{model="llama-3.1-8b-instruct",outcome="hit"}' in metrics
-    r.close()  # the long stream ends with the platform
+        # 3. The known system prompt goes back to X (its cache), a new one to the idle Y.
+        before, hits = _prompts(platform, nodes), _engine_counter(platform, x, "vllm:prefix_cache_hits_total")
+        _chat(platform, [SYSTEM, {"role": "user", "content": "and claim 2?"}])
+        assert _started_on(platform, before) == x
+        assert _engine_counter(platform, x, "vllm:prefix_cache_hits_total") > hits
+        before = _prompts(platform, nodes)
+        _chat(platform, [OTHER, {"role": "user", "content": "what is my deductible?"}])
+        assert _started_on(platform, before) == y
+        metrics = httpx.get(platform.orchestrator_url(0) + "/metrics", timeout=10).text
+        assert (
+            'llmfleet_orchestrator_prefix_picks_total{model="llama-3.1-8b-instruct",outcome="hit"}' in metrics
+        )
+    finally:
+        client.close()  # ends the stalled stream (the gateway cancels it)
+        thread.join(30)
+        r.close()

@@ -33,7 +33,8 @@ from typing import Any
 import httpx
 import pytest
 
-from apps.core.scheduling.prefix import block_keys, lookup_keys
+from apps.core.ledger.teams import TeamStore
+from apps.core.scheduling.prefix import block_keys, lookup_keys, team_scope
 from apps.orchestrator.app import PLANE
 from tests.conformance.agent_env import NODE_ID, PRICES, agent_fleet, cost
 from tests.conformance.conftest import VLLM_CAP_S, EngineUnderTest, serve_enginesim, serve_vllm
@@ -326,7 +327,8 @@ async def test_the_agent_forwards_the_events_and_the_orchestrator_indexes_the_pr
         assert (await fleet.dispatch(request_id, body, wants_usage=False)).status == 200
         await stored_after(engine, log, f"g{tag}x")  # the engine published the request's blocks
         bs = log.block_size
-        keys = block_keys(ids, bs)
+        salt = [team_scope(fleet.team_id)]  # the engine's `cache_salt`, in its first block's hash
+        keys = block_keys(ids, bs, salt)
         assert len(keys) == len(ids) // bs > 0
 
         def indexed() -> Any:
@@ -338,13 +340,17 @@ async def test_the_agent_forwards_the_events_and_the_orchestrator_indexes_the_pr
         # every replica's picker now finds the node holding it.
         store = fleet.orch.app[PLANE].prefix_store
         announced = await poll(
-            lambda: store.matches(engine.model, lookup_keys(messages)), lambda m: NODE_ID in m
+            lambda: store.matches(engine.model, lookup_keys(messages, scope=salt[0])), lambda m: NODE_ID in m
         )
         assert 0 < announced[NODE_ID] <= len(keys)
+        assert await store.matches(engine.model, lookup_keys(messages)) == {}  # not another team's prefix
+        assert (
+            prefixes.matched(NODE_ID, engine.model, block_keys(ids, bs)) == 0
+        )  # the salt reached the engine
         engine_blocks = prefixes.engine(NODE_ID, engine.model)
         assert engine_blocks is not None
         assert engine_blocks.unkeyed == 0  # every stored block's parent was seen: nothing left out
-        assert prefixes.matched(NODE_ID, engine.model, block_keys([ids[0] + 1, *ids[1:]], bs)) == 0
+        assert prefixes.matched(NODE_ID, engine.model, block_keys([ids[0] + 1, *ids[1:]], bs, salt)) == 0
 
         # A new connection: the orchestrator forgets the node's index (`kv_reset connected`), the
         # engine's replay buffer rebuilds it from sequence 0.
@@ -405,3 +411,16 @@ async def test_a_second_turn_is_billed_its_cached_tokens_at_the_cached_price(
         assert row.cost_microcredits == expected, (row, usage)
         uncached = cost(prompt, completion)
         assert row.cost_microcredits < uncached  # cheaper than the same tokens uncached
+
+        # Another team sending the same conversation finds nothing of it cached (the engine's
+        # `cache_salt` is the team's): it cannot learn from `cached_tokens` what the first team sent.
+        teams = TeamStore(fleet.pool)
+        other = await teams.create_team(f"other-{tag}")
+        await teams.add_credits(other.id, 10**12)
+        fleet.team_id = other.id
+        rid3 = await fleet.reserve(8, prompt_tokens=MAX_MODEL_LEN)
+        three = await fleet.dispatch(rid3, {**body, "messages": second}, wants_usage=True)
+        assert three.status == 200
+        usage3 = next(c["usage"] for c in reversed(three.chunks) if c.get("usage"))
+        assert int(usage3["prompt_tokens"]) == prompt
+        assert int((usage3.get("prompt_tokens_details") or {}).get("cached_tokens") or 0) == 0, usage3

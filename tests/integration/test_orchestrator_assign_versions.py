@@ -13,6 +13,7 @@ import pytest
 from apps.core.budget import Budget
 from apps.core.protocol import node as proto
 from apps.core.protocol.engine import engine_body
+from apps.core.scheduling.prefix import team_scope
 from apps.core.sharing import PriorityClass
 from tests.integration.orchestrator_env import Env, eventually
 
@@ -50,11 +51,23 @@ async def _assign(env: Env, version: int, *, remote: bool = False) -> proto.Assi
 @pytest.mark.parametrize("remote", [False, True])
 async def test_a_version_4_node_gets_the_intent(env: Env, remote: bool) -> None:
     assign = await _assign(env, 4, remote=remote)
-    assert assign.body == CLIENT
+    scope = team_scope(env.ledger.team_id)
+    # The team's cache scope in the body (a version 4 node knows no `cache_scope`; its engine body keeps it).
+    assert assign.body == {**CLIENT, "cache_salt": scope}
+    assert assign.cache_scope is None
+    assert "cache_scope" not in json.loads(proto.encode(assign))
     assert assign.budget == Budget(40, 12, 2)
     assert (assign.priority_class, assign.wants_chunk_usage) == (PriorityClass.BATCH, True)
     built = engine_body(assign)
-    assert (built["max_tokens"], built["n"], built["priority"]) == (6, 2, 10)
+    assert (built["max_tokens"], built["n"], built["priority"], built["cache_salt"]) == (6, 2, 10, scope)
+
+
+@pytest.mark.parametrize("remote", [False, True])
+async def test_a_version_5_node_gets_the_teams_cache_scope(env: Env, remote: bool) -> None:
+    assign = await _assign(env, 5, remote=remote)
+    assert assign.body == CLIENT  # the client's body as the gateway forwarded it
+    assert assign.cache_scope == team_scope(env.ledger.team_id)
+    assert engine_body(assign)["cache_salt"] == assign.cache_scope
 
 
 @pytest.mark.parametrize("remote", [False, True])
@@ -64,4 +77,5 @@ async def test_an_older_node_gets_the_engine_body(env: Env, remote: bool) -> Non
     assert set(raw) == {"type", "request_id", "model", "body"}
     assert assign.body["max_tokens"] == 6
     assert assign.body["priority"] == 10
+    assert assign.body["cache_salt"] == team_scope(env.ledger.team_id)
     assert assign.body["stream_options"] == {"include_usage": True, "continuous_usage_stats": True}

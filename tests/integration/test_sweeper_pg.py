@@ -138,3 +138,41 @@ async def test_sweeper_settles_and_cancels_real_rows_exactly_once(
     assert await sweeper.sweep_once() == {"settled": 0, "settled_partial": 0, "cancelled": 0}
     assert await _rows(pool) == rows
     assert await _team(pool, team.id) == (balance, reserved)
+
+
+async def test_the_sweeper_bills_cached_tokens_as_the_settle_does(
+    stores: tuple[AsyncConnectionPool, Redis],
+) -> None:
+    """A done record's cached tokens are billed at the cached-input price; a resumed stream's are
+    not (its second node's cache saw the resume's prompt, platform cost), as in the settle."""
+    pool, redis = stores
+    spec = load_spec("dev")
+    prices = spec.models[MODEL].prices
+    ledger = PgLedger(pool, {n: m.prices for n, m in spec.models.items()})
+    team = await TeamStore(pool).create_team("swept-cached")
+    await TeamStore(pool).add_credits(team.id, CREDITS)
+    for rid in ("c-plain", "c-resumed"):
+        await ledger.reserve(
+            request_id=rid, team_id=team.id, key_id=None, model=MODEL, estimated_prompt_tokens=50,
+            max_tokens=20, quota_subject="jwt-swept",
+        )  # fmt: skip
+    async with pool.connection() as conn:
+        await conn.execute("UPDATE usage_ledger SET created_at = now() - interval '1 hour'")
+    plain = {"prompt_tokens": 40, "completion_tokens": 7, "cached_tokens": 32}
+    resumed = {**plain, "resume_prompt_tokens": 45}
+    await redis.set(keys.done_key("c-plain"), json.dumps(plain))
+    await redis.set(keys.done_key("c-resumed"), json.dumps(resumed))
+    sweeper = Sweeper(
+        redis, ledger, functools.partial(settle_usage, ledger, redis), Metrics([MODEL]),
+        orchestrator_id="orch-sweep-cached", max_request_s=900, interval_s=60,
+    )  # fmt: skip
+    assert await sweeper.sweep_once() == {"settled": 2, "settled_partial": 0, "cancelled": 0}
+    pp, cp, kp = (
+        prices.prompt_per_million_microcredits,
+        prices.completion_per_million_microcredits,
+        prices.cached_prompt,
+    )
+    assert kp < pp
+    rows = await _rows(pool)
+    assert rows["c-plain"] == ("settled", 40, 7, -(-(8 * pp + 32 * kp + 7 * cp) // 1_000_000))
+    assert rows["c-resumed"] == ("settled", 40, 7, cost_microcredits(40, 7, pp, cp))

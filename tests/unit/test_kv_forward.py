@@ -290,3 +290,83 @@ def test_only_the_gpus_first_cache_group_is_forwarded() -> None:
     )  # fmt: skip
     frame = as_frame("m", 0, batch)
     assert [type(op).__name__ for op in frame.events] == ["KvStoredOp", "KvStoredOp"]
+
+
+def _index_of(frames: list[proto._Frame]) -> PrefixIndex:
+    """The orchestrator's index of node n1 after `frames`, as `PrefixFeed` applies them."""
+    index = PrefixIndex()
+    for f in frames:
+        if isinstance(f, proto.KvReset):
+            index.reset("n1", f.model)
+        elif isinstance(f, proto.KvEvents):
+            index.apply("n1", f)
+    return index
+
+
+async def test_an_engine_that_stops_answering_is_forgotten_at_once_and_rebuilt_if_it_was_only_slow(
+    tmp_path: Path,
+) -> None:
+    sent = Sent()
+    forwarder = KvForwarder("m", pub_endpoint(tmp_path), replay_endpoint(tmp_path))
+    with publisher(tmp_path) as pub:
+        for first in range(2):
+            pub.publish([_stored(first, 1)])  # seq 0-1
+        pub.flush()
+        await forwarder.connected(sent)  # replays 0-1
+        assert _index_of(sent.frames).matched("n1", "m", block_keys(PROMPT, BS)) == 2
+        await forwarder.engine_down()  # the heartbeat found the engine down
+        await forwarder.engine_down()  # and again: nothing new to forget
+        downs = [f for f in sent.frames if isinstance(f, proto.KvReset) and f.reason == "engine_down"]
+        assert len(downs) == 1
+        assert _index_of(sent.frames).matched("n1", "m", block_keys(PROMPT, BS)) == 0
+        # It was only slow: its next batch comes after its history, replayed from its buffer.
+        pub.publish([_stored(2, 1)])  # seq 2
+        pub.flush()
+        await forwarder._live(*pub._buffer[-1])
+    after = sent.frames[sent.frames.index(downs[0]) :]
+    assert [f.seq for f in after if isinstance(f, proto.KvEvents)] == [0, 1, 2]
+    assert _index_of(sent.frames).matched("n1", "m", block_keys(PROMPT, BS)) == 3
+
+
+async def test_after_an_engine_went_down_its_successors_batches_are_taken_from_0(tmp_path: Path) -> None:
+    sent = Sent()
+    forwarder = KvForwarder("m", pub_endpoint(tmp_path), replay_endpoint(tmp_path))
+    with publisher(tmp_path) as pub:
+        for first in range(3):
+            pub.publish([_stored(first, 1)])  # seq 0-2
+        pub.flush()
+        await forwarder.connected(sent)
+    await forwarder.engine_down()
+    with publisher(tmp_path) as again:  # a new engine: its numbering starts over, its cache is empty
+        again.publish([_stored(0, 1)])  # seq 0
+        again.flush()
+        await forwarder._live(*again._buffer[-1])
+    down = next(
+        i for i, f in enumerate(sent.frames) if isinstance(f, proto.KvReset) and f.reason == "engine_down"
+    )
+    after = sent.frames[down + 1 :]
+    assert [type(f).__name__ for f in after] == ["KvEvents"]  # no restart to detect: it was forgotten
+    assert _index_of(sent.frames).matched("n1", "m", block_keys(PROMPT, BS)) == 1
+
+
+def test_an_engines_index_is_bounded_whatever_its_node_sends(monkeypatch: pytest.MonkeyPatch) -> None:
+    from apps.orchestrator import prefix_index
+
+    monkeypatch.setattr(prefix_index, "MAX_BLOCKS", 4)
+    monkeypatch.setattr(prefix_index, "MAX_ANNOUNCED", 2)
+    index = PrefixIndex()
+    stored = proto.KvStoredOp(hashes=list(HASHES), parent=None, tokens=PROMPT, block_size=BS)
+    index.apply("n1", proto.KvEvents(model="m", seq=0, events=[stored]))
+    last = block_keys(PROMPT, BS)[-1].hex()
+    for n, prefix in enumerate(("1" * 32, "2" * 32, "3" * 32)):
+        kept = index.announce("n1", proto.KvPrefix(model="m", key=prefix, block=last, blocks=3))
+        assert kept == (n < 2)  # the third is refused: two announcements at most
+    # More blocks than any engine holds: the index starts again, its announcements retracted.
+    more = proto.KvStoredOp(
+        hashes=[h + 1000 for h in HASHES], parent=HASHES[-1], tokens=[t + 1 for t in PROMPT], block_size=BS
+    )
+    gone = index.apply("n1", proto.KvEvents(model="m", seq=1, events=[more]))
+    assert sorted(gone) == ["1" * 32, "2" * 32]
+    assert index.overflows == 1
+    assert index.matched("n1", "m", block_keys(PROMPT, BS)) == 0
+    assert index.apply("n1", proto.KvEvents(model="m", seq=1, events=[stored])) == []  # seq 1 was applied

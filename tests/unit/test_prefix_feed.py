@@ -105,3 +105,11 @@ async def test_a_socket_closed_because_the_node_went_elsewhere_leaves_its_announ
     assert store.calls == []  # the new owner's entries stay
     await feed.closed(_conn(), proto.CLOSE_NORMAL, elsewhere=False)
     assert store.calls == [("forget", "n1", None)]
+
+
+def test_cached_tokens_are_taken_from_a_version_5_done_only() -> None:
+    done = proto.Done(request_id="r1", prompt_tokens=40, completion_tokens=3, cached_tokens=32)
+    assert _conn().cached_tokens(done) == 32
+    assert _conn(version=proto.KV_EVENTS_VERSION - 1).cached_tokens(done) == 0  # an older socket claims none
+    assert _conn().cached_tokens(proto.Error(request_id="r1", status=500, message="x")) == 0
+    assert _conn().cached_tokens(done.model_copy(update={"cached_tokens": None})) == 0

@@ -16,6 +16,10 @@ requests through the gateway:
   prompt n mod K, a short unique question each;
 - random: a unique long prompt per request (nothing to share: the noise reference).
 
+`--engine vllm` runs real vLLM nodes instead (the conformance stage's tiny Llama on the CPU,
+`tools/bench/vllm_nodes.py`): a smaller run, for the hit rate and the ratio between the policies
+on the real engine; its timings are a CPU's.
+
 `--kv-blocks` gives every engine a smaller KV cache than the profile's, so that a short run reaches
 the regime of a real fleet, where the prefixes in use outgrow one engine's cache but not the
 fleet's: a least-loaded fleet then caches every prefix everywhere and evicts, a prefix-aware one
@@ -44,6 +48,7 @@ import httpx
 
 from apps.cli.platform import MODEL_8B, LocalPlatform, NodeSpec, PlatformConfig
 from tools.bench.common import DEFAULT_REDIS, admin_pg_url, fresh_database, machine, pct
+from tools.bench.vllm_nodes import tiny_model, vllm_node, vllm_python
 
 WORKLOADS = ("multiturn", "shared", "random")
 POLICIES = {"least-loaded": "0", "prefix-aware": "0.5"}
@@ -172,12 +177,21 @@ def _platform(args: argparse.Namespace, weight: str) -> Iterator[LocalPlatform]:
         tempfile.TemporaryDirectory(prefix="llmfleet-prefixbench-") as tmp,
     ):
         engine_args = ("--num-blocks", str(args.kv_blocks)) if args.kv_blocks else ()
-        nodes = [
-            NodeSpec(f"pfx-8b-{i}", MODEL_8B, "cloud", engine_args=engine_args) for i in range(args.nodes)
-        ]
+        if args.engine == "vllm":
+            python = vllm_python()
+            model_dir = tiny_model(python)
+            kv_tokens = (args.kv_blocks or 1024) * 16
+            nodes = [
+                vllm_node(f"pfx-8b-{i}", MODEL_8B, python, model_dir, Path(tmp), kv_tokens)
+                for i in range(args.nodes)
+            ]
+        else:
+            nodes = [
+                NodeSpec(f"pfx-8b-{i}", MODEL_8B, "cloud", engine_args=engine_args) for i in range(args.nodes)
+            ]
         config = PlatformConfig(
             data_dir=Path(tmp), gateway_port=0, orchestrators=1, nodes=nodes, database_url=db_url,
-            redis_url=redis_url, speed=args.speed, ready_timeout_s=120,
+            redis_url=redis_url, speed=args.speed, ready_timeout_s=120 if args.engine == "enginesim" else 900,
             orchestrator_env={"LLMFLEET_PREFIX_WEIGHT": weight},
             demo_key={"max_streams": 10_000, "rpm": 1_000_000, "tokens_per_day": 10**12},
         )  # fmt: skip
@@ -226,6 +240,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--speed", type=float, default=1.0)
     parser.add_argument("--system-prompts", type=int, default=8, help="distinct system prompts of `shared`")
     parser.add_argument("--kv-blocks", type=int, default=0, help="each engine's KV blocks (0: the profile's)")
+    parser.add_argument(
+        "--engine",
+        choices=("enginesim", "vllm"),
+        default="enginesim",
+        help="vllm: real vLLM nodes (the tiny Llama on the CPU; `--kv-blocks` counts 16 tokens each, "
+        "default 1,024; keep prompts within its 2,048-token context)",
+    )
     parser.add_argument("--workloads", default=",".join(WORKLOADS))
     parser.add_argument("--repeat", type=int, default=2, help="runs of each policy per workload, alternating")
     parser.add_argument("--out", type=Path, default=None)

@@ -12,7 +12,8 @@ the reservation covers; vLLM's per-request `priority` from the class; streaming 
 every chunk too (measured on vLLM 0.32: `{}` gives no usage, docs/vllm-facts.md §2; the agent cuts
 the per-chunk usage out of the forwarded bytes unless `wants_chunk_usage`); and for a continuation
 the delivered text as a final assistant message, `continue_final_message: true`,
-`add_generation_prompt: false`.
+`add_generation_prompt: false`; and the team's prefix-cache scope as vLLM's `cache_salt` (the
+gateway never forwards a client's own), so cached prompt blocks are shared within a team only.
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ def engine_body(assign: Assign) -> dict[str, Any]:
         body["n"] = budget.n
     if assign.priority_class is not None:
         body["priority"] = VLLM_PRIORITY[assign.priority_class]
+    if assign.cache_scope is not None:
+        body["cache_salt"] = assign.cache_scope
     if assign.continuation is not None:
         body["messages"] = [*body["messages"], {"role": "assistant", "content": assign.continuation}]
         body["add_generation_prompt"] = False

@@ -31,7 +31,9 @@ engine's 64-bit ints, a stored block's token ids with it) and says `kv_reset {mo
 the orchestrator must forget what it knows of that engine's cache (a new connection, an engine
 restart, a gap the engine's replay buffer could not fill). After a request, the agent announces
 which blocks its conversation prefixes fill (`kv_prefix {model, key, block, blocks}`, its engine's
-tokenizer counting). Nothing of this is sent on a version 1-4 connection.
+tokenizer counting). Nothing of this is sent on a version 1-4 connection. `assign.cache_scope`
+(version 5) is the team's prefix-cache scope: the engine's `cache_salt`, so one team's prompts never
+share cached blocks with another's (a version 4 node gets it in the body instead).
 
 Version 4 moves the engine's body to the agent (issue 28): `assign` carries the client's body
 as the gateway forwarded it plus the request's intent (`budget`, `wants_chunk_usage`,
@@ -211,7 +213,7 @@ class KvReset(_Frame):
 
     type: Literal["kv_reset"] = "kv_reset"
     model: str
-    reason: Literal["connected", "engine_restart", "gap"]
+    reason: Literal["connected", "engine_restart", "engine_down", "gap"]
 
 
 # -- server -> node ---------------------------------------------------------------
@@ -240,9 +242,11 @@ class Assign(_Frame):
     wants_chunk_usage: bool | None = None
     priority_class: PriorityClass | None = None
     continuation: str | None = None  # a resumed stream: the assistant text the client has
+    # Version 5: the team's prefix-cache scope (the engine's `cache_salt`; apps/core/scheduling/prefix.py).
+    cache_scope: str | None = None
 
 
-INTENT_FIELDS = ("budget", "wants_chunk_usage", "priority_class", "continuation")
+INTENT_FIELDS = ("budget", "wants_chunk_usage", "priority_class", "continuation", "cache_scope")
 
 
 class Cancel(_Frame):

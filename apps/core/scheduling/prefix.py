@@ -61,21 +61,37 @@ def _canonical(value: Any) -> bytes:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str).encode()
 
 
-def prefix_keys(messages: Sequence[Mapping[str, Any]], tools: Any = None) -> list[str]:
+def team_scope(team_id: int) -> str:
+    """A team's prefix-cache scope: the engine's `cache_salt` for its requests (`engine_body`) and the
+    seed of its prefix keys. Teams never share cached prompt blocks: otherwise a team could learn,
+    from `cached_tokens` or its time to first token, whether another team sent a given prompt (and
+    prefix-aware picks would steer its probe to the node that holds it). A client cannot set the
+    salt: the gateway never forwards a `cache_salt` (apps/gateway/fields.py)."""
+    return f"team-{team_id}"
+
+
+def prefix_keys(
+    messages: Sequence[Mapping[str, Any]], tools: Any = None, scope: str | None = None
+) -> list[str]:
     """The key of every prefix `messages[:k]`, k = 1..len(messages), in that order. Every field of a
     message counts (a `name`, `tool_calls`), and so do the request's `tools`: the chat template
-    renders them into the prompt, so other tools make another prefix."""
+    renders them into the prompt, so other tools make another prefix; and so does the team's
+    `scope`: another team's same prompt is another prefix."""
     keys: list[str] = []
-    chained = hashlib.blake2b(_canonical(tools), digest_size=16).digest() if tools else b""
+    chained = hashlib.blake2b(scope.encode(), digest_size=16).digest() if scope else b""
+    if tools:
+        chained = hashlib.blake2b(chained + _canonical(tools), digest_size=16).digest()
     for message in messages:
         chained = hashlib.blake2b(chained + _canonical(message), digest_size=16).digest()
         keys.append(chained.hex())
     return keys
 
 
-def lookup_keys(messages: Sequence[Mapping[str, Any]], tools: Any = None) -> list[str]:
+def lookup_keys(
+    messages: Sequence[Mapping[str, Any]], tools: Any = None, scope: str | None = None
+) -> list[str]:
     """The prefixes worth looking up for a request, longest first (at most `MAX_BOUNDARIES`)."""
-    return prefix_keys(messages, tools)[::-1][:MAX_BOUNDARIES]
+    return prefix_keys(messages, tools, scope)[::-1][:MAX_BOUNDARIES]
 
 
 @dataclass(frozen=True)

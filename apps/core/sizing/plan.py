@@ -37,6 +37,8 @@ class ModelPlan:
     tokens_per_s_per_stream: float
     cost_per_million_tokens_usd: dict[str, float]
     queue: fleet.QueueBudget
+    prefix_hit_rate: float = 0.0  # the share of prompt tokens served from the engines' prefix cache
+    prompt_microcredits_per_million: int = 0  # what a team pays per million prompt tokens at that rate
     warnings: tuple[str, ...] = ()
 
 
@@ -174,7 +176,16 @@ def plan_model(spec: StackSpec, name: str, model: ModelSpec) -> ModelPlan:
             serving.mean_answer_tokens, per_stream, serving.streams_per_replica, spec.slo.queue_limit_s
         ),
         warnings=tuple(warnings),
+        prefix_hit_rate=serving.prefix_hit_rate,
+        prompt_microcredits_per_million=prompt_price_at(model, serving.prefix_hit_rate),
     )
+
+
+def prompt_price_at(model: ModelSpec, hit_rate: float) -> int:
+    """Microcredits per million prompt tokens when `hit_rate` of them are cached: the cached share
+    at the cached-input price, the rest at the prompt price (as the settle bills them)."""
+    prices = model.prices
+    return round((1 - hit_rate) * prices.prompt_per_million_microcredits + hit_rate * prices.cached_prompt)
 
 
 def plan_fleet(spec: StackSpec) -> FleetPlan:
@@ -204,6 +215,7 @@ def with_overrides(
     peak_streams: dict[str, int] | None = None,
     gpu_type: str | None = None,
     context_tokens: int | None = None,
+    prefix_hit_rate: float | None = None,
 ) -> StackSpec:
     """What-if variants of a spec without editing the file (validated like the file)."""
     data = spec.model_dump()
@@ -223,4 +235,6 @@ def with_overrides(
         if context_tokens is not None:
             model["serving"]["planning_context_tokens"] = context_tokens
             model["serving"]["max_model_len"] = max(model["serving"]["max_model_len"], context_tokens)
+        if prefix_hit_rate is not None:
+            model["serving"]["prefix_hit_rate"] = prefix_hit_rate
     return parse_spec(data, f"{spec.name} (what-if)")
