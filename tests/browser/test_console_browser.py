@@ -14,9 +14,9 @@ from typing import TypeVar
 import openai
 import pytest
 from selenium import webdriver
+from selenium.common.exceptions import WebDriverException
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webelement import WebElement
-from selenium.webdriver.support import expected_conditions
 from selenium.webdriver.support.wait import WebDriverWait
 
 from apps.cli.console_links import console_links
@@ -41,11 +41,20 @@ def text(driver: webdriver.Chrome, css: str) -> str:
     return str(driver.find_element(By.CSS_SELECTOR, css).text)
 
 
+OLD_PAGE = "document.documentElement.dataset.llmfleetOld"
+
+
 def submit_and_wait(driver: webdriver.Chrome, by: str, value: str, within: WebElement | None = None) -> None:
-    """Click a form's button and wait for the answer page to replace this one (never read the old page)."""
-    page = driver.find_element(By.TAG_NAME, "html")
+    """Click a form's button and wait until the answer page has replaced this one and finished loading
+    (never read the old page). The old document carries a mark no new document has. While the browser
+    swaps documents, chromedriver may answer a question about the old one with an error instead of
+    "stale" ("Node with given id does not belong to the document": seen with both cores busy, where
+    `staleness_of` raised it); that only means the swap is under way, so the wait asks again."""
+    driver.execute_script(f"{OLD_PAGE} = '1'")
     (within or driver).find_element(by, value).click()
-    WebDriverWait(driver, 20).until(expected_conditions.staleness_of(page))
+    WebDriverWait(driver, 20, ignored_exceptions=(WebDriverException,)).until(
+        lambda d: d.execute_script(f"return document.readyState === 'complete' && !{OLD_PAGE}")
+    )
 
 
 def sdk(platform: LocalPlatform, key: str) -> openai.OpenAI:
@@ -84,8 +93,11 @@ def signed_in(driver: webdriver.Chrome, url: str) -> None:
     driver.get("about:blank")
     driver.get(url)
     if "#token=" in url:
-        WebDriverWait(driver, 20).until(
-            lambda d: "/console/signin" not in d.current_url or d.find_elements(By.ID, "error")
+        WebDriverWait(driver, 20, ignored_exceptions=(WebDriverException,)).until(
+            lambda d: (
+                d.execute_script("return document.readyState === 'complete'")
+                and ("/console/signin" not in d.current_url or d.find_elements(By.ID, "error"))
+            )
         )
 
 
