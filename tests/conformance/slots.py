@@ -192,13 +192,15 @@ class PausedEngine:
         self.outcomes.append(outcome)
         return outcome
 
-    def chat(self, name: str, content: str, priority: int, max_tokens: int) -> Outcome:
-        """A streamed `POST /v1/chat/completions` straight to the engine."""
-        req = self.client.build_request(
-            "POST",
-            f"{self.url}/v1/chat/completions",
-            json=chat_body(self.model, content, priority, max_tokens),
-        )
+    def chat(
+        self, name: str, content: str, priority: int, max_tokens: int, cache_salt: str | None = None
+    ) -> Outcome:
+        """A streamed `POST /v1/chat/completions` straight to the engine (`cache_salt`: share cached
+        blocks with the platform's requests of that team, which carry its scope as their salt)."""
+        body = chat_body(self.model, content, priority, max_tokens)
+        if cache_salt is not None:
+            body["cache_salt"] = cache_salt
+        req = self.client.build_request("POST", f"{self.url}/v1/chat/completions", json=body)
         return self.start(name, lambda client: client.send(req, stream=True))
 
     async def queued(self, outcome: Outcome) -> EngineState:

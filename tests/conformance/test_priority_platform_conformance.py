@@ -20,6 +20,7 @@ from collections.abc import Awaitable
 
 import httpx
 
+from apps.core.scheduling.prefix import team_scope
 from apps.core.sharing import PriorityClass
 from tests.conformance.agent_env import AgentFleet, fleet
 from tests.conformance.conftest import MAX_NUM_SEQS
@@ -57,7 +58,9 @@ async def test_each_class_reaches_the_engine_scheduler_as_its_priority(fleet: Ag
         for i in range(MAX_NUM_SEQS - 2):
             await eng.queued(eng.chat(f"fill{i}", words(f"f{i}{tag}x", 4), MID, ANSWER))
         batch = await _through_platform(fleet, eng, PriorityClass.BATCH, f"{a} {b} batch")
-        mid = eng.chat("mid", f"{a} {b} mid", MID, ANSWER)
+        # Straight to the engine, with the salt the platform gives the fleet's team (teams never
+        # share cached blocks): so it shares A and B with the two requests through the platform.
+        mid = eng.chat("mid", f"{a} {b} mid", MID, ANSWER, cache_salt=team_scope(fleet.team_id))
         await eng.queued(mid)
         interactive = await _through_platform(fleet, eng, PriorityClass.INTERACTIVE, f"{a} interactive")
         await eng.release()

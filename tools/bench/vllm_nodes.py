@@ -42,9 +42,10 @@ def tiny_model(python: str, model_dir: Path = DEFAULT_MODEL_DIR) -> Path:
 
 def vllm_node(node_id: str, model: str, python: str, model_dir: Path, work: Path, kv_tokens: int) -> NodeSpec:
     """A node whose engine is a real vLLM serving the tiny model as `model`, with a KV cache of
-    `kv_tokens` tokens (one CPU block more: vLLM keeps one back)."""
+    `kv_tokens` tokens, at least `MAX_MODEL_LEN` (one CPU block more: vLLM keeps one back)."""
     (work / node_id / "tmp").mkdir(parents=True, exist_ok=True)
-    kv_bytes = (kv_tokens + CPU_BLOCK_TOKENS) * TINY_KV_BYTES_PER_TOKEN
+    # vLLM refuses to start with a KV cache that cannot hold one sequence of `--max-model-len` tokens.
+    kv_bytes = (max(kv_tokens, MAX_MODEL_LEN) + CPU_BLOCK_TOKENS) * TINY_KV_BYTES_PER_TOKEN
     command = (
         python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
         "--served-model-name", model, "--host", "127.0.0.1", "--port", "{port}",
