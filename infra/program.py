@@ -51,6 +51,7 @@ def define(config: InfraConfig, spec: StackSpec | None = None) -> None:
             model_sync_image=images.refs["modelsync"],
             model_bucket=bucket.bucket.bucket,
             model_bucket_arn=bucket.bucket.arn,
+            model_signing_key_arn=bucket.signing_key.arn,
             oidc_provider_arn=cluster.oidc_provider_arn,
             oidc_provider_url=cluster.oidc_provider_url,
             office_hours=config.office_hours,
@@ -74,6 +75,7 @@ def define(config: InfraConfig, spec: StackSpec | None = None) -> None:
     pulumi.export("cluster", name)
     pulumi.export("kubeconfig", pulumi.Output.secret(cluster.cluster.kubeconfig_json))
     pulumi.export("model_bucket", bucket.bucket.bucket)
+    pulumi.export("model_signing_key", bucket.signing_alias.name)  # `llmfleet model publish --kms-key-id`
     pulumi.export("gpus_peak", plan.gpus_peak)
     pulumi.export("gpus_cloud", plan.gpus_cloud)
 

@@ -74,6 +74,7 @@ class Mocks(pulumi.runtime.Mocks):
             "aws:elasticache/replicationGroup:ReplicationGroup": {
                 "primaryEndpointAddress": f"{args.name}.mock.cache.amazonaws.com"
             },
+            "aws:kms/key:Key": {"keyId": f"key-{_fake_id(args.typ, args.name)}"},
             "aws:sqs/queue:Queue": {
                 "url": f"https://sqs.us-east-1.amazonaws.com/{ACCOUNT}/{args.inputs.get('name')}"
             },

@@ -25,7 +25,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "loadgen": ("apps.loadgen.cli", "load generator for any OpenAI-compatible endpoint"),
     "admin": ("apps.cli.admin", "administration: migrate the database, teams, keys, credits, nodes"),
     "infra": ("infra.cli", "render the Pulumi program offline (`llmfleet infra render --stack prod`)"),
-    "model-sync": ("apps.modelsync.cli", "copy a model revision from S3 to the local NVMe cache"),
+    "model-sync": ("apps.modelsync.cli", "copy a verified model revision from S3 to the local NVMe cache"),
+    "model": ("apps.modelsync.model_cli", "the model registry: `model publish` uploads and signs a revision"),
     "simulate": (
         "apps.simulate.cli",
         "discrete-event what-if of the fleet (KEDA, Karpenter, engines) under a load trace",

@@ -49,3 +49,27 @@ class Boto3ObjectStore:
 
     def upload(self, bucket: str, key: str, source: Path, metadata: dict[str, str]) -> None:
         self._client.upload_file(str(source), bucket, key, ExtraArgs={"Metadata": metadata})
+
+    def get_bytes(self, bucket: str, key: str) -> bytes | None:
+        """A small object's content (our manifest and signature); None when there is none."""
+        try:
+            answer = self._client.get_object(Bucket=bucket, Key=key)
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
+                return None
+            raise
+        return bytes(answer["Body"].read())
+
+    def put_bytes(self, bucket: str, key: str, data: bytes, *, if_absent: bool = False) -> bool:
+        """Write a small object; with `if_absent`, only where none is (S3's conditional write):
+        False when one already was."""
+        try:
+            if if_absent:
+                self._client.put_object(Bucket=bucket, Key=key, Body=data, IfNoneMatch="*")
+            else:
+                self._client.put_object(Bucket=bucket, Key=key, Body=data)
+        except ClientError as exc:
+            if if_absent and exc.response.get("Error", {}).get("Code") in ("PreconditionFailed", "412"):
+                return False
+            raise
+        return True

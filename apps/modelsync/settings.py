@@ -17,4 +17,10 @@ class ModelSyncSettings(BaseSettings):
     model_bucket: str | None = Field(None, description="S3 bucket of the models (`--bucket` wins)")
     model_cache_dir: Path = Field(Path("/models"), description="the models' cache root (`--dest` wins)")
     s3_endpoint_url: str | None = Field(None, description="S3 endpoint override (`--endpoint-url` wins)")
-    aws_region: str | None = Field(None, description="AWS region of the S3 client")
+    aws_region: str | None = Field(None, description="AWS region of the S3 and KMS clients")
+    model_signing_key: str | None = Field(
+        None, description="KMS key (id, ARN or alias) that signs model manifests; model-sync verifies with it"
+    )
+    model_verify_key: Path | None = Field(
+        None, description="a local public key (PEM) model-sync verifies manifests with instead of KMS (dev)"
+    )

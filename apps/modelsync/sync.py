@@ -1,26 +1,34 @@
-"""Copy one model revision from S3 into the node's local model cache, at most once.
+"""Copy one model revision from S3 into the node's local model cache, at most once, verified.
 
 Owns the on-disk contract of the cache: `<root>/<name>/<revision>/` is complete if and only
 if it holds the marker file `MARKER`. A copy is downloaded into a hidden temporary
 directory next to it, the marker is written last, and the directory is renamed into place
 in one `rename(2)`, so a pod killed mid-copy (or two pods racing on one node) never leaves
 a directory that looks complete.
+
+Nothing is marked complete unless the revision is the one its publisher signed
+(`apps/modelsync/manifest.py`): its manifest's signature verifies with the configured key, it
+names this model and revision, the bucket holds exactly the files it lists, and every file
+copied has the listed size and SHA-256. Anything else is one `ManifestError` line and no copy.
 """
 
 from __future__ import annotations
 
 import enum
+import hashlib
 import json
 import os
 import shutil
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Protocol
 
 from apps.core.errors import LlmfleetError
+from apps.modelsync.manifest import MANIFEST_NAME, OURS, Manifest, ManifestError
+from apps.modelsync.signing import Verifier, unseal
 
 MARKER = ".llmfleet-complete"
 # A partial directory this old belongs to a pod that was killed mid-copy (SIGKILL skips our
@@ -54,11 +62,13 @@ class RemoteObject:
 
 
 class ObjectStore(Protocol):
-    """The two S3 operations the copy needs; `Boto3ObjectStore` is the production one."""
+    """The S3 operations the copy needs; `Boto3ObjectStore` is the production one."""
 
     def list_objects(self, bucket: str, prefix: str) -> Iterator[RemoteObject]: ...
 
     def download(self, bucket: str, key: str, dest: Path) -> None: ...
+
+    def get_bytes(self, bucket: str, key: str) -> bytes | None: ...
 
 
 def safe_component(value: str, field: str) -> str:
@@ -89,9 +99,15 @@ def remove_stale_partials(parent: Path, revision: str, now: float, max_age_s: fl
 
 
 def sync_model(
-    store: ObjectStore, bucket: str, name: str, revision: str, root: Path, now: float | None = None
+    store: ObjectStore,
+    verifier: Verifier,
+    bucket: str,
+    name: str,
+    revision: str,
+    root: Path,
+    now: float | None = None,
 ) -> SyncResult:
-    """Make `root/name/revision` a complete copy of `s3://bucket/name/revision/`.
+    """Make `root/name/revision` a complete, verified copy of `s3://bucket/name/revision/`.
 
     `now` (wall-clock seconds, injectable for tests) ages leftovers of killed copies.
     """
@@ -103,25 +119,78 @@ def sync_model(
     objects = [obj for obj in store.list_objects(bucket, prefix) if not obj.key.endswith("/")]
     if not objects:
         raise ModelSyncError(f"no objects under s3://{bucket}/{prefix}", param="revision")
+    manifest, manifest_sha = _verified_manifest(store, verifier, bucket, prefix, name, revision)
+    listed = manifest.by_path()
+    payload = [obj for obj in objects if str(_relative_path(obj.key, prefix)) not in OURS]
+    _check_listing(f"s3://{bucket}/{prefix}", listed, {str(_relative_path(o.key, prefix)) for o in payload})
     final.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_partials(final.parent, revision, time.time() if now is None else now)
     tmp = final.parent / f".{revision}.partial-{uuid.uuid4().hex}"
     tmp.mkdir()
     try:
         total = 0
-        for obj in objects:
-            dest = tmp.joinpath(*_relative_path(obj.key, prefix).parts)
+        for obj in payload:
+            rel = _relative_path(obj.key, prefix)
+            dest = tmp.joinpath(*rel.parts)
             dest.parent.mkdir(parents=True, exist_ok=True)
             store.download(bucket, obj.key, dest)
-            size = dest.stat().st_size
-            if size != obj.size:
-                raise ModelSyncError(f"s3://{bucket}/{obj.key}: got {size} bytes, expected {obj.size}")
-            total += size
-        _write_marker(tmp, {"bucket": bucket, "prefix": prefix, "files": len(objects), "bytes": total})
-        return _publish(tmp, final, len(objects), total)
+            _check_file(f"s3://{bucket}/{obj.key}", dest, listed[str(rel)].size, listed[str(rel)].sha256)
+            total += listed[str(rel)].size
+        _write_marker(
+            tmp,
+            {
+                "bucket": bucket,
+                "prefix": prefix,
+                "files": len(payload),
+                "bytes": total,
+                "manifest": manifest_sha,
+            },
+        )
+        return _publish(tmp, final, len(payload), total)
     finally:
         # Whatever happened, a temporary directory never outlives this call.
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _verified_manifest(
+    store: ObjectStore, verifier: Verifier, bucket: str, prefix: str, name: str, revision: str
+) -> tuple[Manifest, str]:
+    where = f"s3://{bucket}/{prefix}"
+    raw = store.get_bytes(bucket, prefix + MANIFEST_NAME)
+    if raw is None:
+        raise ManifestError(
+            f"{where}: unsigned revision (no {MANIFEST_NAME}); publish it with `llmfleet model publish`",
+            param="revision",
+        )
+    manifest = unseal(raw, verifier, where)
+    if (manifest.model, manifest.revision) != (name, revision):
+        raise ManifestError(
+            f"{where}: the manifest is signed for {manifest.model} {manifest.revision}, not {name} {revision}"
+        )
+    return manifest, hashlib.sha256(raw).hexdigest()
+
+
+def _check_listing(where: str, listed: Mapping[str, object], present: set[str]) -> None:
+    unlisted = sorted(present - set(listed))
+    if unlisted:
+        raise ManifestError(
+            f"{where}: {unlisted[0]} is not in the signed manifest ({len(unlisted)} such file(s))"
+        )
+    missing = sorted(set(listed) - present)
+    if missing:
+        raise ManifestError(f"{where}: {missing[0]} is in the signed manifest but not in the bucket")
+
+
+def _check_file(where: str, path: Path, size: int, sha256: str) -> None:
+    got_size = path.stat().st_size
+    if got_size != size:
+        raise ManifestError(f"{where}: got {got_size} bytes, the signed manifest says {size}")
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        while chunk := fh.read(8 * 1024 * 1024):
+            digest.update(chunk)
+    if digest.hexdigest() != sha256:
+        raise ManifestError(f"{where}: its SHA-256 differs from the signed manifest's (tampered or corrupt)")
 
 
 def _write_marker(directory: Path, content: dict[str, object]) -> None:

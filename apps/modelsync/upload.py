@@ -1,13 +1,11 @@
-"""Upload a local weights directory to the model bucket, in the layout `sync_model` reads.
+"""Upload a local weights directory to the model bucket, in the layout `sync_model` reads (the
+files half of `llmfleet model publish`, `apps/modelsync/publish.py`).
 
 `<dir>/<relative path>` becomes `s3://<bucket>/<model>/<revision>/<relative path>` (POSIX
-separators), the model and its revision taken from the stack spec so the init containers
-find it. Every object carries the SHA-256 of its content in its metadata; a file whose
+separators). Every object carries the SHA-256 of its content in its metadata; a file whose
 remote copy has the same size and the same checksum (that metadata, or a single-part ETag
 equal to the file's MD5) is skipped, so a second run uploads nothing and an interrupted run
-resumes where it stopped. Nothing is ever deleted from the bucket: objects under the prefix
-that the directory does not have are counted and reported (`extra`), since the init
-container would copy them too.
+resumes where it stopped. Nothing is ever deleted from the bucket.
 """
 
 from __future__ import annotations
@@ -19,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Protocol
 
-from apps.modelsync.sync import MARKER, ModelSyncError, safe_component
+from apps.modelsync.sync import MARKER, ModelSyncError
 
 SHA256_METADATA = "sha256"  # stored as `x-amz-meta-sha256`
 _CHUNK = 8 * 1024 * 1024
@@ -49,7 +47,6 @@ class UploadResult:
     uploaded: int
     skipped: int
     bytes_uploaded: int
-    extra: int  # objects under the prefix that the directory does not have
 
 
 class UploadStore(Protocol):
@@ -109,12 +106,10 @@ def _same(local: LocalFile, remote: RemoteFile | None) -> bool:
     return "-" not in remote.etag and remote.etag == local.md5  # single-part: the ETag is the MD5
 
 
-def upload_model(store: UploadStore, bucket: str, name: str, revision: str, root: Path) -> UploadResult:
-    """Make `s3://bucket/name/revision/` hold every file of `root` (skipping identical ones)."""
-    prefix = f"{safe_component(name, 'model')}/{safe_component(revision, 'revision')}/"
-    files = local_files(root)
-    store.check_bucket(bucket)
-    remote = {obj.key: obj for obj in store.remote_files(bucket, prefix)}
+def upload_files(
+    store: UploadStore, bucket: str, prefix: str, files: list[LocalFile], remote: dict[str, RemoteFile]
+) -> UploadResult:
+    """Make `s3://bucket/<prefix>` hold every one of `files` (skipping those `remote` has the same)."""
     uploaded = skipped = sent = 0
     for local in files:
         key = prefix + str(local.relative)
@@ -124,6 +119,4 @@ def upload_model(store: UploadStore, bucket: str, name: str, revision: str, root
         store.upload(bucket, key, local.path, {SHA256_METADATA: local.sha256})
         uploaded += 1
         sent += local.size
-    ours = {prefix + str(f.relative) for f in files}
-    extra = sum(1 for key in remote if key not in ours and not key.endswith("/"))
-    return UploadResult(prefix, len(files), uploaded, skipped, sent, extra)
+    return UploadResult(prefix, len(files), uploaded, skipped, sent)

@@ -133,7 +133,24 @@ class ModelBucket(pulumi.ComponentResource):
             restrict_public_buckets=True,
             opts=child,
         )
-        self.register_outputs({"bucket": self.bucket.bucket})
+        # Signs each revision's manifest (`llmfleet model publish`); the vLLM pods' model-sync role
+        # may only verify with it (infra/manifests/iam.py `model_sync_read`). Asymmetric: the
+        # public half cannot sign, and KMS never lets the private half out.
+        self.signing_key = aws.kms.Key(
+            f"{name}-signing",
+            description=f"{args.name}: signs model revision manifests (llmfleet model publish)",
+            key_usage="SIGN_VERIFY",
+            customer_master_key_spec="ECC_NIST_P256",
+            deletion_window_in_days=30,
+            opts=child,
+        )
+        self.signing_alias = aws.kms.Alias(
+            f"{name}-signing",
+            name=f"alias/{args.name}-model-signing",
+            target_key_id=self.signing_key.key_id,
+            opts=child,
+        )
+        self.register_outputs({"bucket": self.bucket.bucket, "signing_key": self.signing_key.arn})
 
 
 class Images(pulumi.ComponentResource):

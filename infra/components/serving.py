@@ -27,6 +27,7 @@ class ServingArgs:
     model_sync_image: pulumi.Input[str]
     model_bucket: pulumi.Input[str]
     model_bucket_arn: pulumi.Input[str]
+    model_signing_key_arn: pulumi.Input[str]  # model-sync verifies each revision's manifest with it
     oidc_provider_arn: pulumi.Input[str]
     oidc_provider_url: pulumi.Input[str]
     office_hours: OfficeHours
@@ -128,7 +129,9 @@ class ModelServing(pulumi.ComponentResource):
             oidc_provider_url=args.oidc_provider_url,
             namespace=NAMESPACE,
             service_account=vllm.MODEL_SYNC_SERVICE_ACCOUNT,
-            policy=pulumi.Output.from_input(args.model_bucket_arn).apply(model_sync_read),
+            policy=pulumi.Output.all(args.model_bucket_arn, args.model_signing_key_arn).apply(
+                lambda arns: model_sync_read(arns[0], arns[1])
+            ),
             parent=self,
         )
         sa: Manifest = {
@@ -185,4 +188,7 @@ def _bind(obj: Manifest, args: ServingArgs) -> Manifest:
     init = pod["initContainers"][0]
     init["image"] = args.model_sync_image
     init["args"] = [args.model_bucket if a == "@MODEL_BUCKET@" else a for a in init["args"]]
+    for var in init["env"]:
+        if var["value"] == vllm.SIGNING_KEY_PLACEHOLDER:
+            var["value"] = args.model_signing_key_arn
     return obj

@@ -15,6 +15,7 @@ from apps.agent.settings import AgentSettings
 from apps.cli.settings import AdminSettings
 from apps.core.envnames import env_name
 from apps.gateway.settings import GatewaySettings
+from apps.modelsync.settings import ModelSyncSettings
 from apps.ops.settings import OpsSettings
 from apps.orchestrator.settings import OrchestratorSettings
 from infra.manifests.common import Manifest
@@ -23,6 +24,7 @@ __all__ = [
     "AdminSettings",
     "AgentSettings",
     "GatewaySettings",
+    "ModelSyncSettings",
     "OpsSettings",
     "OrchestratorSettings",
     "env_name",

@@ -45,8 +45,9 @@ def assume_role_by_service(service: str) -> Policy:
     }
 
 
-def model_sync_read(bucket_arn: str) -> Policy:
-    """Reads only `models/*`-style objects of the model bucket (the bucket holds nothing else)."""
+def model_sync_read(bucket_arn: str, signing_key_arn: str) -> Policy:
+    """Reads only `models/*`-style objects of the model bucket (the bucket holds nothing else) and
+    verifies manifests with the model-signing key: `kms:Verify`, never `kms:Sign`."""
     return {
         "Version": "2012-10-17",
         "Statement": [
@@ -56,6 +57,12 @@ def model_sync_read(bucket_arn: str) -> Policy:
                 "Effect": "Allow",
                 "Action": ["s3:GetObject"],
                 "Resource": [f"{bucket_arn}/*"],
+            },
+            {
+                "Sid": "VerifyManifests",
+                "Effect": "Allow",
+                "Action": ["kms:Verify"],
+                "Resource": [signing_key_arn],
             },
         ],
     }

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 
 from apps.core.sizing.pools import ON_DEMAND_POOL, SPOT_POOL
+from infra.manifests import appenv
 from infra.manifests.common import (
     AGENT_HEALTH_PORT,
     CAPACITY_TYPE,
@@ -36,6 +37,8 @@ from infra.manifests.vllm_target import Capacity, Timing, VllmTarget, timing
 
 GPU_MEMORY_UTILIZATION = 0.9
 MODEL_SYNC_SERVICE_ACCOUNT = "model-sync"
+# The model-signing KMS key's ARN, an output: the component binds it (infra/components/serving.py).
+SIGNING_KEY_PLACEHOLDER = "@MODEL_SIGNING_KEY@"
 
 
 def wait_for_agent_exit(budget_s: int, port: int = AGENT_HEALTH_PORT) -> str:
@@ -163,6 +166,8 @@ def _model_sync_container(t: VllmTarget) -> Manifest:
             "--dest",
             MODEL_CACHE_MOUNT,
         ],
+        # The key each revision's signed manifest must verify with (bound at apply time).
+        "env": [appenv.value(appenv.ModelSyncSettings, "model_signing_key", SIGNING_KEY_PLACEHOLDER)],
         "resources": {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"memory": "2Gi"}},
         "volumeMounts": [{"name": "models", "mountPath": MODEL_CACHE_MOUNT}],
         # The hostPath cache is created root-owned by the kubelet; the copy needs to write there.

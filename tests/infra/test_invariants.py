@@ -242,15 +242,28 @@ def test_every_iam_policy_is_scoped(resources: list[dict[str, Any]]) -> None:
                     assert "StringEquals" in stmt["Condition"], r["name"]
 
 
-def test_model_sync_reads_only_the_model_bucket(resources: list[dict[str, Any]]) -> None:
+def test_model_sync_reads_only_the_model_bucket_and_only_verifies_with_the_signing_key(
+    resources: list[dict[str, Any]],
+) -> None:
     policy = next(
         r for r in resources if r["name"] == "serving-model-sync" and r["type"].endswith("RolePolicy")
     )
     doc = json.loads(policy["inputs"]["policy"])
     actions = {a for s in doc["Statement"] for a in s["Action"]}
-    assert actions == {"s3:ListBucket", "s3:GetObject"}
+    assert actions == {"s3:ListBucket", "s3:GetObject", "kms:Verify"}  # never kms:Sign
     for stmt in doc["Statement"]:
         assert all(res.startswith("arn:") and "models" in res for res in stmt["Resource"])
+    [verify] = [s for s in doc["Statement"] if s["Action"] == ["kms:Verify"]]
+    assert verify["Resource"] == ["arn:aws:mock:us-east-1:123456789012:models-signing"]
+
+
+def test_the_model_signing_key_signs_and_verifies_with_ecdsa_p256(resources: list[dict[str, Any]]) -> None:
+    [key] = [r["inputs"] for r in resources if r["type"] == "aws:kms/key:Key"]
+    assert (key["keyUsage"], key["customerMasterKeySpec"]) == ("SIGN_VERIFY", "ECC_NIST_P256")
+    [alias] = [r["inputs"] for r in resources if r["type"] == "aws:kms/alias:Alias"]
+    assert alias["name"].startswith("alias/llmfleet-")
+    assert alias["name"].endswith("-model-signing")
+    assert alias["targetKeyId"].startswith("key-")
 
 
 def test_bucket_is_versioned_encrypted_and_private(resources: list[dict[str, Any]]) -> None:
@@ -304,3 +317,21 @@ def test_dev_is_small() -> None:
     kube = serving_objects(spec, dev, OfficeHours(), "agent", "bucket", scale_models=True)
     bounds = _replica_bounds(kube, "llama-3.1-8b-instruct")
     assert bounds == (1, 2)
+
+
+def test_every_model_sync_verifies_with_the_programs_signing_key(kube: list[dict[str, Any]]) -> None:
+    inits = [
+        c
+        for o in kube
+        if o["kind"] == "Deployment" and o["metadata"]["name"].startswith("vllm-")
+        for c in o["spec"]["template"]["spec"]["initContainers"]
+    ]
+    assert inits
+    for init in inits:
+        assert init["args"][0] == "model-sync"
+        assert init["env"] == [
+            {
+                "name": "LLMFLEET_MODEL_SIGNING_KEY",
+                "value": "arn:aws:mock:us-east-1:123456789012:models-signing",
+            }
+        ]

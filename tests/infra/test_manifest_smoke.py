@@ -32,6 +32,9 @@ import boto3
 import pytest
 
 from apps.cli.procs import free_port
+from apps.modelsync.publish import publish_model
+from apps.modelsync.s3 import Boto3ObjectStore
+from apps.modelsync.signing import KmsSigner
 from infra.manifests.common import NAMESPACE
 from tests.fakes.procs import stop_processes
 from tests.infra.conftest import kube_objects
@@ -95,12 +98,24 @@ class Pods:
         return argv, {**env, **extra}, self.workdir / f"{pod}-{container['name']}.log"
 
     def run_to_completion(
-        self, spec: dict[str, Any], container: dict[str, Any], pod: str, extra: dict[str, str]
-    ) -> None:
+        self,
+        spec: dict[str, Any],
+        container: dict[str, Any],
+        pod: str,
+        extra: dict[str, str],
+        ok: bool = True,
+    ) -> str:
+        """Run the container to its end; its output. `ok=False`: it must fail (the pod never starts)."""
         argv, env, log = self._prepare(spec, container, pod)
         done = subprocess.run(argv, env={**env, **extra}, cwd="/", capture_output=True, timeout=300)
         log.write_bytes(done.stdout + done.stderr)
-        assert done.returncode == 0, f"{pod}/{container['name']}: exit {done.returncode}\n{log.read_text()}"
+        if ok:
+            assert done.returncode == 0, (
+                f"{pod}/{container['name']}: exit {done.returncode}\n{log.read_text()}"
+            )
+        else:
+            assert done.returncode != 0, f"{pod}/{container['name']}: succeeded\n{log.read_text()}"
+        return log.read_text()
 
     def start(self, spec: dict[str, Any], container: dict[str, Any], pod: str) -> None:
         argv, env, log = self._prepare(spec, container, pod)
@@ -202,21 +217,37 @@ def test_every_platform_container_starts_from_its_rendered_object(
         bucket, model, revision = (
             sync["args"][sync["args"].index(f) + 1] for f in ("--bucket", "--model", "--revision")
         )
-        s3 = boto3.client(
-            "s3",
-            endpoint_url=s3_endpoint,
-            region_name="us-east-1",
-            aws_access_key_id="testing",
-            aws_secret_access_key="testing",
-        )
+        moto: dict[str, Any] = {
+            "endpoint_url": s3_endpoint,
+            "region_name": "us-east-1",
+            "aws_access_key_id": "testing",
+            "aws_secret_access_key": "testing",
+        }
+        s3 = boto3.client("s3", **moto)
         s3.create_bucket(Bucket=bucket)
-        s3.put_object(Bucket=bucket, Key=f"{model}/{revision}/config.json", Body=b"{}")
+        # The revision as `llmfleet model publish` leaves it: files, then the manifest signed by KMS.
+        kms = boto3.client("kms", **moto)
+        key = kms.create_key(KeyUsage="SIGN_VERIFY", KeySpec="ECC_NIST_P256")["KeyMetadata"]["Arn"]
+        weights = workdir / "weights"
+        weights.mkdir()
+        (weights / "config.json").write_bytes(b"{}")
+        publish_model(Boto3ObjectStore(s3), KmsSigner(kms, key), bucket, model, revision, weights, {})
+        # The rendered env names the signing key (an output at apply time): here, moto's key.
+        assert [e["name"] for e in sync["env"]] == ["LLMFLEET_MODEL_SIGNING_KEY"]
         aws = {
             "LLMFLEET_S3_ENDPOINT_URL": s3_endpoint,
+            "LLMFLEET_MODEL_SIGNING_KEY": key,
+            "AWS_ENDPOINT_URL_KMS": s3_endpoint,
             "AWS_ACCESS_KEY_ID": "testing",
             "AWS_SECRET_ACCESS_KEY": "testing",
             "AWS_DEFAULT_REGION": "us-east-1",
         }
+        # A file the signed manifest does not list: refused in one line, nothing marked complete.
+        s3.put_object(Bucket=bucket, Key=f"{model}/{revision}/extra.bin", Body=b"x")
+        refused = pods.run_to_completion(vllm_pod, sync, "vllm-pod-0", aws, ok=False)
+        assert "extra.bin is not in the signed manifest" in refused, refused
+        assert not (cluster.mounts["/models"] / model / revision).exists()
+        s3.delete_object(Bucket=bucket, Key=f"{model}/{revision}/extra.bin")
         pods.run_to_completion(vllm_pod, sync, "vllm-pod-0", aws)
         assert (cluster.mounts["/models"] / model / revision / "config.json").is_file()
         agent = next(c for c in vllm_pod["containers"] if c["name"] == "agent")
