@@ -1,9 +1,8 @@
 """Settle one request's usage exactly once and account it against the key's daily token quota.
 
-The orchestrator (and the gateway's fake dispatcher in tests) call `settle_usage` with the
-engine's exact usage. Only a *new* settlement increments `tpd:{subject}:{yyyymmdd}` in Redis
-(the subject the request was admitted under: the key id, or `jwt-<sub>` for a JWT caller),
-so a retried settle never counts tokens twice. The counter expires after two days.
+The orchestrator calls `settle_usage` with the engine's exact usage. Only a *new* settlement
+increments `tpd:{subject}:{yyyymmdd}` in Redis (the subject the request was admitted under: the key
+id, or `jwt-<sub>` for a JWT caller), so a retried settle never counts tokens twice. The counter expires after two days.
 A Redis failure here does not undo the settlement (money is the source of truth); it is
 re-raised so the caller can count it.
 """

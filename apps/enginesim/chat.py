@@ -51,7 +51,7 @@ class StreamOptions(BaseModel):
     continuous_usage_stats: bool | None = False
 
 
-class ChatRequest(BaseModel):
+class EngineChatBody(BaseModel):
     """The fields enginesim acts on; unknown fields are accepted and ignored, as vLLM does."""
 
     model_config = ConfigDict(extra="allow")
@@ -173,7 +173,7 @@ def plan_chat(
     return job
 
 
-def _checked_request(body: Any, served_model: str, priority_scheduling: bool) -> ChatRequest:
+def _checked_request(body: Any, served_model: str, priority_scheduling: bool) -> EngineChatBody:
     """The body as vLLM validates it, with vLLM's errors, before any token is counted."""
     if not isinstance(body, dict):
         raise VllmError(
@@ -184,7 +184,7 @@ def _checked_request(body: Any, served_model: str, priority_scheduling: bool) ->
             "body",
         )
     try:
-        req = ChatRequest.model_validate(body)
+        req = EngineChatBody.model_validate(body)
     except ValidationError as exc:
         raise _validation_error(exc) from None
     if req.model not in (None, "", served_model):
@@ -246,7 +246,7 @@ def _check_contents(messages: list[dict[str, Any]]) -> None:
             raise VllmError(400, "Bad Request", message_text, bad)
 
 
-def _completion_limit(req: ChatRequest, prompt: int, max_model_len: int) -> int:
+def _completion_limit(req: EngineChatBody, prompt: int, max_model_len: int) -> int:
     """How many tokens the answer may have: `max_tokens` within what the context leaves (vLLM's errors)."""
     if prompt > max_model_len:
         raise bad_request(
@@ -272,7 +272,7 @@ def _completion_limit(req: ChatRequest, prompt: int, max_model_len: int) -> int:
     return min(asked, room) if asked is not None else room
 
 
-def _choice(req: ChatRequest, index: int, limit: int, mean_answer_tokens: int, server_seed: int) -> Choice:
+def _choice(req: EngineChatBody, index: int, limit: int, mean_answer_tokens: int, server_seed: int) -> Choice:
     """One choice's words: seeded by the conversation, its index and the seeds, as long as its natural
     length (finish `stop`) or the limit (finish `length`)."""
     # Continuing an assistant message: the answer is the one the conversation without it would get,

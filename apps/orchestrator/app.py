@@ -237,9 +237,6 @@ async def start_orchestrator(
     app = create_app(settings, deps)
     runner = web.AppRunner(app, shutdown_timeout=settings.shutdown_grace_s, handler_cancellation=True)
     await runner.setup()
-    site = web.TCPSite(runner, host, port)
-    await site.start()
-    server = site._server
-    sockets = getattr(server, "sockets", None) or []
-    bound = sockets[0].getsockname()[1] if sockets else port
+    await web.TCPSite(runner, host, port).start()
+    bound = runner.addresses[0][1]  # (host, port) of the socket bound: port 0 picks a free one
     return RunningOrchestrator(app, runner, int(bound))

@@ -1,5 +1,6 @@
-"""The gateway served by uvicorn on loopback, driven by the official `openai` SDK
-(real PostgreSQL and Redis, fake zero-latency orchestrator)."""
+"""The gateway served by uvicorn on loopback, driven by the official `openai` SDK, in front of the
+real platform in-process (`tests/fleet.py`: orchestrator, node agent, enginesim; real PostgreSQL and
+Redis)."""
 
 from __future__ import annotations
 
@@ -12,11 +13,12 @@ import openai
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
-from tests.fakes.fake_dispatcher import FakeDispatcher
-from tests.fakes.fake_gateway import GatewayEnv, gateway_env
+from tests.fleet import FleetSetup
+from tests.gateway_env import GatewayEnv, gateway_env
 
 MODEL = "llama-3.1-8b-instruct"
 MSG: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hello"}]
+WHOLE = {"ignore_eos": True}  # vLLM's extra: the answer is exactly `max_tokens` long
 
 
 def sdk(env: GatewayEnv, key: str) -> openai.AsyncOpenAI:
@@ -38,15 +40,21 @@ async def test_streaming_with_and_without_usage_and_raw_headers(migrated_db_url:
         _, key = await env.team_with_key("a", rpm=50, tokens_per_day=100_000)
         async with sdk(env, key) as client:
             stream = await client.chat.completions.create(
-                model=MODEL, messages=MSG, max_tokens=5, stream=True
+                model=MODEL, messages=MSG, max_tokens=5, stream=True, extra_body=WHOLE
             )
             chunks = [c async for c in stream]
-            text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-            assert text == "t0 t1 t2 t3 t4 "
+            pieces = [c.choices[0].delta.content for c in chunks if c.choices and c.choices[0].delta.content]
+            assert len(pieces) == 5  # one chunk per token
+            assert chunks[-1].choices[0].finish_reason == "length"
             assert all(c.usage is None for c in chunks)
 
             stream = await client.chat.completions.create(
-                model=MODEL, messages=MSG, max_tokens=3, stream=True, stream_options={"include_usage": True}
+                model=MODEL,
+                messages=MSG,
+                max_tokens=3,
+                stream=True,
+                stream_options={"include_usage": True},
+                extra_body=WHOLE,
             )
             chunks = [c async for c in stream]
             assert chunks[-1].choices == []
@@ -54,7 +62,7 @@ async def test_streaming_with_and_without_usage_and_raw_headers(migrated_db_url:
             assert chunks[-1].usage.completion_tokens == 3
 
             raw = await client.chat.completions.with_raw_response.create(
-                model=MODEL, messages=MSG, max_tokens=2
+                model=MODEL, messages=MSG, max_tokens=2, extra_body=WHOLE
             )
             assert raw.headers["x-ratelimit-limit-requests"] == "50"
             assert int(raw.headers["x-ratelimit-remaining-requests"]) == 47
@@ -88,28 +96,21 @@ async def test_sdk_exception_classes(migrated_db_url: str, redis_url: str) -> No
             with pytest.raises(openai.RateLimitError) as limited:
                 await good.chat.completions.create(model=MODEL, messages=MSG)
             assert int(limited.value.response.headers["retry-after"]) >= 1
-    async with gateway_env(
-        migrated_db_url,
-        redis_url,
-        serve=True,
-        dispatcher_factory=lambda lg, rd: FakeDispatcher(lg, rd, status=503),
-    ) as env:
+    # No node serves the model: the orchestrator's 503 reaches the SDK as its own class and code.
+    async with gateway_env(migrated_db_url, redis_url, serve=True, fleet=FleetSetup(nodes=0)) as env:
         _, key = await env.team_with_key("c")
         async with sdk(env, key) as client:
             with pytest.raises(openai.InternalServerError) as unavailable:
                 await client.chat.completions.create(model=MODEL, messages=MSG)
             assert unavailable.value.status_code == 503
+            assert unavailable.value.code == "model_unavailable"
 
 
 async def test_500_concurrent_streams_one_key_max_streams_5(migrated_db_url: str, redis_url: str) -> None:
-    gate = asyncio.Event()
-    async with gateway_env(
-        migrated_db_url,
-        redis_url,
-        serve=True,
-        dispatcher_factory=lambda lg, rd: FakeDispatcher(lg, rd, gate=gate),
-    ) as env:
+    async with gateway_env(migrated_db_url, redis_url, serve=True) as env:
         _, key = await env.team_with_key("a", max_streams=5)
+        assert env.fleet.engine is not None
+        await env.fleet.pause()  # the admitted streams wait at the engine, holding their slots
         async with sdk(env, key) as client:
 
             async def one() -> object:
@@ -120,14 +121,21 @@ async def test_500_concurrent_streams_one_key_max_streams_5(migrated_db_url: str
                 except openai.RateLimitError as exc:
                     return exc
 
-            results = await asyncio.gather(*(one() for _ in range(500)))
-            streams = [r for r in results if not isinstance(r, openai.RateLimitError)]
-            refused = [r for r in results if isinstance(r, openai.RateLimitError)]
+            calls = [asyncio.ensure_future(one()) for _ in range(500)]
+            while sum(c.done() for c in calls) < 495:  # the refused ones answer while the engine is paused
+                await asyncio.wait([c for c in calls if not c.done()], return_when=asyncio.FIRST_COMPLETED)
+            refused = [c.result() for c in calls if c.done()]
+            assert all(isinstance(r, openai.RateLimitError) for r in refused)
+            assert all(r.body["code"] == "max_streams" for r in refused)  # type: ignore[attr-defined]
+            deadline = time.monotonic() + 20
+            while env.fleet.engine.busy() < 5:  # the five admitted reach the engine
+                assert time.monotonic() < deadline, f"{env.fleet.engine.busy()} of 5 at the engine"
+                await asyncio.sleep(0.01)
+            await env.fleet.resume()
+            streams = await asyncio.gather(*(c for c in calls if not c.done()))
             assert len(streams) == 5
-            assert len(refused) == 495
-            assert all(r.body["code"] == "max_streams" for r in refused)  # type: ignore[index]
-            assert env.dispatcher.max_running <= 5
-            gate.set()
+            assert not any(isinstance(s, openai.RateLimitError) for s in streams)
+            assert env.dispatcher.max_open <= 5
             for s in streams:
                 assert [c async for c in s][-1].choices[0].finish_reason is not None  # type: ignore[attr-defined]
         await poll(lambda: _scard_zero(env, "1"), "stream slots released")
@@ -138,16 +146,12 @@ async def _scard_zero(env: GatewayEnv, subject: str) -> bool:
 
 
 async def test_500_abandoned_streams_leave_nothing_behind(migrated_db_url: str, redis_url: str) -> None:
-    async with gateway_env(
-        migrated_db_url,
-        redis_url,
-        serve=True,
-        dispatcher_factory=lambda lg, rd: FakeDispatcher(lg, rd, tokens=100_000, delay_s=0.25),
-    ) as env:
+    # The engine at the tiny profile's own pace: 500 streams of 5,000 tokens run for minutes.
+    async with gateway_env(migrated_db_url, redis_url, serve=True, fleet=FleetSetup(speed=1.0)) as env:
         _, key = await env.team_with_key("a", max_streams=1000)
         baseline = len(asyncio.all_tasks())
         headers = {"Authorization": f"Bearer {key}"}
-        body = {"model": MODEL, "messages": MSG, "max_tokens": 5000, "stream": True}
+        body = {"model": MODEL, "messages": MSG, "max_tokens": 5000, "stream": True, **WHOLE}
         connector = aiohttp.TCPConnector(limit=600)
         async with aiohttp.ClientSession(connector=connector) as session:
 
@@ -180,21 +184,17 @@ async def test_500_abandoned_streams_leave_nothing_behind(migrated_db_url: str, 
             ).fetchall()
         assert rows == [("settled", 500)]
         assert env.dispatcher.closed == 500
-        assert env.dispatcher.running == 0
+        assert env.dispatcher.open_now == 0
 
 
 async def test_non_streaming_client_that_leaves_stops_the_request_and_settles_what_ran(
     migrated_db_url: str, redis_url: str
 ) -> None:
-    async with gateway_env(
-        migrated_db_url,
-        redis_url,
-        serve=True,
-        dispatcher_factory=lambda lg, rd: FakeDispatcher(lg, rd, tokens=100_000, delay_s=0.01),
-    ) as env:
+    # A slow engine (about 30 tokens/s a stream): 5,000 tokens would take minutes.
+    async with gateway_env(migrated_db_url, redis_url, serve=True, fleet=FleetSetup(speed=0.05)) as env:
         _, key = await env.team_with_key("a", max_streams=10)
         headers = {"Authorization": f"Bearer {key}"}
-        body = {"model": MODEL, "messages": MSG, "max_tokens": 5000}  # not streaming
+        body = {"model": MODEL, "messages": MSG, "max_tokens": 5000, **WHOLE}  # not streaming
         async with aiohttp.ClientSession() as session:
 
             async def ask() -> None:
@@ -206,7 +206,7 @@ async def test_non_streaming_client_that_leaves_stops_the_request_and_settles_wh
             callers = [asyncio.create_task(ask()) for _ in range(5)]
 
             async def all_running() -> bool:
-                return env.dispatcher.running == 5
+                return env.dispatcher.open_now == 5  # each answered by the orchestrator (a first token)
 
             await poll(all_running, "five requests running upstream")
             for c in callers:
@@ -214,7 +214,7 @@ async def test_non_streaming_client_that_leaves_stops_the_request_and_settles_wh
             await asyncio.gather(*callers, return_exceptions=True)
 
         async def stopped() -> bool:
-            return env.dispatcher.closed == 5 and env.dispatcher.running == 0
+            return env.dispatcher.closed == 5 and env.dispatcher.open_now == 0
 
         await poll(stopped, "the upstream requests closed")
         await poll(lambda: _scard_zero(env, "1"), "stream slots released")

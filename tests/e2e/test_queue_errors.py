@@ -1,66 +1,52 @@
-"""The orchestrator's queue refusals reach the official `openai` SDK with their own codes: a real
-orchestrator (in-process, real Redis) with one scripted node of one slot, the real gateway served
-by uvicorn dispatching to it over HTTP (`HttpDispatcher`), real PostgreSQL."""
+"""The orchestrator's queue refusals reach the official `openai` SDK with their own codes: the real
+gateway served by uvicorn in front of the real platform in-process (`tests/fleet.py`: an orchestrator
+whose queue holds one waiter, a node of one slot), real PostgreSQL and Redis."""
 
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 import openai
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
-from apps.core.protocol import node as proto
-from apps.gateway.dispatcher import HttpDispatcher
+from apps.enginesim.faults import Faults
 from apps.orchestrator.app import PLANE
-from tests.fakes.fake_gateway import gateway_env
-from tests.fakes.fake_node import Auto, FakeNode
-from tests.integration.orchestrator_env import TOKEN, Env, env, eventually, poll
-
-__all__ = ["env"]  # the fixture, imported for pytest
+from tests.fleet import FleetSetup
+from tests.gateway_env import gateway_env
+from tests.integration.orchestrator_env import eventually, poll
 
 MODEL = "llama-3.1-8b-instruct"
 MSG: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hello"}]
 
+# The first request stalls after its first token for longer than the test runs (enginesim's
+# `stall_s`, one request only): it holds the node's only slot until its client leaves.
+ONE_SLOT = FleetSetup(
+    slots=1,
+    faults=Faults(stall_s=300.0, stall_after_tokens=1, times=1),
+    orchestrator={"queue_max_per_model": 1},
+)
 
-async def test_queue_full_and_queue_timeout_keep_their_codes(
-    env: Env, migrated_db_url: str, redis_url: str
-) -> None:
-    orch = await env.orchestrator(
-        models=frozenset({MODEL}), orchestrator_id="orch-queue", queue_max_per_model=1
-    )
-    gate = asyncio.Event()
-    node = FakeNode(
-        orch.ws_url,
-        "gpu-1",
-        await env.store.issue_token("gpu-1", "onprem"),
-        models=[proto.ModelInfo(name=MODEL, max_num_seqs=1, max_model_len=4096)],
-        auto=Auto(tokens=2, gate=gate),
-        heartbeat_every_s=0.2,
-    )
-    env.nodes.append(node)
-    assert isinstance(await node.connect(), proto.RegisterAck)
 
-    def dispatcher(_ledger: Any, _redis: Any) -> Any:
-        return HttpDispatcher([orch.url], TOKEN)
-
+async def test_queue_full_and_queue_timeout_keep_their_codes(migrated_db_url: str, redis_url: str) -> None:
     async with gateway_env(
         # 5 s in the queue: the third request must reach it (SDK, gateway, reservation, dispatch on
         # one loaded event loop) while the second still waits there.
         migrated_db_url,
         redis_url,
         serve=True,
-        dispatcher_factory=dispatcher,
+        fleet=ONE_SLOT,
         queue_wait_s=5.0,
     ) as gw:
         _, key = await gw.team_with_key("a")
         async with openai.AsyncOpenAI(base_url=gw.base_url + "/v1", api_key=key, max_retries=0) as client:
-            holder = await client.chat.completions.create(model=MODEL, messages=MSG, stream=True)
-            first = await anext(aiter(holder))  # the node's only slot is taken (the gate holds it)
+            holder = await client.chat.completions.create(
+                model=MODEL, messages=MSG, stream=True, max_tokens=50, extra_body={"ignore_eos": True}
+            )
+            first = await anext(aiter(holder))  # the node's only slot is taken (the stall holds it)
             assert first.choices
             waiting = asyncio.ensure_future(client.chat.completions.create(model=MODEL, messages=MSG))
-            plane = orch.app[PLANE]
+            plane = gw.fleet.orchestrator.app[PLANE]
             await eventually(lambda: _true(plane.queues.depth(MODEL) == 1))
             with pytest.raises(openai.RateLimitError) as full:
                 await client.chat.completions.create(model=MODEL, messages=MSG)
@@ -72,9 +58,7 @@ async def test_queue_full_and_queue_timeout_keep_their_codes(
             assert timed_out.value.code == "queue_timeout"
             assert timed_out.value.status_code == 503
             assert int(timed_out.value.response.headers["retry-after"]) >= 1
-            gate.set()
-            rest = [c async for c in holder]
-            assert rest
+            await holder.close()  # the holder's client leaves: the engine stops it, what ran is billed
 
         async def statuses() -> dict[str, int]:
             async with gw.pool.connection() as conn:

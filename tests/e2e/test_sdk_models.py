@@ -6,7 +6,7 @@ from __future__ import annotations
 import openai
 import pytest
 
-from tests.fakes.fake_gateway import gateway_env
+from tests.gateway_env import gateway_env
 
 MODEL = "llama-3.1-8b-instruct"
 

@@ -68,6 +68,18 @@ class SimEngine:
         """Requests the engine completed (aborted ones are not counted, as in vLLM)."""
         return await self.metric("vllm:request_success_total")
 
+    async def pause(self) -> None:
+        """vLLM's dev-mode `POST /pause?mode=keep` (the engine needs `dev_mode=True`): requests
+        already running and new ones wait in the scheduler until `resume()`."""
+        await self._post("/pause?mode=keep")
+
+    async def resume(self) -> None:
+        await self._post("/resume")
+
+    async def _post(self, path: str) -> None:
+        async with aiohttp.ClientSession() as s, s.post(f"{self.url}{path}") as resp:
+            assert resp.status == 200, await resp.text()
+
     async def prompt_tokens(self, messages: list[dict[str, str]] = MESSAGES) -> int:
         """What the engine counts for `messages` (its `/tokenize`)."""
         async with (
@@ -78,9 +90,11 @@ class SimEngine:
 
 
 @asynccontextmanager
-async def engine_sim(speed: float = 0.2, **settings: Any) -> AsyncIterator[SimEngine]:
-    running = await start_enginesim(EngineSimSettings(model=MODEL, port=0, speed=speed, **settings))
+async def engine_sim(speed: float = 0.2, *, model: str = MODEL, **settings: Any) -> AsyncIterator[SimEngine]:
+    """`model`: the served name (its profile stays `tiny` unless `settings` name another)."""
+    settings.setdefault("profile", "tiny")
+    running = await start_enginesim(EngineSimSettings(model=model, port=0, speed=speed, **settings))
     try:
-        yield SimEngine(running)
+        yield SimEngine(running, model)
     finally:
         await running.close()

@@ -1,4 +1,5 @@
-"""The in-process gateway (real PostgreSQL and Redis, fake orchestrator) as a fixture, and its client."""
+"""The in-process gateway (real PostgreSQL and Redis, the real platform behind it: `tests/fleet.py`) as a
+fixture, and its client."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 
-from tests.fakes.fake_gateway import GatewayEnv, gateway_env
+from tests.gateway_env import GatewayEnv, gateway_env
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ from apps.core.db.migrate import MIGRATIONS_DIR
 from apps.core.nodes import keys
 from apps.core.protocol import bus
 from apps.gateway.slo import Reading, SloStatus, indicators
-from tests.fakes.fake_gateway import GatewayEnv
+from tests.gateway_env import GatewayEnv
 from tests.integration.console_client import signin, signin_csrf_of
 from tests.integration.gateway_fixtures import gateway
 
@@ -41,19 +41,25 @@ def csrf_of(html: str) -> str:
     return found.group(1)
 
 
+HI = [{"role": "user", "content": "hi"}]
+
+
 async def chat(env: GatewayEnv, key: str) -> None:
+    """One request of exactly 4 completion tokens (`ignore_eos`), settled before this returns."""
     async with browser(env) as c:
         r = await c.post(
             "/v1/chat/completions",
-            json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4},
+            json={"model": MODEL, "messages": HI, "max_tokens": 4, "ignore_eos": True},
             headers={"Authorization": f"Bearer {key}"},
         )
         assert r.status_code == 200, r.text
+    await env.settled()
 
 
 async def test_team_sign_in_sets_a_safe_cookie_and_shows_usage(env: GatewayEnv) -> None:
     _, key = await env.team_with_key("alpha")
     await chat(env, key)
+    p = await env.fleet.prompt_tokens(HI)
     async with browser(env) as c:
         r = await signin(c, env.issuer.mint("alice", team="alpha"))
         assert r.status_code == 303
@@ -66,13 +72,13 @@ async def test_team_sign_in_sets_a_safe_cookie_and_shows_usage(env: GatewayEnv) 
         page = await c.get("/console/team")
         assert page.status_code == 200
         assert "content-security-policy" in page.headers
-        # 11 prompt (none cached) + 4 completion tokens from the fake engine, in the usage table and
-        # the chart data.
-        assert f"<td>{MODEL}</td><td>1</td><td>11</td><td>0</td><td>4</td><td>15</td>" in page.text
-        assert '"tokens": [15' in page.text or '"tokens": [0' in page.text
+        # The engine's prompt count (none cached) + 4 completion tokens, in the usage table and the
+        # chart data.
+        assert f"<td>{MODEL}</td><td>1</td><td>{p}</td><td>0</td><td>4</td><td>{p + 4}</td>" in page.text
+        assert f'"tokens": [{p + 4}' in page.text or '"tokens": [0' in page.text
         csv = await c.get("/console/team/usage.csv")
         assert csv.headers["content-type"].startswith("text/csv")
-        assert f",{MODEL},1,11,0,4,15," in csv.text
+        assert f",{MODEL},1,{p},0,4,{p + 4}," in csv.text
 
 
 async def test_cookie_is_secure_behind_tls(env: GatewayEnv) -> None:
@@ -109,7 +115,7 @@ async def test_a_second_team_cannot_see_or_revoke_the_first_teams_keys(env: Gate
         page = await c.get("/console/team")
         assert "alpha-secret-key" not in page.text
         assert MODEL + "</td><td>1" not in page.text
-        assert "<td>1</td><td>11</td>" not in page.text
+        assert f"<td>1</td><td>{await env.fleet.prompt_tokens(HI)}</td>" not in page.text
         r = await c.post(f"/console/team/keys/{key_a_id}/revoke", data={"csrf": csrf_of(page.text)})
         assert r.status_code == 404
         assert "has no key" in r.text
@@ -168,7 +174,8 @@ async def test_key_scoped_session_reads_only_its_key_and_changes_nothing(env: Ga
         page = await c.get("/console/team")
         assert ">two<" in page.text
         assert ">one<" not in page.text
-        assert "<td>1</td><td>11</td>" not in page.text  # key one's request is not this key's usage
+        # Key one's request is not this key's usage.
+        assert f"<td>1</td><td>{await env.fleet.prompt_tokens(HI)}</td>" not in page.text
         r = await c.post("/console/team/keys", data={"csrf": csrf_of(page.text), "name": "x"})
         assert r.status_code == 403
         k2 = next(k for k in await env.deps.keys.list_keys("alpha") if k.name == "two")
@@ -345,7 +352,8 @@ async def test_admin_drains_a_node(env: GatewayEnv) -> None:
             assert bus.decode_node_message(message["data"]) == bus.DrainMsg()
             csv = (await c.get("/console/admin/capacity.csv")).text.splitlines()
             assert csv[0].startswith("model,ready_nodes,streams_available")
-            assert any(line.startswith("llama-3.1-8b-instruct,0,0,") for line in csv)  # n1 serves no model
+            # n1 serves no model: a model no other node serves has no capacity (the 8B has the fleet's node).
+            assert any(line.startswith("qwen2.5-32b-instruct,0,0,") for line in csv)
             await owner.unsubscribe()  # the replica let the socket go
             r = await c.post("/console/admin/nodes/n1/drain", data={"csrf": csrf})
             assert r.status_code == 409

@@ -1,4 +1,5 @@
-"""The gateway in-process (httpx ASGI transport) against real PostgreSQL and Redis, fake orchestrator."""
+"""The gateway in-process (httpx ASGI transport) against real PostgreSQL and Redis, in front of the
+real platform in-process (`tests/fleet.py`: orchestrator, agent, enginesim)."""
 
 from __future__ import annotations
 
@@ -11,15 +12,22 @@ from datetime import UTC, datetime, timedelta
 import httpx
 import pytest
 
-from tests.fakes.fake_dispatcher import FakeDispatcher
-from tests.fakes.fake_gateway import GatewayEnv, StaticResolver, gateway_env
+from apps.core.protocol.dispatch import QUEUE_WAIT_HEADER
+from tests.fakes.static_resolver import StaticResolver
+from tests.fleet import FleetSetup
+from tests.gateway_env import GatewayEnv, gateway_env
+from tests.utcdays import day_labels, tokens_counted
 
 MODEL = "llama-3.1-8b-instruct"
 BIG = "llama-3.3-70b-instruct-fp8"
 
 
+MESSAGES = [{"role": "user", "content": "hi"}]
+
+
 def chat(**extra: object) -> dict[str, object]:
-    return {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, **extra}
+    # `ignore_eos` (a vLLM extra the gateway forwards): the answer is exactly `max_tokens` long.
+    return {"model": MODEL, "messages": MESSAGES, "max_tokens": 4, "ignore_eos": True, **extra}
 
 
 @pytest.fixture
@@ -38,20 +46,28 @@ def auth(key: str) -> dict[str, str]:
 
 
 async def test_non_streaming_completion_settles_and_reports_usage(env: GatewayEnv) -> None:
+    started = datetime.now(UTC)
+    prompt = await env.fleet.prompt_tokens(MESSAGES)
     _team_id, key = await env.team_with_key("a", rpm=100, tokens_per_day=10_000)
     async with client(env) as c:
         r = await c.post("/v1/chat/completions", json=chat(), headers=auth(key))
         assert r.status_code == 200, r.text
         body = r.json()
         assert body["object"] == "chat.completion"
-        assert body["choices"][0]["message"]["content"] == "t0 t1 t2 t3 "
+        assert body["choices"][0]["finish_reason"] == "length"
+        message = body["choices"][0]["message"]
         # OpenAI's schema requires `refusal` in a message (issue 27 item 10); vLLM sends it null.
-        assert body["choices"][0]["message"] == {
-            "role": "assistant",
-            "content": "t0 t1 t2 t3 ",
-            "refusal": None,
-        }
-        assert body["usage"] == {"prompt_tokens": 11, "completion_tokens": 4, "total_tokens": 15}
+        assert message == {"role": "assistant", "content": message["content"], "refusal": None}
+        assert isinstance(message["content"], str)
+        assert message["content"].strip()
+        usage = body["usage"]
+        assert (usage["prompt_tokens"], usage["completion_tokens"], usage["total_tokens"]) == (
+            prompt,
+            4,
+            prompt + 4,
+        )
+        # The engine reports cached input as the platform's vLLM does (`--enable-prompt-tokens-details`).
+        assert usage["prompt_tokens_details"]["cached_tokens"] == 0
         assert r.headers["x-ratelimit-limit-requests"] == "100"
         assert r.headers["x-ratelimit-remaining-requests"] == "99"
         assert r.headers["x-ratelimit-limit-tokens"] == "10000"
@@ -61,11 +77,12 @@ async def test_non_streaming_completion_settles_and_reports_usage(env: GatewayEn
         assert "stream" not in sent.body
         assert sent.client_wants_usage is True
         assert sent.wants_chunk_usage is False
+        await env.settled()  # the orchestrator settles from the node's report, on its own workers
         usage = (await c.get("/v1/usage", headers=auth(key))).json()
         assert usage["data"][0]["completion_tokens"] == 4
-        assert usage["total"]["prompt_tokens"] == 11
+        assert usage["total"]["prompt_tokens"] == prompt
     assert await env.redis.scard(f"streams:{sent.key_id}") == 0
-    assert int(await env.redis.get(f"tpd:{sent.key_id}:{datetime.now(UTC):%Y%m%d}")) == 15
+    assert await tokens_counted(env.redis, sent.key_id, started) == prompt + 4
 
 
 async def test_streaming_relays_bytes_and_strips_usage_when_not_asked(env: GatewayEnv) -> None:
@@ -217,14 +234,14 @@ async def test_rpm_limit_429_with_retry_after(env: GatewayEnv) -> None:
 
 
 async def test_orchestrator_503_cancels_reservation(migrated_db_url: str, redis_url: str) -> None:
-    async with gateway_env(
-        migrated_db_url, redis_url, dispatcher_factory=lambda lg, rd: FakeDispatcher(lg, rd, status=503)
-    ) as e:
+    # No node serves the model: the orchestrator answers 503 `model_unavailable` at once.
+    async with gateway_env(migrated_db_url, redis_url, fleet=FleetSetup(nodes=0)) as e:
         _, key = await e.team_with_key("a", max_streams=1)
         async with client(e) as c:
             r = await c.post("/v1/chat/completions", json=chat(), headers=auth(key))
-        assert r.status_code == 503
-        assert r.headers["retry-after"] == "3"
+        assert r.status_code == 503, r.text
+        assert r.json()["error"]["code"] == "model_unavailable"
+        assert r.headers["retry-after"] == "30"
         async with e.pool.connection() as conn:
             rows = await (await conn.execute("SELECT status::text FROM usage_ledger")).fetchall()
         assert rows == [("cancelled",)]
@@ -232,10 +249,12 @@ async def test_orchestrator_503_cancels_reservation(migrated_db_url: str, redis_
 
 
 async def test_usage_is_scoped_to_the_callers_team(env: GatewayEnv) -> None:
+    started = datetime.now(UTC)
     _, key_a = await env.team_with_key("team-a")
     _, key_b = await env.team_with_key("team-b")
     async with client(env) as c:
         assert (await c.post("/v1/chat/completions", json=chat(), headers=auth(key_a))).status_code == 200
+        await env.settled()
         a = (await c.get("/v1/usage?team=team-a", headers=auth(key_a))).json()
         b = (await c.get("/v1/usage?team=team-a&team_id=1", headers=auth(key_b))).json()
         day = (await c.get("/v1/usage?group_by=day", headers=auth(key_a))).json()
@@ -246,7 +265,7 @@ async def test_usage_is_scoped_to_the_callers_team(env: GatewayEnv) -> None:
     assert b["team"] == "team-b"
     assert b["data"] == []
     assert b["total"]["requests"] == 0
-    assert day["data"][0]["day"] == f"{datetime.now(UTC):%Y-%m-%d}"
+    assert day["data"][0]["day"] in day_labels(started)  # today, or yesterday on a run across midnight
     assert window.json()["total"]["requests"] == 1
 
 
@@ -282,7 +301,8 @@ async def test_admin_api_flow_and_revocation(env: GatewayEnv) -> None:
         assert (await c.post("/v1/chat/completions", json=chat(), headers=auth(key))).status_code == 200
         assert (await c.delete(f"/admin/keys/{created['id']}", headers=h)).status_code == 200
         assert (await c.post("/v1/chat/completions", json=chat(), headers=auth(key))).status_code == 401
-        assert (await c.get("/admin/nodes", headers=h)).json() == {"object": "list", "data": []}
+        nodes = (await c.get("/admin/nodes", headers=h)).json()
+        assert [n["node_id"] for n in nodes["data"]] == [env.fleet.node_id]  # the fleet's own node only
         # An API key or a non-admin JWT is not an admin.
         assert (await c.get("/admin/teams", headers=auth(key))).status_code == 403
         user = env.issuer.mint("u", team="ml")
@@ -301,9 +321,15 @@ async def test_readyz_livez_metrics(env: GatewayEnv) -> None:
         text = (await c.get("/metrics")).text
     assert 'llmfleet_gateway_requests_total{model="llama-3.1-8b-instruct",status="200"} 1.0' in text
     assert "llmfleet_gateway_asyncio_tasks" in text
-    # Queue wait as the orchestrator reported it (the fake: 0.25 s), not the time to its answer.
-    assert 'llmfleet_gateway_queue_wait_seconds_sum{model="llama-3.1-8b-instruct"} 0.25' in text
+    # Queue wait as the orchestrator reported it in its answer's header, not the time to its answer.
+    reported = float(env.dispatcher.answers[0][QUEUE_WAIT_HEADER])
+    assert sample(text, f'llmfleet_gateway_queue_wait_seconds_sum{{model="{MODEL}"}}') == reported
     assert 'llmfleet_gateway_dispatch_seconds_count{model="llama-3.1-8b-instruct"} 1.0' in text
+
+
+def sample(text: str, series: str) -> float:
+    [value] = [line[len(series) :].strip() for line in text.splitlines() if line.startswith(series + " ")]
+    return float(value)
 
 
 async def test_node_admin_routes(env: GatewayEnv) -> None:
@@ -333,7 +359,10 @@ async def test_node_admin_routes(env: GatewayEnv) -> None:
         bad = await c.post("/admin/nodes", json={"node_id": "../x", "location": "onprem"}, headers=h)
         assert bad.json()["error"]["param"] == "node_id"
         listed = (await c.get("/admin/nodes", headers=h)).json()["data"]
-        assert [(n["node_id"], n["kind"]) for n in listed] == [("eks", "pool"), ("gpu-1", "node")]
+        assert [(n["node_id"], n["kind"]) for n in listed if n["node_id"] != env.fleet.node_id] == [
+            ("eks", "pool"),
+            ("gpu-1", "node"),
+        ]
         assert (await c.delete("/admin/nodes/gpu-1", headers=h)).status_code == 200
         assert (await c.delete("/admin/nodes/gpu-1", headers=h)).status_code == 404
 
@@ -345,23 +374,19 @@ async def test_max_streams_retry_after_is_when_a_slot_may_free_not_a_minute(
     """Issue 27 item 10: a `max_streams` 429 said `Retry-After: 60` (the slot lease, capped) even
     when the running stream ended two seconds later. A slot frees whenever a stream ends, so the
     hint is 1 s, and a retry after it succeeds once the stream has ended."""
-    gate = asyncio.Event()
-    async with gateway_env(
-        migrated_db_url,
-        redis_url,
-        serve=True,
-        dispatcher_factory=lambda lg, rd: FakeDispatcher(lg, rd, gate=gate),
-    ) as e:
+    async with gateway_env(migrated_db_url, redis_url, serve=True) as e:
         team_id, key = await e.team_with_key("a", **({"max_streams": 1} if limit == "key" else {}))
         if limit == "team":
             await e.deps.teams.set_sharing(team_id, max_streams=1)
+        await e.fleet.pause()  # the engine holds the first stream, and with it the slot
+        assert e.fleet.engine is not None
         async with httpx.AsyncClient(base_url=e.base_url, timeout=30) as c:
             first = asyncio.create_task(
                 c.post("/v1/chat/completions", json=chat(stream=True), headers=auth(key))
             )
             deadline = time.monotonic() + 10
-            while e.dispatcher.running == 0:  # the first stream holds the slot, held at the gate
-                assert time.monotonic() < deadline, "the first stream never started"
+            while e.fleet.engine.busy() == 0:  # the first stream reached the engine: it holds the slot
+                assert time.monotonic() < deadline, "the first stream never reached the engine"
                 assert not first.done(), first.result().text
                 await asyncio.sleep(0.01)
             refused = await c.post("/v1/chat/completions", json=chat(), headers=auth(key))
@@ -370,7 +395,7 @@ async def test_max_streams_retry_after_is_when_a_slot_may_free_not_a_minute(
                 "max_streams" if limit == "key" else "team_max_streams"
             )
             assert refused.headers["retry-after"] == "1"
-            gate.set()
+            await e.fleet.resume()
             assert (await first).status_code == 200
             deadline = time.monotonic() + 10
             while True:  # the slot is released as the first stream's cleanup ends

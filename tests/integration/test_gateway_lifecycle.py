@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from apps.gateway.cli import RETIRE_SIGNAL, StoppingServer, uvicorn_config
-from tests.fakes.fake_gateway import GatewayEnv
+from tests.gateway_env import GatewayEnv
 from tests.integration.gateway_fixtures import gateway
 
 __all__ = ["gateway"]  # the fixture, imported for pytest
@@ -31,6 +31,7 @@ async def test_a_stopping_gateway_is_not_ready_and_refuses_new_chats(env: Gatewa
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=env.app), base_url="http://gw") as c:
         assert (await c.get("/readyz")).status_code == 200
         assert (await c.post("/v1/chat/completions", json=body, headers=headers)).status_code == 200
+        await env.settled()  # the orchestrator's settle of that request has moved its money
         balance = (await env.deps.teams.get_team(team_id)).balance_microcredits
 
         env.deps.lifecycle.stopping = True

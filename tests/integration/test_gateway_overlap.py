@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from apps.core.quota.admission import Limits
-from tests.fakes.fake_gateway import GatewayEnv
+from tests.gateway_env import GatewayEnv
 from tests.integration.gateway_fixtures import client, gateway
 
 __all__ = ["gateway"]  # the fixture, imported for pytest
@@ -61,6 +61,7 @@ async def test_overlap_after_a_first_answer_and_a_wasted_reservation_is_cancelle
             "/v1/chat/completions", json=BODY, headers={**headers, "x-request-id": "req-first-1"}
         )
         assert first.status_code == 200
+        await env.settled()  # the orchestrator settles the first from its node's report
         _, balance_after_first, _ = await ledger(env)
         # Another replica spends the rest of the rpm window: this replica still believes 2 are left.
         now_ms = int(time.time() * 1000)

@@ -1,5 +1,6 @@
 """The relay's direct path (`apps/netio/uvicorn_writer.py`): the real gateway served by uvicorn (httptools),
-the real `HttpDispatcher`, an aiohttp orchestrator stand-in streaming numbered SSE events. Checked: the
+the real `HttpDispatcher`, a scripted HTTP upstream streaming numbered, padded SSE events at a pace and
+size no engine produces (a transport test: the bytes, not their meaning, matter). Checked: the
 direct path is taken and the client gets exactly the upstream's bytes; a client that stops reading
 pushes chunks onto the ASGI path (flow control) without losing or reordering any; a client that
 leaves mid-stream closes the upstream connection and nothing fails inside a callback."""
@@ -9,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,12 +18,13 @@ import pytest
 from aiohttp import web
 
 from apps.core.protocol.dispatch import DISPATCH_PATH
-from apps.gateway.dispatcher import HttpDispatcher
 from apps.netio import uvicorn_writer as splice
-from tests.fakes.fake_gateway import GatewayEnv, gateway_env
 from tests.fakes.web_server import serve_app
+from tests.fleet import FleetSetup
+from tests.gateway_env import GatewayEnv, gateway_env
 
 MODEL = "llama-3.1-8b-instruct"
+NO_NODE = FleetSetup(nodes=0)  # the gateway dispatches to the scripted upstream, not to the fleet
 
 
 @dataclass
@@ -68,10 +70,6 @@ async def upstream() -> AsyncIterator[Upstream]:
         yield state
 
 
-def _factory(up: Upstream) -> Callable[[Any, Any], Any]:
-    return lambda _ledger, _redis: HttpDispatcher([up.url], "internal-token")
-
-
 async def _open(env: GatewayEnv, key: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
     host, port = env.base_url.removeprefix("http://").split(":")
     reader, writer = await asyncio.open_connection(host, int(port))
@@ -114,7 +112,7 @@ async def test_chunks_go_out_directly_and_byte_for_byte(
     migrated_db_url: str, redis_url: str, upstream: Upstream
 ) -> None:
     async with gateway_env(
-        migrated_db_url, redis_url, serve=True, dispatcher_factory=_factory(upstream)
+        migrated_db_url, redis_url, serve=True, fleet=NO_NODE, upstream_url=upstream.url
     ) as env:
         _, key = await env.team_with_key("a")
         reader, writer = await _open(env, key)
@@ -153,7 +151,7 @@ async def test_a_client_that_stops_reading_gets_everything_in_order_through_send
 
     monkeypatch.setattr(splice.DirectWriter, "write", spy)
     async with gateway_env(
-        migrated_db_url, redis_url, serve=True, dispatcher_factory=_factory(upstream)
+        migrated_db_url, redis_url, serve=True, fleet=NO_NODE, upstream_url=upstream.url
     ) as env:
         _, key = await env.team_with_key("a")
         reader, writer = await _open(env, key)
@@ -175,7 +173,7 @@ async def test_a_client_leaving_mid_stream_closes_upstream_with_no_callback_erro
     loop.set_exception_handler(lambda _loop, context: errors.append(context))
     try:
         async with gateway_env(
-            migrated_db_url, redis_url, serve=True, dispatcher_factory=_factory(upstream)
+            migrated_db_url, redis_url, serve=True, fleet=NO_NODE, upstream_url=upstream.url
         ) as env:
             _, key = await env.team_with_key("a")
             reader, writer = await _open(env, key)

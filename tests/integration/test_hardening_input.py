@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.fakes.fake_gateway import GatewayEnv
+from tests.gateway_env import GatewayEnv
 from tests.integration.gateway_fixtures import client, gateway
 
 __all__ = ["gateway"]  # the fixture, imported for pytest

@@ -1,4 +1,5 @@
-"""Issue 21, money and tenancy: the gateway against real PostgreSQL and Redis (fake orchestrator).
+"""Issue 21, money and tenancy: the gateway against real PostgreSQL and Redis, in front of the real
+platform in-process (`tests/fleet.py`).
 
 Each test here failed on main: the reservation covered one choice of `max_tokens` while the body
 went to the engine unchanged; `tokens_per_day` counted only settled tokens; an all-digit team
@@ -14,8 +15,9 @@ from datetime import UTC, datetime
 import pytest
 
 from apps.gateway.validate import estimate_prompt_tokens
-from tests.fakes.fake_gateway import GatewayEnv
+from tests.gateway_env import GatewayEnv
 from tests.integration.gateway_fixtures import client, gateway
+from tests.utcdays import tokens_counted
 
 __all__ = ["gateway"]  # the fixture, imported for pytest
 
@@ -75,13 +77,13 @@ async def test_the_worst_case_of_n_choices_must_fit_the_balance_or_402(env: Gate
 async def test_the_reservation_and_the_engine_get_the_same_effective_max_tokens(env: GatewayEnv) -> None:
     default = env.deps.spec.models[MODEL].serving.default_max_tokens
     team_id, key = await env.team_with_key("a")
-    env.dispatcher.gate = asyncio.Event()  # hold the request while its reservation is open
+    await env.fleet.pause()  # the engine holds the request while its reservation is open
     async with client(env) as c:
         sent = asyncio.ensure_future(
             c.post("/v1/chat/completions", json=chat(n=3, stream=True), headers=auth(key))
         )
         deadline = time.monotonic() + 10
-        while not env.dispatcher.requests:  # poll with a deadline: the fake has no event for it
+        while not env.dispatcher.requests:  # poll with a deadline: the dispatcher has no event for it
             assert time.monotonic() < deadline, "the request never reached the dispatcher"
             await asyncio.sleep(0.01)
         dreq = env.dispatcher.requests[0]
@@ -93,30 +95,32 @@ async def test_the_reservation_and_the_engine_get_the_same_effective_max_tokens(
             3 * default,
         )
         assert (await balance(env, team_id))[1] == worst_case_cost(env, 3 * default)
-        env.dispatcher.gate.set()
+        await env.fleet.resume()
         r = await sent
     assert r.status_code == 200
 
 
 async def test_tokens_per_day_counts_requests_in_flight_and_their_worst_case(env: GatewayEnv) -> None:
+    started = datetime.now(UTC)
     worst = estimate_prompt_tokens(MESSAGES) + 10
     _, key = await env.team_with_key("a", tokens_per_day=3 * worst)  # room for 3 worst cases
-    env.dispatcher.gate = asyncio.Event()
+    await env.fleet.pause()  # the admitted requests are held at the engine, their worst case in flight
     async with client(env) as c:
         calls = [
             asyncio.ensure_future(c.post("/v1/chat/completions", json=chat(max_tokens=10), headers=auth(key)))
             for _ in range(10)
         ]
-        while sum(t.done() for t in calls) < 7:  # the refused ones answer while the gate is shut
+        while sum(t.done() for t in calls) < 7:  # the refused ones answer while the engine is paused
             await asyncio.wait([t for t in calls if not t.done()], return_when=asyncio.FIRST_COMPLETED)
         refused = [t for t in calls if t.done()]
         assert all(t.result().status_code == 429 for t in refused)
         assert all(t.result().json()["error"]["code"] == "tokens_per_day" for t in refused)
-        env.dispatcher.gate.set()
+        await env.fleet.resume()
         answers = await asyncio.gather(*calls)
     assert sorted(r.status_code for r in answers) == [200] * 3 + [429] * 7
     key_id = env.dispatcher.requests[0].key_id
-    settled = int(await env.redis.get(f"tpd:{key_id}:{datetime.now(UTC):%Y%m%d}"))
+    await env.settled()
+    settled = await tokens_counted(env.redis, key_id, started)
     assert settled <= 3 * worst
     assert await env.redis.hlen(f"tpd:{key_id}:inflight") == 0  # the settles took their entries out
 
@@ -146,6 +150,7 @@ async def test_a_jwt_team_claim_is_a_name_even_when_it_is_all_digits(env: Gatewa
     token = env.issuer.mint("u", team="2")
     async with client(env) as c:
         r = await c.post("/v1/chat/completions", json=chat(max_tokens=4), headers=auth(token))
+        await env.settled()
         usage = await c.get("/v1/usage", headers=auth(token))
         by_id = env.issuer.mint("v", extra={"team_id": id_two})
         usage_by_id = await c.get("/v1/usage", headers=auth(by_id))

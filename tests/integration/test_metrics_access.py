@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import httpx
 
-from tests.fakes.fake_gateway import GatewayEnv, gateway_env
+from tests.gateway_env import GatewayEnv, gateway_env
 
 MODEL = "llama-3.1-8b-instruct"
 REMOTE = ("203.0.113.7", 40000)

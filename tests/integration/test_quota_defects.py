@@ -7,15 +7,22 @@ from datetime import UTC, datetime, timedelta
 
 import httpx
 
+from apps.core.metering import tpd_key
 from apps.core.quota.admission import Limits
+from apps.enginesim.textgen import chat_prompt_tokens
 from apps.gateway.settings import GatewaySettings
-from tests.fakes.fake_gateway import GatewayEnv, gateway_env
+from apps.gateway.validate import estimate_prompt_tokens
+from tests.gateway_env import GatewayEnv, gateway_env
 
 MODEL = "llama-3.1-8b-instruct"
 
 
+HI = [{"role": "user", "content": "hi"}]
+
+
 def chat(**extra: object) -> dict[str, object]:
-    return {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, **extra}
+    # `ignore_eos`: exactly 4 completion tokens.
+    return {"model": MODEL, "messages": HI, "max_tokens": 4, "ignore_eos": True, **extra}
 
 
 def client(env: GatewayEnv) -> httpx.AsyncClient:
@@ -69,19 +76,27 @@ async def test_a_crashed_gateways_slot_frees_after_the_lease(migrated_db_url: st
 
 
 async def test_tokens_per_day_counts_for_jwt_callers(migrated_db_url: str, redis_url: str) -> None:
-    # Each request's worst case is 60 tokens (a 56-token prompt bound + max_tokens 4) and it
-    # settles 15 (11 + 4): with 100 a day, three pass and the fourth is refused.
-    async with gateway_env(migrated_db_url, redis_url, jwt_tokens_per_day=100) as env:
+    # Each request's worst case is 60 tokens (the gateway's 56-token prompt bound + max_tokens 4) and
+    # it settles the engine's prompt count + 4: with room for two settled requests and a worst case
+    # but not three, three pass and the fourth is refused.
+    settles = chat_prompt_tokens(HI) + 4  # enginesim's own count of the prompt
+    worst = estimate_prompt_tokens(HI) + 4
+    async with gateway_env(migrated_db_url, redis_url, jwt_tokens_per_day=3 * settles + worst - 1) as env:
+        # One instant for admission and settle: the four requests count on one UTC day whenever the
+        # test runs (a run across midnight would otherwise start a fresh day and admit the fourth).
+        noon = datetime.now(UTC).replace(hour=12, minute=0, second=0, microsecond=0)
+        env.deps.clock = FakeNow(noon)
         team = await env.deps.teams.create_team("ml")
         await env.deps.teams.add_credits(team.id, 1_000_000_000)
         auth = {"Authorization": f"Bearer {env.issuer.mint('alice', team='ml')}"}
-        today = f"tpd:jwt-alice:{datetime.now(UTC):%Y%m%d}"
+        today = tpd_key("jwt-alice", noon)
         async with client(env) as c:
             for i in range(3):
                 r = await c.post("/v1/chat/completions", json=chat(), headers=auth)
                 assert r.status_code == 200, r.text
-                assert r.json()["usage"]["total_tokens"] == 15
-                assert int(await env.redis.get(today) or 0) == 15 * (i + 1)
+                assert r.json()["usage"]["total_tokens"] == settles
+                await env.settled()  # the orchestrator's settle counts the request's tokens
+                assert int(await env.redis.get(today) or 0) == settles * (i + 1)
                 assert await env.redis.hlen("tpd:jwt-alice:inflight") == 0  # the settle took it out
             refused = await c.post("/v1/chat/completions", json=chat(), headers=auth)
             assert refused.status_code == 429, refused.text

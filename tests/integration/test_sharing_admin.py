@@ -1,4 +1,4 @@
-"""The sharing model through the gateway (real PostgreSQL and Redis, fake orchestrator): team
+"""The sharing model through the gateway (real PostgreSQL and Redis, the real platform behind it): team
 weights and key classes in the admin API (bad input is a 400 with `param`), both carried to the
 orchestrator with the dispatch (keys and JWTs), and `GET /admin/queues` over Redis."""
 
@@ -10,10 +10,11 @@ import time
 import pytest
 
 from apps.core.fairboard import QUEUE_KEY, SVC_KEY
-from tests.fakes.fake_gateway import GatewayEnv
+from tests.gateway_env import GatewayEnv
 from tests.integration.gateway_fixtures import client, gateway  # noqa: F401 (fixture)
 
 MODEL = "llama-3.1-8b-instruct"
+BIG = "qwen2.5-32b-instruct"
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
 
 
@@ -93,18 +94,19 @@ async def test_jwt_with_an_unknown_class_is_refused(gateway: GatewayEnv) -> None
 
 
 async def test_admin_queues_sums_the_replicas_lanes(gateway: GatewayEnv) -> None:  # noqa: F811
+    # The 32B: no replica of the fleet behind this gateway serves it, so r1 and r2 are its only lanes.
     redis, now = gateway.redis, time.time()
     lanes = lambda at, n: json.dumps(  # noqa: E731
         {"at": at, "lanes": [{"class": "interactive", "team_id": 7, "waiting": n, "oldest_wait_s": n / 10}]}
     )
-    await redis.hset(QUEUE_KEY.format(model=MODEL), mapping={"r1": lanes(now, 3), "r2": lanes(now, 5)})
-    await redis.hset(QUEUE_KEY.format(model=MODEL), "gone", lanes(now - 600, 100))  # a dead replica
-    await redis.hset(SVC_KEY.format(model=MODEL), mapping={"7": 1200.0, "8": 300.0})
+    await redis.hset(QUEUE_KEY.format(model=BIG), mapping={"r1": lanes(now, 3), "r2": lanes(now, 5)})
+    await redis.hset(QUEUE_KEY.format(model=BIG), "gone", lanes(now - 600, 100))  # a dead replica
+    await redis.hset(SVC_KEY.format(model=BIG), mapping={"7": 1200.0, "8": 300.0})
     async with client(gateway) as c:
         r = await c.get("/admin/queues", headers=gateway.admin_headers())
         assert r.status_code == 200
         assert (await c.get("/admin/queues", headers=auth("sk-lf-nope"))).status_code in (401, 403)
-    board = {m["model"]: m for m in r.json()["data"]}[MODEL]
+    board = {m["model"]: m for m in r.json()["data"]}[BIG]
     assert board["replicas"] == 2
     assert board["waiting"] == 8
     assert board["teams"] == [

@@ -18,11 +18,12 @@ from redis.asyncio import Redis
 from apps.core.identity.keys import KeyStore
 from apps.core.ledger.pg import PgLedger, cost_microcredits
 from apps.core.ledger.teams import TeamStore
-from apps.core.metering import settle_usage, tpd_key
+from apps.core.metering import settle_usage
 from apps.core.nodes import keys
 from apps.core.spec import load_spec
 from apps.orchestrator.metrics import Metrics
 from apps.orchestrator.sweeper import Sweeper
+from tests.utcdays import tokens_counted
 
 MODEL = "llama-3.1-8b-instruct"
 CREDITS = 10_000_000
@@ -63,6 +64,7 @@ async def _team(pool: AsyncConnectionPool, team_id: int) -> tuple[int, int]:
 async def test_sweeper_settles_and_cancels_real_rows_exactly_once(
     stores: tuple[AsyncConnectionPool, Redis],
 ) -> None:
+    started = datetime.now(UTC)
     pool, redis = stores
     spec = load_spec("dev")
     prices = spec.models[MODEL].prices
@@ -131,9 +133,8 @@ async def test_sweeper_settles_and_cancels_real_rows_exactly_once(
         row = await cur.fetchone()
     assert row is not None
     assert balance == CREDITS - int(row[0])
-    counted = await redis.get(tpd_key(key.id, datetime.now(UTC)))
-    assert counted is not None
-    assert int(counted) == 12 + 7 + 4  # the sweeper's settles count against the key's day too
+    # The sweeper's settles count against the key's day too (either side of midnight UTC).
+    assert await tokens_counted(redis, key.id, started) == 12 + 7 + 4
 
     assert await sweeper.sweep_once() == {"settled": 0, "settled_partial": 0, "cancelled": 0}
     assert await _rows(pool) == rows

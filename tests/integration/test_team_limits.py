@@ -12,7 +12,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from apps.core.quota.admission import Limits, QuotaStore, TeamLimits, Verdict
-from tests.fakes.fake_gateway import GatewayEnv
+from tests.gateway_env import GatewayEnv
 from tests.integration.gateway_fixtures import client, gateway  # noqa: F401 (fixture)
 
 NOW = datetime(2026, 11, 29, 10, 0, tzinfo=UTC)

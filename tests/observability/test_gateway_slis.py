@@ -1,13 +1,14 @@
-"""The gateway's per-request SLI metrics, in-process against real PostgreSQL and Redis: each
-finished stream's own tokens/s, its SLO verdict per team, and 503s counted by reason."""
+"""The gateway's per-request SLI metrics, in-process against real PostgreSQL and Redis and the real
+platform behind it (`tests/fleet.py`): each finished stream's own tokens/s, its SLO verdict per team,
+and 503s counted by reason."""
 
 from __future__ import annotations
 
 import httpx
 
 from tests.chaos.helpers import metric_sum
-from tests.fakes.fake_dispatcher import FakeDispatcher
-from tests.fakes.fake_gateway import gateway_env
+from tests.fleet import FleetSetup
+from tests.gateway_env import gateway_env
 
 MODEL = "llama-3.1-8b-instruct"
 
@@ -34,7 +35,7 @@ async def test_a_finished_stream_records_its_rate_and_slo_verdict_per_team(
     # The team's id, never its name (issue 27): /metrics must not list who the tenants are.
     assert metric_sum(text, "llmfleet_gateway_slo_requests_total", team=str(team_id), model=MODEL) == 2
     assert 'team="alpha"' not in text
-    # A verdict for each (met or missed: the fake's speed is one PostgreSQL settle, not a given).
+    # A verdict for each (met or missed: the machine's speed decides, not the test).
     verdicts = [metric_sum(text, "llmfleet_gateway_slo_requests_total", result=r) for r in ("met", "missed")]
     assert sum(verdicts) == 2, verdicts
     assert metric_sum(text, "llmfleet_gateway_active_streams") == 0  # both relays ended
@@ -43,9 +44,8 @@ async def test_a_finished_stream_records_its_rate_and_slo_verdict_per_team(
 async def test_503_from_the_orchestrator_is_counted_with_its_reason(
     migrated_db_url: str, redis_url: str
 ) -> None:
-    async with gateway_env(
-        migrated_db_url, redis_url, dispatcher_factory=lambda lg, rd: FakeDispatcher(lg, rd, status=503)
-    ) as env:
+    # No node serves the model: the orchestrator's 503 `model_unavailable`.
+    async with gateway_env(migrated_db_url, redis_url, fleet=FleetSetup(nodes=0)) as env:
         _, key = await env.team_with_key("beta")
         transport = httpx.ASGITransport(app=env.app)
         async with httpx.AsyncClient(transport=transport, base_url="http://gw") as c:
@@ -53,6 +53,9 @@ async def test_503_from_the_orchestrator_is_counted_with_its_reason(
             assert r.status_code == 503
             text = (await c.get("/metrics")).text
     assert (
-        metric_sum(text, "llmfleet_gateway_refusals_total", model=MODEL, status="503", reason="no_node") == 1
+        metric_sum(
+            text, "llmfleet_gateway_refusals_total", model=MODEL, status="503", reason="model_unavailable"
+        )
+        == 1
     )
     assert metric_sum(text, "llmfleet_gateway_slo_requests_total") == 0  # refused: no SLO verdict

@@ -11,7 +11,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -54,15 +54,20 @@ def test_the_cpu_time_alone_is_progress() -> None:
 
 
 class _PollClock:
-    """60 s pass on every poll's sleep, at once."""
+    """60 s pass on every poll's sleep, at once. `exiting`: a process that has begun to exit; it is
+    gone once those 60 s have passed (its tear-down takes real time, on a loaded machine more)."""
 
-    def __init__(self) -> None:
+    def __init__(self, exiting: Callable[[], subprocess.Popen[bytes] | None] = lambda: None) -> None:
         self.now = 0.0
+        self.exiting = exiting
 
     def monotonic(self) -> float:
         return self.now
 
     def sleep(self, seconds: float) -> None:
+        proc = self.exiting()
+        if proc is not None:
+            proc.wait(timeout=30)  # real seconds: what the clock's 60 s would certainly have covered
         self.now += 60.0
 
 
@@ -108,8 +113,12 @@ def test_an_engine_that_starts_slowly_but_steadily_is_waited_for(slow: tuple[Ser
 def test_an_engine_that_dies_fails_at_once_with_its_status_and_log_tail(
     dies: tuple[ServerProcess, str],
 ) -> None:
+    """It prints its fatal error, stops listening and exits a second later (as vLLM tears its workers
+    down): the polls in that second are refused, and the failure is the exit, not a stall. (With a
+    clock that let 60 s pass while the process was still exiting, the watch called it a stall: seen
+    once under load; the engine's one-second tear-down makes it fail every time on the old clock.)"""
     proc, url = dies
-    clock = _PollClock()
+    clock = _PollClock(lambda: proc.proc if "fatal" in proc.log_path.read_text() else None)
     with pytest.raises(ServerStartError) as failed:
         proc.wait_ready(url, stall_s=120, cap_s=3600, clock=Clock(clock.monotonic, clock.sleep))
     message = str(failed.value)

@@ -4,9 +4,11 @@ the stores' `StoreUnavailable`, and a refused request gives back what it took.""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import json
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
@@ -14,17 +16,18 @@ import psycopg
 import pytest
 
 from apps.core.errors import DuplicateRequestId, LlmfleetError, StoreUnavailable
-from apps.core.ledger.api import Reservation
+from apps.core.ledger.api import Reservation, SettleOutcome, SettleResult
+from apps.core.protocol.dispatch import DispatchRequest
+from apps.core.protocol.openai import SSE_DONE, sse_event
+from apps.core.protocol.vllm import chunk_payload, delta_choice
 from apps.core.quota.admission import Verdict
 from apps.core.spec import load_spec
 from apps.gateway.app import create_app
 from apps.gateway.deps import GatewayDeps
 from apps.gateway.settings import GatewaySettings
-from tests.fakes.fake_dispatcher import FakeDispatcher
-from tests.fakes.fake_gateway import StaticResolver
-from tests.fakes.fake_ledger import FakeLedger
 from tests.fakes.fake_node_admin import FakeNodeAdmin
 from tests.fakes.fake_stores import FakeKeys, FakeQuota, FakeRefusals, FakeTeams, StaticHealth
+from tests.fakes.static_resolver import StaticResolver
 
 MODEL = "llama-3.1-8b-instruct"
 KEY = "sk-test-chat"
@@ -32,13 +35,93 @@ BODY = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_to
 
 
 @dataclass
-class RefusingLedger(FakeLedger):
-    refusal: LlmfleetError | None = None
+class RefusingLedger:
+    """The `Ledger` port as this handler uses it: reservations are recorded (or refused with
+    `refusal`), settles and cancels only recorded. The ledger's own transitions are PgLedger's, tested on
+    PostgreSQL (tests/integration/test_ledger_pg.py)."""
 
-    async def reserve(self, **kwargs: Any) -> Reservation:
+    refusal: LlmfleetError | None = None
+    reserved: list[str] = field(default_factory=list)
+    settle_calls: list[tuple[str, int, int]] = field(default_factory=list)
+    cancel_calls: list[str] = field(default_factory=list)
+
+    async def reserve(
+        self,
+        *,
+        request_id: str,
+        team_id: int,
+        key_id: int | None,
+        model: str,
+        estimated_prompt_tokens: int,
+        max_tokens: int,
+        quota_subject: str | None = None,
+    ) -> Reservation:
         if self.refusal is not None:
             raise self.refusal
-        return await super().reserve(**kwargs)
+        self.reserved.append(request_id)
+        return Reservation(request_id, team_id, key_id, model, estimated_prompt_tokens + max_tokens)
+
+    async def settle(
+        self, request_id: str, prompt_tokens: int, completion_tokens: int, **_: int
+    ) -> SettleResult:
+        self.settle_calls.append((request_id, prompt_tokens, completion_tokens))
+        return SettleResult(SettleOutcome.SETTLED, request_id)
+
+    async def cancel(self, request_id: str) -> bool:
+        self.cancel_calls.append(request_id)
+        return request_id in self.reserved
+
+
+@dataclass
+class ScriptedUpstream:
+    """One answer of `ScriptedDispatcher`: a role chunk, `tokens` content chunks `delay_s` apart, a
+    finish chunk and [DONE]; or, with a status other than 200, the error body."""
+
+    owner: ScriptedDispatcher
+    request: DispatchRequest
+    status: int = 200
+    headers: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.status != 200:
+            self.headers = {"retry-after": "3"}  # the orchestrator's hint on a refusal
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        rid, model = self.request.request_id, self.request.model
+        yield sse_event(chunk_payload(rid, model, 0, [delta_choice({"role": "assistant", "content": ""})]))
+        for i in range(self.owner.tokens):
+            if self.owner.delay_s:
+                await asyncio.sleep(self.owner.delay_s)  # the pace of a decoding engine
+            yield sse_event(chunk_payload(rid, model, 0, [delta_choice({"content": f"t{i} "})]))
+        yield sse_event(chunk_payload(rid, model, 0, [delta_choice({}, "stop")]))
+        yield SSE_DONE
+
+    async def read_body(self) -> bytes:
+        return json.dumps(self.owner.error).encode()
+
+    async def aclose(self) -> None:
+        self.owner.closed += 1
+
+
+@dataclass
+class ScriptedDispatcher:
+    """The `Dispatcher` port scripted for the handler's unit tests: it records each request and answers
+    with `status` (and `error`) or a stream of `tokens` tokens. Settling is the orchestrator's, not
+    this port's: the gateway's tests against the real platform cover it (tests/gateway_env.py)."""
+
+    tokens: int = 3
+    delay_s: float = 0.0
+    status: int = 200
+    error: dict[str, Any] = field(default_factory=dict)
+    requests: list[DispatchRequest] = field(default_factory=list)
+    closed: int = 0
+
+    async def open(self, request: DispatchRequest) -> ScriptedUpstream:
+        self.requests.append(request)
+        return ScriptedUpstream(self, request, self.status)
+
+    async def aclose(self) -> None:
+        return None
 
 
 @dataclass
@@ -46,7 +129,7 @@ class Env:
     client: httpx.AsyncClient
     ledger: RefusingLedger
     quota: FakeQuota
-    dispatcher: FakeDispatcher
+    dispatcher: ScriptedDispatcher
     refusals: FakeRefusals
 
     async def chat(self, **extra: Any) -> httpx.Response:
@@ -56,12 +139,12 @@ class Env:
 
 @contextlib.asynccontextmanager
 async def gateway(settings: GatewaySettings, **dispatcher_args: Any) -> AsyncIterator[Env]:
-    """The gateway app on faked stores; `dispatcher_args` shape the fake dispatcher's answers."""
+    """The gateway app on faked stores; `dispatcher_args` shape the scripted dispatcher's answers."""
     ledger = RefusingLedger()
     quota = FakeQuota()
     keys = FakeKeys()
     keys.add(KEY)
-    dispatcher = FakeDispatcher(ledger, None, **{"tokens": 3, **dispatcher_args})
+    dispatcher = ScriptedDispatcher(**dispatcher_args)
     refusals = FakeRefusals()
     deps = GatewayDeps(
         spec=load_spec("dev"),
@@ -104,7 +187,7 @@ async def test_a_quota_store_outage_fails_closed_with_retry_after_and_no_reserva
     assert resp.json()["error"]["type"] == "service_unavailable"
     assert env.dispatcher.requests == []
     request_id = resp.headers["x-request-id"]
-    assert request_id in env.ledger.cancel_calls or request_id not in env.ledger.rows
+    assert request_id in env.ledger.cancel_calls or request_id not in env.ledger.reserved
 
 
 async def test_a_ledger_outage_is_a_503_and_the_slot_is_released(env: Env) -> None:
@@ -132,7 +215,7 @@ async def test_a_rate_limited_request_gets_429_retry_after_and_its_reservation_c
     assert resp.headers["retry-after"] == "7"
     assert resp.json()["error"]["code"] == "rpm"
     request_id = resp.headers["x-request-id"]
-    assert request_id in env.ledger.cancel_calls or request_id not in env.ledger.rows
+    assert request_id in env.ledger.cancel_calls or request_id not in env.ledger.reserved
     assert env.dispatcher.requests == []
 
 
@@ -241,7 +324,7 @@ async def test_a_value_the_database_refuses_is_a_400_not_a_500() -> None:
         teams=FakeTeams(),
         keys=RefusingKeys(),
         quota=FakeQuota(),
-        dispatcher=FakeDispatcher(RefusingLedger(), None),
+        dispatcher=ScriptedDispatcher(),
         nodes=FakeNodeAdmin(),
         health=StaticHealth(),
         resolver=StaticResolver(),

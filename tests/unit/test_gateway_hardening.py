@@ -17,7 +17,7 @@ from apps.gateway.fields import ENGINE_SAMPLING_EXTRAS
 from apps.gateway.ssrf import check_ssrf, is_public_ip
 from apps.gateway.usage import parse_time
 from apps.gateway.validate import parse_body, validate_chat, wire_body
-from tests.fakes.fake_gateway import StaticResolver
+from tests.fakes.static_resolver import StaticResolver
 
 SPEC = load_spec("dev")
 MODEL = "llama-3.1-8b-instruct"

@@ -18,7 +18,7 @@ from apps.gateway.validate import (
     validate_chat,
     wire_body,
 )
-from tests.fakes.fake_gateway import StaticResolver
+from tests.fakes.static_resolver import StaticResolver
 
 SPEC = load_spec("dev")
 MODEL = "llama-3.1-8b-instruct"

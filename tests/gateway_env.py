@@ -1,13 +1,16 @@
-"""Builds a real gateway (real PostgreSQL, Redis, node store, local JWT issuer) around a fake dispatcher,
-in-process, and optionally serves it with uvicorn on a free loopback port."""
+"""A real gateway in-process (PostgreSQL, Redis, node store, local JWT issuer) in front of the real
+platform (`tests/fleet.py`: an orchestrator replica, a node agent, enginesim), optionally served by
+uvicorn on a free loopback port. Its dispatcher is the real one, recorded (`RecordingDispatcher`)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import tempfile
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -29,21 +32,13 @@ from apps.core.quota.refusals import RefusalStore
 from apps.core.spec import load_spec
 from apps.gateway.app import create_app
 from apps.gateway.deps import GatewayDeps
+from apps.gateway.dispatcher import HttpDispatcher
 from apps.gateway.settings import GatewaySettings
 from apps.gateway.wiring import StoreHealth
-from tests.fakes.fake_dispatcher import FakeDispatcher
+from tests.fakes.static_resolver import StaticResolver
+from tests.fleet import Fleet, FleetSetup, RecordingDispatcher, running_fleet
 
 SECRET = b"test-secret-key"
-
-
-class StaticResolver:
-    def __init__(self, table: dict[str, list[str]] | None = None) -> None:
-        self.table = table or {}
-
-    async def resolve(self, host: str) -> list[str]:
-        if host not in self.table:
-            raise OSError(f"cannot resolve {host}")
-        return self.table[host]
 
 
 @dataclass
@@ -53,13 +48,27 @@ class GatewayEnv:
     settings: GatewaySettings
     issuer: LocalIssuer
     admin_token: str
-    dispatcher: FakeDispatcher
+    dispatcher: RecordingDispatcher
+    fleet: Fleet
     redis: Any
     pool: AsyncConnectionPool
     base_url: str = ""
 
     def admin_headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.admin_token}"}
+
+    async def settled(self, timeout_s: float = 20.0) -> None:
+        """Until no reservation is open. The orchestrator settles a request from its node's `done`
+        report, on its own settle workers: the ledger can lag the client's last byte by a moment."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            async with self.pool.connection() as conn:
+                cur = await conn.execute("SELECT count(*) FROM usage_ledger WHERE status = 'reserved'")
+                row = await cur.fetchone()
+            if row is not None and row[0] == 0:
+                return
+            assert time.monotonic() < deadline, f"{row} reservation(s) still open after {timeout_s} s"
+            await asyncio.sleep(0.02)  # polled with a deadline: the ledger has no change event
 
     async def team_with_key(
         self, name: str, credits: int = 1_000_000_000, **key_args: Any
@@ -77,13 +86,12 @@ def _deps(
     redis: aioredis.Redis,
     issuer: LocalIssuer,
     jwks_url: str,
-    dispatcher_factory: Callable[[PgLedger, Any], FakeDispatcher] | None,
+    ledger: PgLedger,
+    dispatcher: RecordingDispatcher,
     resolver: StaticResolver | None,
-) -> tuple[GatewayDeps, FakeDispatcher]:
+) -> GatewayDeps:
     spec = load_spec("dev")
-    ledger = PgLedger(pool, {n: m.prices for n, m in spec.models.items()})
-    dispatcher = (dispatcher_factory or (lambda lg, rd: FakeDispatcher(lg, rd)))(ledger, redis)
-    deps = GatewayDeps(
+    return GatewayDeps(
         spec=spec,
         ledger=ledger,
         teams=TeamStore(pool),
@@ -99,7 +107,12 @@ def _deps(
         refusals=RefusalStore(redis, SYSTEM.now),
         board=RedisQueueBoard(redis),
     )
-    return deps, dispatcher
+
+
+def _redis(url: str) -> aioredis.Redis:
+    return aioredis.Redis.from_pool(
+        aioredis.BlockingConnectionPool.from_url(url, max_connections=100, timeout=10)
+    )
 
 
 @contextlib.asynccontextmanager
@@ -108,28 +121,60 @@ async def gateway_env(
     redis_url: str,
     *,
     serve: bool = False,
-    dispatcher_factory: Callable[[PgLedger, Any], FakeDispatcher] | None = None,
+    fleet: FleetSetup | None = None,
+    fleet_redis_url: str | None = None,
+    upstream_url: str | None = None,
     resolver: StaticResolver | None = None,
     **overrides: Any,
 ) -> AsyncIterator[GatewayEnv]:
+    """`fleet`: the platform behind the gateway (`tests/fleet.py`); `fleet_redis_url`: the orchestrator's Redis when
+    it is not the gateway's (a gateway cut off from Redis); `upstream_url`: dispatch there instead of
+    to the fleet's orchestrator (a scripted HTTP stand-in for transport tests); `overrides`:
+    `GatewaySettings` fields."""
     settings = GatewaySettings(
         secret_key=SECRET.decode(), database_url=db_url, redis_url=redis_url, **overrides
     )
     issuer = LocalIssuer.generate()
     jwks_url = issuer.serve()
     pool = AsyncConnectionPool(db_url, min_size=1, max_size=20, open=False)
-    redis = aioredis.Redis.from_pool(
-        aioredis.BlockingConnectionPool.from_url(redis_url, max_connections=100, timeout=10)
-    )
+    stack = contextlib.AsyncExitStack()
+    tmp_holder = tempfile.TemporaryDirectory(prefix="llmfleet-gw-")
+    tmp = tmp_holder.name
+    redis = _redis(redis_url)
+    fleet_redis = redis if fleet_redis_url is None else _redis(fleet_redis_url)
     server: uvicorn.Server | None = None
     task: asyncio.Task[None] | None = None
     # Everything opened is closed however set-up ends: a failure before `yield` must not leave the
     # pool's tasks or the issuer's thread running (the test session would hang closing its loop).
     try:
         await pool.open()
-        deps, dispatcher = _deps(settings, pool, redis, issuer, jwks_url, dispatcher_factory, resolver)
+        ledger = PgLedger(pool, {n: m.prices for n, m in load_spec("dev").models.items()})
+        # The orchestrator's own node store, as in its own process (heartbeats every 0.5 s).
+        plane_store = NodeStore(
+            pool, fleet_redis, SECRET, channel_namespace=settings.channel_namespace, heartbeat_interval_s=0.5
+        )
+        built: list[GatewayDeps] = []  # the settle's clock is the gateway's (`deps.clock`), once built
+        running = await stack.enter_async_context(
+            running_fleet(
+                fleet_redis,
+                plane_store,
+                ledger,
+                SECRET.decode(),
+                settings.channel_namespace,
+                Path(tmp),
+                fleet or FleetSetup(),
+                clock=lambda: built[0].clock() if built else SYSTEM.now(),
+            )
+        )
+        dispatcher = RecordingDispatcher(
+            HttpDispatcher([upstream_url or running.url], running.internal_token)
+        )
+        stack.push_async_callback(dispatcher.aclose)
+        deps = _deps(settings, pool, redis, issuer, jwks_url, ledger, dispatcher, resolver)
+        built.append(deps)
         app = create_app(settings, deps)
-        env = GatewayEnv(app, deps, settings, issuer, issuer.mint("ops", admin=True), dispatcher, redis, pool)
+        admin = issuer.mint("ops", admin=True)
+        env = GatewayEnv(app, deps, settings, issuer, admin, dispatcher, running, redis, pool)
         if serve:
             config = uvicorn.Config(
                 app, host="127.0.0.1", port=0, log_config=None, access_log=False, lifespan="off"
@@ -148,6 +193,12 @@ async def gateway_env(
         if server is not None and task is not None:
             server.should_exit = True
             await task
-        await redis.aclose()
-        await pool.close()
-        issuer.stop()
+        try:
+            await stack.aclose()  # the dispatcher, then the fleet (agent, engine, orchestrator)
+        finally:
+            await redis.aclose()
+            if fleet_redis is not redis:
+                await fleet_redis.aclose()
+            await pool.close()
+            issuer.stop()
+            tmp_holder.cleanup()
