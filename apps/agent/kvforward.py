@@ -22,6 +22,7 @@ history is replayed from 0, so the index is whole again without waiting for new 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
@@ -53,6 +54,9 @@ TokenIds = Callable[[dict[str, Any]], Awaitable[list[int] | None]]
 REPLAY_TIMEOUT_S = 5.0  # the whole of one replay from the engine (loopback)
 RETRY_S = 5.0  # after a KV events socket could not be set up
 ANNOUNCING_MAX = 4  # announcements running at once (each asks the engine's tokenizer); more are dropped
+# An announcement waits this long for the engine's block size, learnt from its first stored block: the
+# first request's `done` can come before the batch announcing its blocks has been read.
+BLOCK_SIZE_WAIT_S = 5.0
 
 
 def loopback_only(endpoint: str) -> str:
@@ -110,6 +114,7 @@ class KvForwarder:
         self.resets = 0
         self.announced = 0
         self.block_size: int | None = None  # the engine's, from its first stored block
+        self._sized = asyncio.Event()  # set once `block_size` is known
         self.token_ids: TokenIds | None = None  # the engine's tokenizer (`EngineClient.token_ids`)
         self._announcing: set[asyncio.Future[None]] = set()
         self._resets: set[asyncio.Future[None]] = set()  # `engine_down_soon`'s
@@ -155,9 +160,14 @@ class KvForwarder:
         (the whole conversation, the next turn's start; and its first message, a system prompt
         other conversations share). Nothing before the engine's block size is known. `scope`: the
         team's cache scope, the engine's `cache_salt`, which its first block's hash holds too."""
-        send, size = self.send, self.block_size
         messages = chat_messages(body)
-        if send is None or size is None or not messages:
+        if self.send is None or not messages:
+            return
+        if self.block_size is None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._sized.wait(), BLOCK_SIZE_WAIT_S)
+        send, size = self.send, self.block_size
+        if send is None or size is None:
             return
         keys = prefix_keys(messages, body.get("tools"), scope)
         salt = [scope] if scope else None
@@ -305,6 +315,7 @@ class KvForwarder:
             sizes = [ev.block_size for ev in batch.events if isinstance(ev, BlockStored)]
             if sizes:
                 self.block_size = sizes[-1]
+                self._sized.set()
             if self.send is not None and await self.send(frame):
                 self.forwarded += 1
         self._recent[seq] = payload
