@@ -72,7 +72,9 @@ redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', ARGV[3])
 if redis.call('ZCARD', KEYS[2]) >= tonumber(ARGV[2]) then return 0 end
 redis.call('ZADD', KEYS[2], ARGV[4], ARGV[1])
 redis.call('EXPIRE', KEYS[2], ARGV[7])
-redis.call('HSET', KEYS[3], 'node', ARGV[5], 'origin', ARGV[6])
+-- `conn`: the node's socket this assignment goes to (the settle refuses a report that socket sent
+-- before the assignment reached it: `settle._RECORD_DONE_LUA`).
+redis.call('HSET', KEYS[3], 'node', ARGV[5], 'origin', ARGV[6], 'conn', h[1])
 redis.call('HDEL', KEYS[3], 'relayed')  -- a new node's report is held against its own events
 if ARGV[8] == '1' then redis.call('HSET', KEYS[3], 'resumable', '1') end
 if #ARGV > 8 then redis.call('HSET', KEYS[3], unpack(ARGV, 9)) end
@@ -246,7 +248,8 @@ class Fleet:
         capacity: int | None = None,
     ) -> int:
         """1 taken; 0 full (`capacity` slots in use; default the node's `max_num_seqs`); -1 node
-        gone (or quarantined); -2 draining. Records `req:{id}` = {node, origin, attempt} and,
+        gone (or quarantined); -2 draining. Records `req:{id}` = {node, origin, conn (the node's
+        registered socket), attempt} and,
         the request's budget (`Budget.to_fields`: the bounds the settle caps the node's report at) and whether the stream may
         resume elsewhere (`resumable`: a mid-stream error of this node is not settled from its own
         report, see `settle.py`). When taken, the fleet view's entry carries the node's owner as

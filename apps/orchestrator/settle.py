@@ -51,11 +51,20 @@ from apps.orchestrator.tolerance import UsageTolerance
 # lower count (the events) is settled.
 # Returns {recorded, slot freed, capped, prompt, completion, platform, unrelayed, relayed events};
 # recorded: 1 recorded, 0 the assignment moved to another node, 2 deferred to the relay (below),
-# 3 not this node's (never assigned).
+# 3 not this node's (never assigned), 4 sent on the assignment's socket before the assignment.
+# ARGV[9]: the report's socket (`conn`, '' unknown); `req:{id}`.conn is the socket `acquire_slot`
+# assigned it on (the node's registered one then).
 _RECORD_DONE_LUA = """
-local freed = redis.call('ZREM', KEYS[3], ARGV[4])
 local req = redis.call('HMGET', KEYS[1], 'node', 'max_prompt', 'max_completion', 'resumable',
-                       'resume_delivered', 'resume_prompt', 'relayed')
+                       'resume_delivered', 'resume_prompt', 'relayed', 'conn')
+if req[1] == ARGV[1] and ARGV[6] == '' and not req[7] and ARGV[9] ~= '' and req[8] == ARGV[9] then
+  -- Assigned on this very socket, which had no assignment for it when the report came, and no
+  -- earlier socket of the node carried it: the report was sent before the assignment reached the
+  -- socket (a hostile node reporting a queued request). Not for it: nothing recorded, and the
+  -- slot of the real assignment stays taken.
+  return {4, 0, 0, 0, 0, 0, 0, -1}
+end
+local freed = redis.call('ZREM', KEYS[3], ARGV[4])
 if not req[1] then return {3, freed, 0, 0, 0, 0, 0, -1} end
 if req[1] ~= ARGV[1] then return {0, freed, 0, 0, 0, 0, 0, -1} end
 local record = cjson.decode(ARGV[2])
@@ -224,11 +233,14 @@ class Settler:
         """Not for the assignment this socket has now (`SettleJob.source`): refused before the
         script, which would also free the slot of that assignment."""
         if job.relayed is None and job.source is not None and job.request_id in job.source.relayed:
-            self._metrics.settles.labels(outcome="not_assigned").inc()
-            event("done_before_assigned", logging.WARNING, node_id=job.node_id, request_id=job.request_id)
-            self._ack(job)
+            self._refuse_early(job)
             return True
         return False
+
+    def _refuse_early(self, job: SettleJob) -> None:
+        self._metrics.settles.labels(outcome="not_assigned").inc()
+        event("done_before_assigned", logging.WARNING, node_id=job.node_id, request_id=job.request_id)
+        self._ack(job)
 
     async def handle(self, job: SettleJob) -> None:
         if self._sent_before_its_assignment(job):
@@ -254,9 +266,13 @@ class Settler:
                 "" if job.relayed is None else job.relayed,
                 self._tolerance.tokens_per_event,
                 self._tolerance.slack_tokens,
+                "" if job.source is None else job.source.conn_id,
             ],
         )
         recorded, freed = int(answer[0]), int(answer[1])
+        if recorded == 4:  # sent before its assignment reached this socket (the script's first rule)
+            self._refuse_early(job)
+            return
         if freed:
             self._fleet.slot_freed(job.node_id)
         self._on_slot_freed()

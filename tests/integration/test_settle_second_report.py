@@ -161,3 +161,73 @@ async def test_a_report_sent_before_its_request_was_assigned_is_not_billed(redis
         assert await redis.get(keys.done_key(rid)) is None
     finally:
         await redis.aclose()
+
+
+async def test_a_report_settled_between_the_acquire_and_the_sockets_assignment_is_not_billed(
+    redis_url: str,
+) -> None:
+    """The same race one step earlier: the report's settle runs after `acquire_slot` recorded the
+    assignment to the node in Redis but before the assignment reached the socket (`conn.assigned`:
+    the relay's replica sends it on, through the bus when another replica owns the socket). The
+    socket cannot tell then; the assignment records the socket it goes to (`req:{id}`.conn) and the
+    settle script refuses there. Found by the property test (seed 4, 1 run in 15 under two CPU
+    burners: 40 completion tokens settled against a bound of 20); on the old code this settles
+    (rid, 61, 40) and frees the real assignment's slot."""
+    from apps.orchestrator.connection import NodeConnection
+
+    redis = Redis.from_url(redis_url)
+    try:
+        settle = Recorder()
+        settler = await _settler(redis, settle)
+        fleet = Fleet(redis, heartbeat_interval_s=1, heartbeat_ttl_s=3, missed_heartbeats=3, max_request_s=60)
+        node = f"hostile-{uuid.uuid4().hex[:6]}"
+        conn = NodeConnection(node_id=node, location="onprem", gpus=1, models={MODEL: 4}, send_limit=8)
+        await fleet.write_heartbeat(node, conn.conn_id, conn.hash_fields("replica-a"), register=True)
+        await fleet.refresh()
+        view = fleet.get(node)
+        assert view is not None
+        rid = f"queued-{uuid.uuid4().hex[:10]}"
+        report = SettleJob(node, rid, 61, 40, None, relayed=conn.relayed.pop(rid, None), source=conn)
+        assert await fleet.acquire_slot(view, MODEL, rid, "replica-a") == 1
+        await settler.handle(report)  # `conn.assigned(rid, ...)` has not run yet
+        assert settle.calls == []
+        assert await redis.zscore(keys.node_inflight(node), rid) is not None  # its slot stays taken
+        assert await redis.get(keys.done_key(rid)) is None
+        # The node's own report for the assignment, on that socket, settles (held to its events).
+        conn.assigned(rid, object())  # type: ignore[arg-type]
+        conn.relayed[rid] = 3
+        await settler.handle(SettleJob(node, rid, 5, 3, None, relayed=conn.relayed.pop(rid), source=conn))
+        assert settle.calls == [(rid, 5, 3)]
+        assert await redis.zscore(keys.node_inflight(node), rid) is None
+    finally:
+        await redis.aclose()
+
+
+async def test_a_journal_replay_on_the_nodes_next_socket_still_settles(redis_url: str) -> None:
+    """The rule above refuses only reports on the socket the assignment went to: an agent that
+    replays an unacknowledged `done` on its next socket (the first closed before its count was
+    kept: its replica died) is still settled, capped at the request's budget."""
+    from apps.orchestrator.connection import NodeConnection
+
+    redis = Redis.from_url(redis_url)
+    try:
+        settle = Recorder()
+        settler = await _settler(redis, settle)
+        fleet = Fleet(redis, heartbeat_interval_s=1, heartbeat_ttl_s=3, missed_heartbeats=3, max_request_s=60)
+        node = f"honest-{uuid.uuid4().hex[:6]}"
+        first = NodeConnection(node_id=node, location="onprem", gpus=1, models={MODEL: 4}, send_limit=8)
+        await fleet.write_heartbeat(node, first.conn_id, first.hash_fields("replica-a"), register=True)
+        await fleet.refresh()
+        view = fleet.get(node)
+        assert view is not None
+        rid = f"replayed-{uuid.uuid4().hex[:10]}"
+        assert await fleet.acquire_slot(view, MODEL, rid, "replica-a") == 1
+        first.assigned(rid, object())  # type: ignore[arg-type]
+        second = NodeConnection(node_id=node, location="onprem", gpus=1, models={MODEL: 4}, send_limit=8)
+        await fleet.write_heartbeat(node, second.conn_id, second.hash_fields("replica-b"), register=True)
+        await settler.handle(
+            SettleJob(node, rid, 5, 7, None, relayed=second.relayed.pop(rid, None), source=second)
+        )
+        assert settle.calls == [(rid, 5, 7)]
+    finally:
+        await redis.aclose()
