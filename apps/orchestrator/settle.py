@@ -242,16 +242,15 @@ class Settler:
         event("done_before_assigned", logging.WARNING, node_id=job.node_id, request_id=job.request_id)
         self._ack(job)
 
-    async def handle(self, job: SettleJob) -> None:
-        if self._sent_before_its_assignment(job):
-            return
+    async def _record(self, job: SettleJob) -> Any:
+        """The settle script (`_RECORD_DONE_LUA`): its answer."""
         record = {
             "node": job.node_id,
             "prompt_tokens": job.prompt_tokens,
             "completion_tokens": job.completion_tokens,
             "cached_tokens": job.cached_tokens,  # the sweeper bills them as this settle would
         }
-        answer = await self._record_done(
+        return await self._record_done(
             keys=[
                 keys.request_key(job.request_id),
                 keys.done_key(job.request_id),
@@ -269,6 +268,11 @@ class Settler:
                 "" if job.source is None else job.source.conn_id,
             ],
         )
+
+    async def handle(self, job: SettleJob) -> None:
+        if self._sent_before_its_assignment(job):
+            return
+        answer = await self._record(job)
         recorded, freed = int(answer[0]), int(answer[1])
         if recorded == 4:  # sent before its assignment reached this socket (the script's first rule)
             self._refuse_early(job)
