@@ -40,6 +40,7 @@ from tests.fakes.engine_sim import SimEngine, engine_sim
 from tests.fakes.fake_orchestrator import stop_agent
 
 MODEL = "llama-3.1-8b-instruct"
+REVISION = "8b-rev-test"  # what the node's agent says its engine serves (the ledger records it)
 SLOTS = 512  # the node's slots: the gateway's own limits, not the node, bound what its tests run
 
 
@@ -165,6 +166,7 @@ async def _agent(
         node_token=await store.issue_token(node_id, "onprem"),
         engine_url=engine.url,
         model=MODEL,
+        model_revision=REVISION,
         max_num_seqs=slots,
         gpus=1,
         journal=tmp_dir / f"{node_id}.jsonl",

@@ -71,9 +71,9 @@ class GatewayEnv:
             await asyncio.sleep(0.02)  # polled with a deadline: the ledger has no change event
 
     async def team_with_key(
-        self, name: str, credits: int = 1_000_000_000, **key_args: Any
+        self, team_name: str, /, credits: int = 1_000_000_000, **key_args: Any
     ) -> tuple[int, str]:
-        team = await self.deps.teams.create_team(name)
+        team = await self.deps.teams.create_team(team_name)
         if credits:
             await self.deps.teams.add_credits(team.id, credits)
         secret, _ = await self.deps.keys.create(team=team.id, **key_args)

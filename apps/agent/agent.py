@@ -11,9 +11,8 @@
          request aborted by a lost connection is journaled and replayed on the next one)
 
 States (`AgentState`): STARTING → CONNECTING ⇄ READY; any → DRAINING → STOPPED.
-A lost connection aborts every in-flight request (the orchestrator has already
-treated them as failed; chunks can no longer reach the client); their `done` frames
-carry the tokens produced so far and go to the journal.
+A lost connection aborts every in-flight request (the orchestrator has already treated them as failed;
+chunks can no longer reach the client); their `done` frames, with the tokens so far, go to the journal.
 """
 
 from __future__ import annotations
@@ -205,6 +204,7 @@ class Agent:
 
     def register_frame(self, version: int = proto.PROTOCOL_VERSION) -> proto.Register:
         assert self._max_model_len is not None
+        revision = self.settings.model_revision if version >= proto.REVISIONS_VERSION else ""  # v6 on
         return proto.Register(
             node_id=self.settings.node_id,
             token=self.settings.node_token.get_secret_value(),
@@ -215,6 +215,7 @@ class Agent:
                     name=self.settings.model,
                     max_num_seqs=self.settings.max_num_seqs,
                     max_model_len=self._max_model_len,
+                    revision=revision,
                 )
             ],
             location=self.settings.location,

@@ -33,6 +33,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--node-id", required=True)
     parser.add_argument("--engine-url", default="http://127.0.0.1:8000", help="the local vLLM/enginesim")
     parser.add_argument("--model", required=True, help="the model name the engine serves")
+    parser.add_argument(
+        "--model-revision", help="the revision the engine serves (recorded with every request it serves)"
+    )
     parser.add_argument("--max-num-seqs", type=int, required=True, help="the engine's --max-num-seqs")
     parser.add_argument("--max-model-len", type=int, help="default: read from the engine's /v1/models")
     parser.add_argument("--gpus", type=int, help="default: counted with nvidia-smi / DCGM, else 0")

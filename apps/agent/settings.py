@@ -28,6 +28,11 @@ class AgentSettings(BaseSettings):
     node_token: SecretStr = Field(description="the node's (or its pool's) token: from the environment only")
     engine_url: str = Field("http://127.0.0.1:8000", description="the engine's (vLLM's) HTTP URL")
     model: str = Field(min_length=1, description="the model the engine serves")
+    model_revision: str = Field(
+        "",
+        max_length=128,
+        description="the model revision the engine serves (told to the orchestrator; the ledger records it per request)",
+    )
     max_num_seqs: int = Field(gt=0, description="the engine's `--max-num-seqs` (the node's slots)")
     max_model_len: int | None = Field(
         default=None, gt=0, description="the engine's context length (unset: read from its /v1/models)"

@@ -33,7 +33,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "ops": (
         "apps.ops.cli",
-        "operations jobs: `ops drift` (ledger vs engines) and `ops cost-report` (weekly)",
+        "operations jobs: `ops drift` (ledger vs engines), `ops cost-report` (weekly), `ops audit` (per request)",
     ),
 }
 

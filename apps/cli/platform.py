@@ -97,7 +97,11 @@ class LocalPlatform:
         self.admin_token = self.issuer.mint("admin", admin=True, ttl_s=7 * 24 * 3600)
         self._pg: EmbeddedPostgres | None = None
         self._redis: EmbeddedRedis | None = None
-        plan = plan_fleet(load_spec(config.stack))
+        stack = load_spec(config.stack)
+        plan = plan_fleet(stack)
+        self._revisions = {
+            name: m.revision for name, m in stack.models.items()
+        }  # what each agent says it serves
         self._plan = {name: (m.max_num_seqs, m.gpus_per_replica) for name, m in plan.models.items()}
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -271,6 +275,7 @@ class LocalPlatform:
         argv = llmfleet_argv(
             "agent", "--orchestrator-url", url, "--node-id", node_id, "--engine-url", engine.url,
             "--model", spec.model, "--max-num-seqs", str(engine.max_num_seqs),
+            "--model-revision", self._revisions.get(spec.model, ""),
             "--gpus", str(self._plan[spec.model][1]), "--location", spec.location,
             "--journal", str(self.data_dir / "journals" / f"{node_id}.jsonl"), "--health-port", str(health),
         )  # fmt: skip

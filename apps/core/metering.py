@@ -42,6 +42,8 @@ async def settle_usage(
     *,
     resume_prompt_tokens: int = 0,
     cached_prompt_tokens: int = 0,
+    node_id: str | None = None,
+    model_revision: str | None = None,
     now: datetime | None = None,
 ) -> SettleResult:
     result = await ledger.settle(
@@ -50,6 +52,8 @@ async def settle_usage(
         completion_tokens,
         resume_prompt_tokens=resume_prompt_tokens,
         cached_prompt_tokens=cached_prompt_tokens,
+        node_id=node_id,
+        model_revision=model_revision,
     )
     subject = result.tokens_subject
     if result.outcome is SettleOutcome.SETTLED and subject is not None:

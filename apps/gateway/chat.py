@@ -31,7 +31,7 @@ from apps.core.errors import (
     Unavailable,
 )
 from apps.core.identity.principal import Principal
-from apps.core.protocol.dispatch import QUEUE_WAIT_HEADER, Deadlines, DispatchRequest
+from apps.core.protocol.dispatch import MODEL_REVISION_HEADER, QUEUE_WAIT_HEADER, Deadlines, DispatchRequest
 from apps.core.quota.admission import Verdict
 from apps.gateway.auth import authenticate, require_team
 from apps.gateway.collect import Timeouts, collect
@@ -253,6 +253,9 @@ class ChatHandler:
             return await self._upstream_error(upstream, ex)
         self._m.active_streams.inc()  # `_after_relay` ends it (`stream_ended`)
         headers = {"x-request-id": ex.client_id, **ex.headers}
+        ex.revision = upstream.headers.get(MODEL_REVISION_HEADER, "")
+        if ex.revision:  # which version of the model answers (the node's, as it registered)
+            headers[MODEL_REVISION_HEADER] = ex.revision
         if chat.stream:
             return RelayResponse(
                 upstream,
@@ -315,6 +318,8 @@ class ChatHandler:
         ttft = None if outcome.first_byte_at is None else outcome.first_byte_at - ex.started
         if ttft is not None:
             self._m.ttft.labels(ex.model).observe(ttft)
+        if ex.revision:
+            self._m.revision_ended(ex.model, ex.revision, outcome.ended, ttft)
         self._m.stream_ended(
             model=ex.model,
             # The team's id, never its name: the admin console and dashboards map ids to names.

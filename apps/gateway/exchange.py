@@ -141,6 +141,7 @@ class Exchange:
     id_chosen: bool = True  # the client sent `client_id` (else the gateway generated it)
     principal: Principal | None = None
     model: str = "-"
+    revision: str = ""  # the model revision whose engine answers ("" not said: an older node)
     status: int = 0
     slot_held: bool = False
     reserved: bool = False

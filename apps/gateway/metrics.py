@@ -58,6 +58,21 @@ class GatewayMetrics:
             buckets=TOKENS_PER_S_BUCKETS,
             registry=registry,
         )
+        # Per model revision (issue 30: two revisions of a model compared side by side): the relayed
+        # requests of each and their TTFT. Only requests a node answered (a refusal has no revision).
+        self.revision_requests = Counter(
+            "llmfleet_gateway_revision_requests",
+            "Relayed requests by model, model revision and how they ended (done, upstream_error, timeout, disconnect)",
+            ["model", "revision", "ended"],
+            registry=registry,
+        )
+        self.revision_ttft = Histogram(
+            "llmfleet_gateway_revision_ttft_seconds",
+            "Time from request to first relayed byte, by model revision",
+            ["model", "revision"],
+            buckets=TTFT_BUCKETS,
+            registry=registry,
+        )
         self.slo_requests = Counter(
             "llmfleet_gateway_slo_requests",
             "Finished requests judged against the stack's SLO (TTFT and tokens/s), by team, model, result",
@@ -131,6 +146,13 @@ class GatewayMetrics:
     def refused(self, model: str, status: int, reason: str | None) -> None:
         if status in (429, 503):
             self.refusals.labels(model, str(status), reason or "unspecified").inc()
+
+    def revision_ended(self, model: str, revision: str, ended: str, ttft_s: float | None) -> None:
+        """A relayed request of a known model revision ended: `ended` is the relay's outcome
+        (done | upstream_error | timeout | disconnect | running: a cleanup before any end)."""
+        self.revision_requests.labels(model, revision, ended).inc()
+        if ttft_s is not None:
+            self.revision_ttft.labels(model, revision).observe(ttft_s)
 
     def stream_ended(
         self,

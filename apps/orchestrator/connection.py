@@ -52,6 +52,7 @@ class NodeConnection:
         monotonic: Callable[[], float] = time.monotonic,
         batching: bool = False,
         version: int = 1,
+        revisions: dict[str, str] | None = None,
     ) -> None:
         self.node_id = node_id
         self.batching = batching  # protocol version 2: frames queued together leave as one message
@@ -63,6 +64,9 @@ class NodeConnection:
         self.location = location
         self.gpus = gpus
         self.models = models
+        # The model revision each engine serves (protocol version 6; absent: not said). Published
+        # with the heartbeat (`revisions`), recorded with each assignment, billed per request.
+        self.revisions = dict(revisions or {})
         self._clock = monotonic
         self.send_q: asyncio.Queue[str] = asyncio.Queue(maxsize=send_limit)
         self.routes: dict[str, Route] = {}
@@ -170,6 +174,7 @@ class NodeConnection:
             "running": self.running,
             "in_flight": len(self.routes),
             "draining": "1" if self.draining or self.handing_over else "0",
+            "revisions": json.dumps(self.revisions, separators=(",", ":")),
         }
 
 

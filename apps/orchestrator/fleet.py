@@ -62,8 +62,8 @@ return -1
 
 _ACQUIRE_LUA = """
 -- KEYS: node hash, inflight zset, req hash, quarantined set.
--- ARGV: request_id, max, now, expiry, node_id, origin, req_ttl_s, resumable, then the budget's
--- field/value pairs (`Budget.to_fields`, none when unbounded)
+-- ARGV: request_id, max, now, expiry, node_id, origin, req_ttl_s, resumable, revision ('' not
+-- known), then the budget's field/value pairs (`Budget.to_fields`, none when unbounded)
 if redis.call('SISMEMBER', KEYS[4], ARGV[5]) == 1 then return -1 end
 local h = redis.call('HMGET', KEYS[1], 'conn', 'draining', 'orchestrator_id')
 if not h[1] then return -1 end
@@ -77,7 +77,10 @@ redis.call('EXPIRE', KEYS[2], ARGV[7])
 redis.call('HSET', KEYS[3], 'node', ARGV[5], 'origin', ARGV[6], 'conn', h[1])
 redis.call('HDEL', KEYS[3], 'relayed')  -- a new node's report is held against its own events
 if ARGV[8] == '1' then redis.call('HSET', KEYS[3], 'resumable', '1') end
-if #ARGV > 8 then redis.call('HSET', KEYS[3], unpack(ARGV, 9)) end
+-- The revision the node serves: what the settle records on the ledger row (a retry on another
+-- node forgets the first node's).
+if ARGV[9] ~= '' then redis.call('HSET', KEYS[3], 'revision', ARGV[9]) else redis.call('HDEL', KEYS[3], 'revision') end
+if #ARGV > 9 then redis.call('HSET', KEYS[3], unpack(ARGV, 10)) end
 redis.call('HINCRBY', KEYS[3], 'attempt', 1)
 redis.call('EXPIRE', KEYS[3], ARGV[7])
 return {1, h[3] or ''}
@@ -190,6 +193,10 @@ class Fleet:
             models = {str(k): int(v) for k, v in json.loads(hb.get("models", "{}")).items()}
         except (ValueError, AttributeError):
             models = {}
+        try:
+            revisions = {str(k): str(v) for k, v in json.loads(hb.get("revisions", "{}")).items()}
+        except (ValueError, AttributeError):
+            revisions = {}
         state = derive_state(
             revoked=False,
             heartbeat_present=True,
@@ -208,6 +215,7 @@ class Fleet:
             queue_depth=int(_f(hb.get("queue_depth"))),
             owner=hb.get("orchestrator_id", ""),
             conn=hb.get("conn", ""),
+            revisions=revisions,
         )
 
     def snapshot(self) -> list[NodeView]:
@@ -249,7 +257,7 @@ class Fleet:
     ) -> int:
         """1 taken; 0 full (`capacity` slots in use; default the node's `max_num_seqs`); -1 node
         gone (or quarantined); -2 draining. Records `req:{id}` = {node, origin, conn (the node's
-        registered socket), attempt} and,
+        registered socket), revision (the model revision it serves), attempt} and,
         the request's budget (`Budget.to_fields`: the bounds the settle caps the node's report at) and whether the stream may
         resume elsewhere (`resumable`: a mid-stream error of this node is not settled from its own
         report, see `settle.py`). When taken, the fleet view's entry carries the node's owner as
@@ -271,6 +279,7 @@ class Fleet:
                 origin,
                 int(self._max_request_s) + 60,
                 "1" if resumable else "0",
+                node.revisions.get(model, ""),
                 *(item for pair in budget.to_fields().items() for item in pair),
             ],
         )

@@ -159,6 +159,7 @@ class NodeSockets:
             monotonic=parts.monotonic,
             batching=frame.version >= BATCHING_VERSION,
             version=frame.version,
+            revisions={m.name: m.revision for m in frame.models if m.revision},
         )
         return conn, frame
 

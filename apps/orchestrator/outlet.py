@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from apps.core.protocol.dispatch import QUEUE_WAIT_HEADER, DispatchRequest
+from apps.core.protocol.dispatch import MODEL_REVISION_HEADER, QUEUE_WAIT_HEADER, DispatchRequest
 from apps.netio import fastpath
 from apps.netio.aiohttp_server import ChunkWriter, chunk_writer
 from apps.netio.fastpath import PathMetrics
@@ -36,17 +36,17 @@ class GatewayOutlet:
         transport = self.request.transport
         return transport is None or transport.is_closing()
 
-    async def open(self, node_id: str, queued_s: float) -> web.StreamResponse:
-        response = web.StreamResponse(
-            status=200,
-            headers={
-                "Content-Type": "text/event-stream",
-                "Cache-Control": "no-cache",
-                "x-request-id": self.dreq.request_id,
-                "x-llmfleet-node": node_id,
-                QUEUE_WAIT_HEADER: f"{queued_s:.6f}",
-            },
-        )
+    async def open(self, node_id: str, queued_s: float, revision: str = "") -> web.StreamResponse:
+        headers = {
+            "Content-Type": "text/event-stream",
+            "Cache-Control": "no-cache",
+            "x-request-id": self.dreq.request_id,
+            "x-llmfleet-node": node_id,
+            QUEUE_WAIT_HEADER: f"{queued_s:.6f}",
+        }
+        if revision:
+            headers[MODEL_REVISION_HEADER] = revision
+        response = web.StreamResponse(status=200, headers=headers)
         if self.request.version >= (1, 1):
             response.enable_chunked_encoding()  # explicit: the direct writer frames chunks itself
         await response.prepare(self.request)

@@ -44,6 +44,8 @@ class SettleFn(Protocol):
         *,
         resume_prompt_tokens: int = 0,
         cached_prompt_tokens: int = 0,
+        node_id: str | None = None,
+        model_revision: str | None = None,
     ) -> Awaitable[SettleResult]: ...
 
 

@@ -253,7 +253,7 @@ class _Relay:
                 self.outcome = f"engine_{frame.status}"
                 exc = for_frame(frame.status, frame.error_type).exception(frame.message, frame.param)
                 return await self._fail_before_output(exc)
-            response = await self.out.open(node.node_id, self.queued_s)
+            response = await self.out.open(node.node_id, self.queued_s, node.revisions.get(dreq.model, ""))
             if isinstance(first, ChunkEv):
                 await self.out.write_chunks(first, stream)  # also puts aiohttp's buffered headers out
                 self.out.go_direct(stream)
@@ -300,7 +300,7 @@ class _Relay:
                 elif isinstance(ev, ErrorEv):
                     # Not a failure to resume from (a refusal mid-stream): its report was not
                     # settled by the socket's owner (the request could resume), so settle it here.
-                    await self._settle_partial(ev.frame)
+                    await self._settle_partial(ev.frame, node)
             await self._end_mid_stream(node, ev)
             return
 
@@ -339,19 +339,22 @@ class _Relay:
         if error is not None:
             # The first node's error frame was not settled (the request could resume): settle
             # what it reported now, as for any mid-stream failure.
-            await self._settle_partial(error)
+            await self._settle_partial(error, node)
         return False, ev
 
-    async def _settle_partial(self, error: Error) -> None:
+    async def _settle_partial(self, error: Error, node: NodeView) -> None:
         # Held against the events this relay wrote, as the settle script holds a `done`
         # (apps/orchestrator/tolerance.py); the socket's owner flagged a disagreement already.
         completion = self.parts.settings.usage_tolerance.settled(error.completion_tokens, self.out.chunks)
         prompt, completion = self.dreq.budget.clamp(Usage(error.prompt_tokens, completion)).usage
-        await shielded(self.parts.settle(self.dreq.request_id, prompt, completion), CLEANUP_S, "settle")
+        rid, revision = self.dreq.request_id, node.revisions.get(self.dreq.model) or None
+        settle = self.parts.settle(rid, prompt, completion, node_id=node.node_id, model_revision=revision)
+        await shielded(settle, CLEANUP_S, "settle")
 
     async def _record_partial(self, node: NodeView) -> None:
         """What the sweeper bills if the node never reports (`sweeper.partial_usage`)."""
-        record = {"node": node.node_id, **partial_usage(self.dreq, self.out.chunks)}
+        revision = node.revisions.get(self.dreq.model, "")  # the sweeper reads "" as unknown
+        record = {"node": node.node_id, "revision": revision, **partial_usage(self.dreq, self.out.chunks)}
         redis = self.parts.redis
         ttl = self.parts.settings.done_record_ttl_s
         await shielded(

@@ -30,6 +30,7 @@ from typing import Any
 from redis.asyncio import Redis
 
 from apps.core.nodes import keys
+from apps.core.nodes.store import as_text
 from apps.core.protocol.node import DoneAck
 from apps.orchestrator.connection import NodeConnection
 from apps.orchestrator.fleet import Fleet
@@ -49,14 +50,15 @@ from apps.orchestrator.tolerance import UsageTolerance
 # '' when this socket did not carry the request, plus what earlier sockets of the node counted,
 # flushed into `req:{id}`.relayed when they closed): beyond `events x ARGV[7] + ARGV[8]` the
 # lower count (the events) is settled.
-# Returns {recorded, slot freed, capped, prompt, completion, platform, unrelayed, relayed events};
+# Returns {recorded, slot freed, capped, prompt, completion, platform, unrelayed, relayed events,
+# and when recorded (1) the model revision the assignment went to ('' not known)};
 # recorded: 1 recorded, 0 the assignment moved to another node, 2 deferred to the relay (below),
 # 3 not this node's (never assigned), 4 sent on the assignment's socket before the assignment.
 # ARGV[9]: the report's socket (`conn`, '' unknown); `req:{id}`.conn is the socket `acquire_slot`
 # assigned it on (the node's registered one then).
 _RECORD_DONE_LUA = """
 local req = redis.call('HMGET', KEYS[1], 'node', 'max_prompt', 'max_completion', 'resumable',
-                       'resume_delivered', 'resume_prompt', 'relayed', 'conn')
+                       'resume_delivered', 'resume_prompt', 'relayed', 'conn', 'revision')
 if req[1] == ARGV[1] and ARGV[6] == '' and not req[7] and ARGV[9] ~= '' and req[8] == ARGV[9] then
   -- Assigned on this very socket, which had no assignment for it when the report came, and no
   -- earlier socket of the node carried it: the report was sent before the assignment reached the
@@ -68,6 +70,7 @@ local freed = redis.call('ZREM', KEYS[3], ARGV[4])
 if not req[1] then return {3, freed, 0, 0, 0, 0, 0, -1} end
 if req[1] ~= ARGV[1] then return {0, freed, 0, 0, 0, 0, 0, -1} end
 local record = cjson.decode(ARGV[2])
+if req[9] then record.revision = req[9] end  -- the audit trail: the revision the assignment went to
 record.prompt_tokens = tonumber(record.prompt_tokens) or 0
 record.completion_tokens = tonumber(record.completion_tokens) or 0
 local unrelayed = 0
@@ -108,7 +111,8 @@ if req[3] and tonumber(record.completion_tokens) > tonumber(req[3]) then
   record.completion_tokens = tonumber(req[3]); capped = 1
 end
 redis.call('SET', KEYS[2], cjson.encode(record), 'EX', ARGV[3])
-return {1, freed, capped, record.prompt_tokens, record.completion_tokens, platform, unrelayed, relayed}
+return {1, freed, capped, record.prompt_tokens, record.completion_tokens, platform, unrelayed, relayed,
+        req[9] or ''}
 """
 
 # A node socket closed with requests it carried still unreported: add the content events it relayed
@@ -305,6 +309,8 @@ class Settler:
             # Never more than what is billed; none for a resumed stream (the second node's cache
             # saw its own prompt, the resume's, which is platform cost).
             cached_prompt_tokens=0 if platform else min(job.cached_tokens, prompt),
+            node_id=job.node_id,  # the audit trail: the node that produced the tokens, and its revision
+            model_revision=as_text(answer[8]) or None,
         )
         self._metrics.settles.labels(outcome=result.outcome.value).inc()
         self._metrics.writeoff.inc(result.written_off_microcredits)

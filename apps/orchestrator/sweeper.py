@@ -101,6 +101,8 @@ class Sweeper:
                 # As the settle bills them (apps/orchestrator/settle.py): none for a resumed stream,
                 # whose second node's cache saw the resume's prompt (platform cost).
                 cached_prompt_tokens=0 if platform else min(int(record.get("cached_tokens", 0)), prompt),
+                node_id=record.get("node") or None,  # the audit trail, as the settle records it
+                model_revision=record.get("revision") or None,
             )
             self._metrics.writeoff.inc(result.written_off_microcredits)
             return action

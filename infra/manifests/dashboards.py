@@ -29,6 +29,7 @@ M = 'model=~"$model"'
 MN = 'model_name=~"$model"'
 T = 'team=~"$team"'
 RI = "$__rate_interval"
+_REV_REQ = "llmfleet_gateway_revision_requests_total"
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,28 @@ def overview_panels(spec: StackSpec) -> list[Panel]:
             (f"llmfleet:ttft_seconds:p95{{{M}}}", "p95 {{model}}"),
             unit="s",
             desc=f"Targets: p50 under {slo.ttft_p50_s:g} s, p95 under {slo.ttft_p95_s:g} s (gateway: request to first byte).",
+        ),
+        _p(
+            "Time to first token p95 by model revision",
+            (
+                "histogram_quantile(0.95, sum by (le, model, revision) "
+                f"(rate(llmfleet_gateway_revision_ttft_seconds_bucket{{{M}}}[5m])))",
+                "{{model}} {{revision}}",
+            ),
+            unit="s",
+            desc="Each live revision of a model side by side, as its nodes registered it (the ledger records the "
+            "same per request: `llmfleet ops audit`).",
+        ),
+        _p(
+            "Failed streams by model revision (share of relayed requests)",
+            (
+                f'(sum by (model, revision) (rate({_REV_REQ}{{{M},ended=~"upstream_error|timeout"}}[5m])) '
+                f"or sum by (model, revision) (rate({_REV_REQ}{{{M}}}[5m])) * 0) / "
+                f"clamp_min(sum by (model, revision) (rate({_REV_REQ}{{{M}}}[5m])), 1e-9)",
+                "{{model}} {{revision}}",
+            ),
+            unit="percentunit",
+            desc="An engine error or a stall after the node took the request (client disconnects excluded).",
         ),
         _p(
             "Output tokens per second per stream (p05 / p50)",

@@ -54,6 +54,8 @@ def _agent_args(t: VllmTarget, tm: Timing, capacity: Capacity) -> list[str]:
         f"http://127.0.0.1:{VLLM_PORT}",
         "--model",
         p.name,
+        "--model-revision",
+        t.revision,
         "--max-num-seqs",
         str(p.max_num_seqs),
         "--max-model-len",

@@ -325,3 +325,27 @@ def test_the_gateway_keeps_idle_connections_open_longer_than_the_alb(stack: str)
     settings = GatewaySettings.model_validate({"keepalive_s": env["LLMFLEET_KEEPALIVE_S"]})
     assert settings.keepalive_s > alb_idle
     assert uvicorn_config(object(), settings).timeout_keep_alive == settings.keepalive_s
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_each_pods_agent_names_the_revision_its_engine_serves_and_model_sync_copied(stack: str) -> None:
+    """The agent tells the orchestrator the revision (the ledger records it per request, issue 30):
+    it must be the one model-sync verified and copied and vLLM loads, the stack's, in every pod."""
+    spec = load_spec(stack)
+    seen: set[str] = set()
+    for r in _rows(stack, "kubernetes:apps/v1:Deployment"):
+        pod = r["inputs"]["spec"]["template"]["spec"]
+        containers = [*pod.get("initContainers", []), *pod["containers"]]
+        agents = [c for c in containers if "agent" in c.get("args", [])[:1]]
+        if not agents:
+            continue
+        (model,) = _flag_values(agents[0]["args"], "--model")
+        said = _flag_values(agents[0]["args"], "--model-revision")
+        copied = [
+            v for c in containers if c is not agents[0] for v in _flag_values(c.get("args", []), "--revision")
+        ]
+        assert said == [spec.models[model].revision], (model, agents[0]["args"])
+        assert copied, model
+        assert set(copied) == set(said), (model, copied)
+        seen.add(model)
+    assert seen == set(spec.models)

@@ -48,6 +48,8 @@ class RecordedLedger:
         *,
         resume_prompt_tokens: int = 0,
         cached_prompt_tokens: int = 0,
+        node_id: str | None = None,
+        model_revision: str | None = None,
     ) -> SettleResult:
         self.settle_calls.append((request_id, prompt_tokens, completion_tokens))
         if resume_prompt_tokens:
@@ -60,6 +62,8 @@ class RecordedLedger:
             completion_tokens,
             resume_prompt_tokens=resume_prompt_tokens,
             cached_prompt_tokens=cached_prompt_tokens,
+            node_id=node_id,
+            model_revision=model_revision,
         )
 
     async def cancel(self, request_id: str) -> bool:

@@ -34,6 +34,7 @@ class Recorder:
 
     def __init__(self) -> None:
         self.calls: list[tuple[str, int, int]] = []
+        self.provenance: list[tuple[str | None, str | None]] = []  # (node_id, model_revision) per call
         self.gate: asyncio.Event | None = None
         self.entered = asyncio.Event()
 
@@ -45,8 +46,11 @@ class Recorder:
         *,
         resume_prompt_tokens: int = 0,
         cached_prompt_tokens: int = 0,
+        node_id: str | None = None,
+        model_revision: str | None = None,
     ) -> SettleResult:
         self.calls.append((request_id, prompt_tokens, completion_tokens))
+        self.provenance.append((node_id, model_revision))
         self.entered.set()
         if self.gate is not None:
             await self.gate.wait()

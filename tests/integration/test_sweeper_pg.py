@@ -87,8 +87,11 @@ async def test_sweeper_settles_and_cancels_real_rows_exactly_once(
         await conn.execute(
             "UPDATE usage_ledger SET created_at = now() - interval '1 hour' WHERE request_id <> 's-young'"
         )
-    await redis.set(keys.done_key("s-done"), json.dumps({"prompt_tokens": 12, "completion_tokens": 7}))
-    await redis.set(keys.partial_key("s-partial"), json.dumps({"prompt_tokens": 0, "completion_tokens": 4}))
+    # What the settle script and the relay write: the node and the revision it served (the audit trail).
+    done = {"node": "n-swept", "revision": "rev-7", "prompt_tokens": 12, "completion_tokens": 7}
+    await redis.set(keys.done_key("s-done"), json.dumps(done))
+    partial = {"node": "n-lost", "prompt_tokens": 0, "completion_tokens": 4}  # an older node: no revision
+    await redis.set(keys.partial_key("s-partial"), json.dumps(partial))
     await redis.set(keys.done_key("s-final"), json.dumps({"prompt_tokens": 99, "completion_tokens": 99}))
     estimate = ledger.estimate(MODEL, 50, 20)
     before = await _team(pool, team.id)
@@ -122,6 +125,12 @@ async def test_sweeper_settles_and_cancels_real_rows_exactly_once(
     assert rows["s-none"] == ("cancelled", 0, 0, 0)
     assert rows["s-young"] == ("reserved", 0, 0, 0)
     assert rows["s-final"] == ("settled", 5, 5, cost(5, 5))
+    async with pool.connection() as conn:
+        cur = await conn.execute("SELECT request_id, node_id, model_revision FROM usage_ledger")
+        audit = {str(r[0]): (r[1], r[2]) for r in await cur.fetchall()}
+    assert audit["s-done"] == ("n-swept", "rev-7")
+    assert audit["s-partial"] == ("n-lost", None)
+    assert audit["s-none"] == (None, None)  # nothing ran
     balance, reserved = await _team(pool, team.id)
     assert balance == CREDITS - cost(5, 5) - cost(12, 7) - cost(0, 4)
     assert reserved == estimate  # only the young reservation is still open

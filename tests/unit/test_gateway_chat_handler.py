@@ -62,7 +62,7 @@ class RefusingLedger:
         return Reservation(request_id, team_id, key_id, model, estimated_prompt_tokens + max_tokens)
 
     async def settle(
-        self, request_id: str, prompt_tokens: int, completion_tokens: int, **_: int
+        self, request_id: str, prompt_tokens: int, completion_tokens: int, **_: object
     ) -> SettleResult:
         self.settle_calls.append((request_id, prompt_tokens, completion_tokens))
         return SettleResult(SettleOutcome.SETTLED, request_id)

@@ -160,11 +160,30 @@ def test_an_encoded_frame_never_holds_a_raw_newline(path: Path) -> None:
 
 
 def test_the_orchestrator_accepts_every_version() -> None:
-    assert {1, 2, 3, 4, 5} == proto.SUPPORTED_VERSIONS
+    assert {1, 2, 3, 4, 5, 6} == proto.SUPPORTED_VERSIONS
     assert proto.BATCHING_VERSION == 2
     assert proto.HANDOVER_VERSION == 3
     assert proto.INTENT_VERSION == 4
-    assert proto.PROTOCOL_VERSION == proto.KV_EVENTS_VERSION == 5
+    assert proto.KV_EVENTS_VERSION == 5
+    assert proto.PROTOCOL_VERSION == proto.REVISIONS_VERSION == 6
+
+
+def test_a_register_without_revisions_is_the_version_1_to_5_frame() -> None:
+    """Version 6 names each model's revision; a frame without one encodes as before (no field an
+    older orchestrator would refuse: it parses with `extra="forbid"`)."""
+    old = (FIXTURES / "register.json").read_text()
+    frame = proto.decode_node_frame(old)
+    assert isinstance(frame, proto.Register)
+    assert frame.models[0].revision == ""
+    assert proto.encode(frame) == old
+    assert "revision" not in old
+    new = proto.decode_node_frame((FIXTURES / "register_v6.json").read_text())
+    assert isinstance(new, proto.Register)
+    assert new.models[0].revision == "2026-11-20"
+    with pytest.raises(ValidationError):
+        proto.decode_node_frame(
+            old.replace('"max_model_len":8192', '"max_model_len":8192,"revision":"' + "r" * 129 + '"')
+        )
 
 
 def test_a_version_4_assign_carries_intent_and_an_older_node_gets_the_engine_body() -> None:

@@ -87,11 +87,14 @@ class Ledger(Protocol):
         *,
         resume_prompt_tokens: int = 0,
         cached_prompt_tokens: int = 0,
+        node_id: str | None = None,
+        model_revision: str | None = None,
     ) -> SettleResult:
         """Exactly once: `reserved -> settled` and debit the team in one transaction.
         `resume_prompt_tokens`: a resumed stream's re-prefill on its second node, recorded on the row
         as platform cost (never charged). `cached_prompt_tokens`: prompt tokens the engine found in its
-        prefix cache, charged at the cached-input price recorded at reservation."""
+        prefix cache, charged at the cached-input price recorded at reservation. `node_id` and
+        `model_revision`: the audit trail, recorded on the row (None: not known)."""
         ...
 
     async def cancel(self, request_id: str) -> bool:

@@ -83,7 +83,8 @@ WITH r AS (
     RETURNING 1
 ), settled AS (
     UPDATE usage_ledger SET status = 'settled', prompt_tokens = %(p)s, completion_tokens = %(c)s,
-           cached_prompt_tokens = %(k)s, cost_microcredits = t.charged, uncharged_microcredits = t.cost - t.charged, finalized_at = now()
+           cached_prompt_tokens = %(k)s, node_id = %(node)s, model_revision = %(rev)s,
+           cost_microcredits = t.charged, uncharged_microcredits = t.cost - t.charged, finalized_at = now()
     FROM t WHERE usage_ledger.request_id = %(rid)s
     RETURNING usage_ledger.team_id, usage_ledger.key_id, usage_ledger.model, t.charged,
               t.cost - t.charged AS written_off, usage_ledger.quota_subject
@@ -181,6 +182,8 @@ class PgLedger:
         *,
         resume_prompt_tokens: int = 0,
         cached_prompt_tokens: int = 0,
+        node_id: str | None = None,
+        model_revision: str | None = None,
     ) -> SettleResult:
         prompt_tokens, completion_tokens = max(prompt_tokens, 0), max(completion_tokens, 0)
         params = {
@@ -189,6 +192,8 @@ class PgLedger:
             "c": completion_tokens,
             "k": min(max(cached_prompt_tokens, 0), prompt_tokens),  # never more than the prompt
             "r": max(resume_prompt_tokens, 0),
+            "node": node_id or None,
+            "rev": model_revision or None,
         }
         async with self._pool.connection() as conn:
             # One statement, so one transaction by itself (one round trip on an autocommit connection):

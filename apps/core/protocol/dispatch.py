@@ -47,6 +47,9 @@ RETRY_ELSEWHERE = "x-llmfleet-retry-elsewhere"
 # On every dispatch answer: seconds the request waited in the orchestrator's queue for a node
 # (the gateway's queue-wait metric), `%.6f`.
 QUEUE_WAIT_HEADER = "x-llmfleet-queue-wait"
+# The model revision the request's node serves (when the node said it: protocol version 6); the
+# gateway passes it on to the client, so a caller can tell which version answered.
+MODEL_REVISION_HEADER = "x-llmfleet-model-revision"
 
 
 def bearer(token: str) -> str:

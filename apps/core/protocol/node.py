@@ -35,6 +35,10 @@ tokenizer counting). Nothing of this is sent on a version 1-4 connection. `assig
 (version 5) is the team's prefix-cache scope: the engine's `cache_salt`, so one team's prompts never
 share cached blocks with another's (a version 4 node gets it in the body instead).
 
+Version 6 adds the model revision (issue 30): each `register.models[]` entry names the revision
+its engine serves (`revision`, the stack's or the registry's); the orchestrator records it with
+every assignment, and the ledger row of each request names it. A version 1-5 frame has no such field.
+
 Version 4 moves the engine's body to the agent (issue 28): `assign` carries the client's body
 as the gateway forwarded it plus the request's intent (`budget`, `wants_chunk_usage`,
 `priority_class` and, for a resumed stream, `continuation`: the text the client has), and the
@@ -59,12 +63,13 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 from apps.core.budget import Budget
 from apps.core.sharing import PriorityClass
 
-PROTOCOL_VERSION = 5
-SUPPORTED_VERSIONS = frozenset({1, 2, 3, 4, 5})
+PROTOCOL_VERSION = 6
+SUPPORTED_VERSIONS = frozenset({1, 2, 3, 4, 5, 6})
 BATCHING_VERSION = 2  # from this version on a node's message may carry several frames
 HANDOVER_VERSION = 3  # from this version on a stopping orchestrator hands its sockets over
 INTENT_VERSION = 4  # from this version on `assign` carries intent and the agent builds the engine body
 KV_EVENTS_VERSION = 5  # from this version on a node forwards its engine's KV cache events
+REVISIONS_VERSION = 6  # from this version on a node names the model revision it serves
 
 # WebSocket close codes (4000-4999 are for applications).
 CLOSE_NORMAL = 1000
@@ -87,6 +92,7 @@ class ModelInfo(_Frame):
     name: str
     max_num_seqs: int = Field(gt=0)
     max_model_len: int = Field(gt=0)
+    revision: str = Field(default="", max_length=128)  # version 6 ("" unknown: an older node)
 
 
 # -- node -> server ---------------------------------------------------------------
@@ -303,6 +309,8 @@ def encode(frame: _Frame) -> str:
         return frame.model_dump_json(exclude={f for f in INTENT_FIELDS if getattr(frame, f) is None})
     if type(frame) is Done and frame.cached_tokens is None:  # a version 1-4 frame stays as it was
         return frame.model_dump_json(exclude={"cached_tokens"})
+    if type(frame) is Register and not any(m.revision for m in frame.models):  # a version 1-5 frame
+        return frame.model_dump_json(exclude={"models": {"__all__": {"revision"}}})
     return frame.model_dump_json()
 
 

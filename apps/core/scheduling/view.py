@@ -22,6 +22,7 @@ class NodeView:
     queue_depth: int = 0  # the engine's waiting requests
     owner: str = ""  # replica holding the node's socket
     conn: str = ""  # that socket's id (a new registration is a new socket)
+    revisions: Mapping[str, str] = field(default_factory=dict)  # model -> the revision its engine serves
 
     def with_in_flight(self, delta: int) -> NodeView:
         return replace(self, in_flight=max(0, self.in_flight + delta))
