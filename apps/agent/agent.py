@@ -137,7 +137,7 @@ class Agent:
                 self._beats = HeartbeatSource(self._engine, self._gpu, self.metrics, down)
                 self._work = Work(self._engine, self._timeouts, self.journal, self.metrics)
                 if self.kv is not None:
-                    self.kv.token_ids, self._work.on_done = self._engine.token_ids, self.kv.request_done
+                    self._work.on_done = self.kv.prefixes.attach(self._engine.token_ids)
                 async with asyncio.TaskGroup() as group:
                     self._group = group
                     kv = group.create_task(self.kv.run(), name="agent-kv-events") if self.kv else None

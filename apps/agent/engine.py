@@ -29,6 +29,7 @@ CHAT_PATH = "/v1/chat/completions"
 # connection is dropped by us first (a stale one costs a retry; nothing ran on it).
 ENGINE_IDLE_TIMEOUT_S = 4.0
 STREAM_LIMIT = 100_000  # concurrent streams: the engine's max_num_seqs is the real bound
+TOKEN_IDS_TIMEOUT_S = 15.0  # a prefix announcement's tokenizer call (background, not a probe)
 
 
 @dataclass(frozen=True)
@@ -162,8 +163,11 @@ class EngineClient:
 
     async def token_ids(self, chat_body: dict[str, Any]) -> list[int] | None:
         """The token ids of a chat body's messages as the engine's template renders them, without a
-        generation prompt (a conversation prefix), or None if the engine cannot answer."""
-        data = await self._tokenize({**tokenize_body(chat_body), "add_generation_prompt": False})
+        generation prompt (a conversation prefix), or None if the engine cannot answer. For a prefix
+        announcement, in the background: it waits longer than a probe (a busy engine's tokenizer can
+        take more than the probe's few seconds, and the announcement was lost)."""
+        body = {**tokenize_body(chat_body), "add_generation_prompt": False}
+        data = await self._tokenize(body, aiohttp.ClientTimeout(total=TOKEN_IDS_TIMEOUT_S))
         tokens = data.get("tokens")
         return tokens if isinstance(tokens, list) and all(isinstance(t, int) for t in tokens) else None
 
@@ -173,11 +177,13 @@ class EngineClient:
         count = (await self._tokenize(tokenize_body(chat_body))).get("count")
         return count if isinstance(count, int) and count >= 0 else None
 
-    async def _tokenize(self, body: dict[str, Any]) -> dict[str, Any]:
+    async def _tokenize(
+        self, body: dict[str, Any], limit: aiohttp.ClientTimeout | None = None
+    ) -> dict[str, Any]:
         """The engine's `POST /tokenize` answer ({} when it cannot answer)."""
         try:
             async with self._session.post(
-                self.url("/tokenize"), json=body, timeout=self._probe_timeout
+                self.url("/tokenize"), json=body, timeout=limit or self._probe_timeout
             ) as resp:
                 if resp.status != 200:
                     return {}

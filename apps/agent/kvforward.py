@@ -22,16 +22,15 @@ history is replayed from 0, so the index is whole again without waiting for new 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
-from typing import Any, Literal
+from typing import Literal
 
 import msgspec
 import zmq
 import zmq.asyncio
 
+from apps.agent.kvannounce import Announcer, Send
 from apps.agent.settings import AgentSettings
 from apps.core.kvwire import (
     END_SEQ,
@@ -45,18 +44,11 @@ from apps.core.kvwire import (
     seq_of,
 )
 from apps.core.protocol import node as proto
-from apps.core.scheduling.prefix import block_keys, chat_messages, prefix_keys
 
 log = logging.getLogger("llmfleet.agent")
 
-Send = Callable[[proto._Frame], Awaitable[bool]]
-TokenIds = Callable[[dict[str, Any]], Awaitable[list[int] | None]]
 REPLAY_TIMEOUT_S = 5.0  # the whole of one replay from the engine (loopback)
 RETRY_S = 5.0  # after a KV events socket could not be set up
-ANNOUNCING_MAX = 4  # announcements running at once (each asks the engine's tokenizer); more are dropped
-# An announcement waits this long for the engine's block size, learnt from its first stored block: the
-# first request's `done` can come before the batch announcing its blocks has been read.
-BLOCK_SIZE_WAIT_S = 5.0
 
 
 def loopback_only(endpoint: str) -> str:
@@ -112,11 +104,7 @@ class KvForwarder:
         self.send: Send | None = None  # the current connection's (None: not connected)
         self.forwarded = 0
         self.resets = 0
-        self.announced = 0
-        self.block_size: int | None = None  # the engine's, from its first stored block
-        self._sized = asyncio.Event()  # set once `block_size` is known
-        self.token_ids: TokenIds | None = None  # the engine's tokenizer (`EngineClient.token_ids`)
-        self._announcing: set[asyncio.Future[None]] = set()
+        self.prefixes = Announcer(model, lambda: self.send)  # after each request (`kvannounce.py`)
         self._resets: set[asyncio.Future[None]] = set()  # `engine_down_soon`'s
         self._ctx = zmq.asyncio.Context.instance()
         self._order = asyncio.Lock()  # a connection's catch-up and the live batches, one at a time
@@ -129,18 +117,11 @@ class KvForwarder:
             return None
         return cls(settings.model, settings.kv_events_endpoint, settings.kv_events_replay_endpoint)
 
-    def request_done(self, assign: proto.Assign) -> None:
-        """A request ended well: announce its prefixes in the background (never on its path)."""
-        if self.token_ids is None or self.send is None or len(self._announcing) >= ANNOUNCING_MAX:
-            return
-        task = asyncio.ensure_future(self._announce_quietly(assign.body, self.token_ids, assign.cache_scope))
-        self._announcing.add(task)
-        task.add_done_callback(self._announcing.discard)
-
     async def connected(self, send: Send) -> None:
         """A new connection (version 5): the orchestrator knows nothing of this engine yet."""
         async with self._order:
             self.send = send
+            self.prefixes.moved()
             try:
                 await self._reset("connected")
                 self.next_seq = 0
@@ -148,36 +129,6 @@ class KvForwarder:
             except Exception:  # never the agent's end: the live batches go on from here
                 log.exception("kv_events_catch_up_failed", extra={"model": self.model})
                 await self._reset("gap")
-
-    async def _announce_quietly(self, body: dict[str, Any], token_ids: TokenIds, scope: str | None) -> None:
-        try:
-            await self.announce(body, token_ids, scope)
-        except Exception:  # the engine or the session went away: a missed announcement, nothing more
-            log.debug("kv_prefix_announce_failed", extra={"model": self.model}, exc_info=True)
-
-    async def announce(self, body: dict[str, Any], token_ids: TokenIds, scope: str | None = None) -> None:
-        """After a request: which blocks its conversation prefixes fill, by the engine's tokenizer
-        (the whole conversation, the next turn's start; and its first message, a system prompt
-        other conversations share). Nothing before the engine's block size is known. `scope`: the
-        team's cache scope, the engine's `cache_salt`, which its first block's hash holds too."""
-        messages = chat_messages(body)
-        if self.send is None or not messages:
-            return
-        if self.block_size is None:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._sized.wait(), BLOCK_SIZE_WAIT_S)
-        send, size = self.send, self.block_size
-        if send is None or size is None:
-            return
-        keys = prefix_keys(messages, body.get("tools"), scope)
-        salt = [scope] if scope else None
-        for k in sorted({len(messages), 1}):
-            tokens = await token_ids({**body, "messages": list(messages[:k])})
-            blocks = block_keys(tokens, size, salt) if tokens else []
-            if blocks and await send(
-                proto.KvPrefix(model=self.model, key=keys[k - 1], block=blocks[-1].hex(), blocks=len(blocks))
-            ):
-                self.announced += 1
 
     def engine_down_soon(self) -> None:
         """`engine_down` in the background: the heartbeat that found the engine down never waits for
@@ -312,12 +263,9 @@ class KvForwarder:
             log.warning("kv_events_undecodable", extra={"model": self.model, "seq": seq})
             await self._reset("gap")
         else:
-            sizes = [ev.block_size for ev in batch.events if isinstance(ev, BlockStored)]
-            if sizes:
-                self.block_size = sizes[-1]
-                self._sized.set()
             if self.send is not None and await self.send(frame):
                 self.forwarded += 1
+                self.prefixes.sent(frame)
         self._recent[seq] = payload
         while len(self._recent) > RECENT:
             self._recent.popitem(last=False)

@@ -339,9 +339,19 @@ async def test_the_agent_forwards_the_events_and_the_orchestrator_indexes_the_pr
         # The agent announced the conversation's prefix (its engine's tokenizer counting the blocks):
         # every replica's picker now finds the node holding it.
         store = fleet.orch.app[PLANE].prefix_store
-        announced = await poll(
-            lambda: store.matches(engine.model, lookup_keys(messages, scope=salt[0])), lambda m: NODE_ID in m
-        )
+        forwarder = fleet.agent.kv
+        assert forwarder is not None
+        try:  # each of the announcement's waits is bounded (apps/agent/kvannounce.py): 35 s in all
+            announced = await poll(
+                lambda: store.matches(engine.model, lookup_keys(messages, scope=salt[0])),
+                lambda m: NODE_ID in m,
+                deadline_s=60,
+            )
+        except AssertionError as exc:
+            announcer = forwarder.prefixes
+            raise AssertionError(
+                f"{exc}; agent: {announcer.announced} sent, dropped {dict(announcer.dropped)}"
+            ) from exc
         assert 0 < announced[NODE_ID] <= len(keys)
         assert await store.matches(engine.model, lookup_keys(messages)) == {}  # not another team's prefix
         assert (
@@ -354,8 +364,6 @@ async def test_the_agent_forwards_the_events_and_the_orchestrator_indexes_the_pr
 
         # A new connection: the orchestrator forgets the node's index (`kv_reset connected`), the
         # engine's replay buffer rebuilds it from sequence 0.
-        forwarder = fleet.agent.kv
-        assert forwarder is not None
         resets, forwarded = forwarder.resets, forwarder.forwarded
         registered = fleet.agent.registered
         registered.clear()

@@ -133,7 +133,10 @@ async def test_node_capacity_holds_across_replicas(env: Env) -> None:
 
 
 async def test_a_registration_storm_admits_only_the_burst_and_spreads_the_rest(env: Env) -> None:
-    orch = await env.orchestrator(registrations_per_s=1.0, registration_burst=5)
+    # The replica's clock stands still: on a slow machine the 20 connects took over a second of real
+    # time and the bucket refilled in between (more than the burst admitted).
+    frozen = {"monotonic": lambda: 1000.0}
+    orch = await env.orchestrator(frozen, registrations_per_s=1.0, registration_burst=5)
     nodes = [await env.node(orch, f"n{i}", connect=False) for i in range(20)]
     answers = await asyncio.gather(*(n.connect() for n in nodes))
     acked = [a for a in answers if isinstance(a, proto.RegisterAck)]
