@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from apps.core.errors import SpecError
 from apps.core.sizing.kv import DTYPE_BYTES
@@ -109,6 +109,58 @@ class Serving(_Strict):
     office_hours_warm_replicas: NonNegInt = 0
 
 
+def revision_problem(revision: str) -> str | None:
+    """Why `revision` cannot name a model revision, or None. It is one path component of the registry
+    (`s3://<bucket>/<model>/<revision>/`) and of the node cache, and the node protocol carries at most
+    128 characters of it."""
+    if not revision.strip():
+        return "must not be empty"
+    if revision != revision.strip() or any(not c.isprintable() for c in revision):
+        return f"{revision!r} has surrounding spaces or unprintable characters"
+    if revision in (".", "..") or "/" in revision or revision.startswith("."):
+        return f"{revision!r} is not one path component (no '/', no leading '.')"
+    if len(revision) > 128:
+        return f"{len(revision)} characters, at most 128"
+    return None
+
+
+class Canary(_Strict):
+    """A model's second live revision, rolled out next to the stable `revision`: its own Deployment and
+    ScaledObject (infra/components/serving.py). It holds at least one replica while it is set (its own
+    load is its scaling signal, and a canary without a replica serves nothing). Remove it after a
+    promotion (the model's `revision` then names it) or a rollback."""
+
+    revision: str
+    min_replicas: int = 1
+    max_replicas: PositiveInt = 2
+
+    @field_validator("revision")
+    @classmethod
+    def _one_path_component(cls, revision: str) -> str:
+        problem = revision_problem(revision)
+        if problem is not None:
+            raise ValueError(problem)
+        return revision
+
+    @field_validator("min_replicas")
+    @classmethod
+    def _live(cls, value: int) -> int:
+        if value < 1:
+            raise ValueError(
+                f"{value}: a canary keeps at least 1 replica (its own load is what scales it; "
+                "to stop it, remove canary)"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Canary:
+        if self.min_replicas > self.max_replicas:
+            raise ValueError(
+                f"min_replicas ({self.min_replicas}) must not exceed max_replicas ({self.max_replicas})"
+            )
+        return self
+
+
 class ModelSpec(_Strict):
     parameters_b: PositiveFloat
     layers: PositiveInt
@@ -118,6 +170,8 @@ class ModelSpec(_Strict):
     kv_dtype: str = "bf16"
     max_context: PositiveInt
     revision: str = "main"
+    # The revision rolled out next to `revision` (both live: the orchestrator splits the traffic).
+    canary: Canary | None = None
     prices: Prices
     serving: Serving
 
@@ -134,6 +188,11 @@ class ModelSpec(_Strict):
             )
         if self.serving.planning_context_tokens > self.serving.max_model_len:
             raise ValueError("serving.planning_context_tokens must not exceed serving.max_model_len")
+        if self.canary is not None and self.canary.revision == self.revision:
+            raise ValueError(
+                f"canary.revision {self.revision!r} is the model's revision: a canary names another one "
+                "(after a promotion, remove canary)"
+            )
         return self
 
 
