@@ -1,14 +1,17 @@
 """Model serving: per model the vLLM Deployment(s) with the agent sidecar, Service, PDBs and
-KEDA ScaledObjects, plus the model-sync service account (IRSA: reads the model bucket only)."""
+KEDA ScaledObjects, plus the model-sync service account (IRSA: reads the model bucket only).
+
+A model with a canary (`ModelSpec.canary`) has one Deployment more, with its own PDB and ScaledObject:
+`vllm-<model>-canary`, the canary revision copied, served and registered, on on-demand capacity."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pulumi
 
 from apps.core.sizing.plan import FleetPlan, ModelPlan
-from apps.core.spec import Serving, StackSpec
+from apps.core.spec import Canary, Serving, StackSpec
 from infra.components.irsa import irsa_role
 from infra.components.kube import KubeObject
 from infra.config import OfficeHours
@@ -61,8 +64,37 @@ def serving_objects(
         )
         objects.append(vllm.service(name))
         scaling = _model_scaling(spec, target, mp, serving, office_hours, scale_models, objects)
+        if model.canary is not None:
+            scaling = _with_canary(spec, target, model.canary, scaling, objects)
         objects.extend(keda.scaled_object(s) for s in scaling)
     return objects
+
+
+def _with_canary(
+    spec: StackSpec,
+    stable: VllmTarget,
+    canary: Canary,
+    scaling: list[keda.ScalingTarget],
+    objects: list[Manifest],
+) -> list[keda.ScalingTarget]:
+    """The canary's Deployment and PDB (appended to `objects`), and what KEDA scales: the stable
+    Deployments on the model's demand less the canary's pods, the canary on its own pods' load."""
+    target = replace(stable, revision=canary.revision, canary=True)
+    name = vllm.deployment_name(target.plan.name, Capacity.ON_DEMAND, canary=True)
+    objects.append(vllm.deployment(target, Capacity.ON_DEMAND, replicas=0))
+    objects.append(vllm.pdb(target.plan.name, Capacity.ON_DEMAND, canary=True))
+    others = keda.pod_matcher(name, own=False)
+    own = keda.ScalingTarget(
+        name,
+        target.plan,
+        canary.min_replicas,
+        canary.max_replicas,
+        spec.slo.queue_wait_p95_s,
+        headroom=spec.models[target.plan.name].serving.headroom,
+        pods=keda.pod_matcher(name),
+        orchestrator_terms=False,
+    )
+    return [*(replace(s, pods=others) for s in scaling), own]
 
 
 def _model_scaling(

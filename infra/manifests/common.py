@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import re
 from typing import Any
 
@@ -18,6 +19,8 @@ GPU_TAINT: dict[str, str] = {"key": "nvidia.com/gpu", "value": "present", "effec
 # Only pods that tolerate this taint may land on the spot pool; only the spot model's pods do.
 SPOT_TAINT_KEY = "llmfleet.io/spot-model"
 MODEL_LABEL = "llmfleet.io/model"
+# A canary pod's revision as a label value (`revision_slug`): `kubectl get pods -l` finds its pods.
+REVISION_SLUG_LABEL = "llmfleet.io/revision-slug"
 POOL_LABEL = "llmfleet.io/pool"
 CAPACITY_TYPE = "karpenter.sh/capacity-type"
 
@@ -46,6 +49,22 @@ def slug(model: str) -> str:
     if not value or len(value) > 40:
         raise ValueError(f"model name {model!r} does not make a short DNS label")
     return value
+
+
+_LABEL_VALUE = re.compile(r"(?:[A-Za-z0-9](?:[-A-Za-z0-9_.]*[A-Za-z0-9])?)?")
+_LABEL_VALUE_MAX = 63
+
+
+def revision_slug(revision: str) -> str:
+    """A revision as a label value (at most 63 of `[-A-Za-z0-9_.]`, alphanumeric at both ends): itself
+    when it is one, else its valid characters cut short plus 8 hex of its SHA-256, so two revisions
+    never share a slug (`2026/12/01` -> `2026-12-01-<hash>`, not `2026-12-01`'s)."""
+    if revision and len(revision) <= _LABEL_VALUE_MAX and _LABEL_VALUE.fullmatch(revision):
+        return revision
+    digest = hashlib.sha256(revision.encode()).hexdigest()[:8]
+    kept = re.sub(r"[^-A-Za-z0-9_.]+", "-", revision)[: _LABEL_VALUE_MAX - len(digest) - 1]
+    kept = re.sub(r"^[^A-Za-z0-9]+|[^A-Za-z0-9]+$", "", kept)
+    return f"{kept}-{digest}" if kept else digest
 
 
 def restricted_context(**first: Any) -> Manifest:

@@ -18,6 +18,14 @@ vLLM startup-probe budget), so a scale-down cannot undo a scale-up that has not 
 The spot burst Deployment activates only on demand beyond its on-demand floor's target that
 exceeds what one replica clears within the queue-wait SLO, never on a single waiting request.
 
+A canary (the model's second live revision, `ModelSpec.canary`) serves the same model name, so
+`model_name` cannot tell its engines' series from the stable ones': the target pod's name can
+(`pod`, the label the Prometheus operator puts on every scraped series, is `<Deployment>-<hash>-<id>`).
+The canary scales on its own pods' streams and KV cache only, never on the model's orchestrator
+queue (the orchestrator gives it its share of the traffic; a queue shared by both revisions would
+scale it to its maximum), and keeps at least one replica; the stable ScaledObjects leave the
+canary's pods out of their vLLM terms and keep the orchestrator's.
+
 Upstream semantics this relies on (and `apps/simulate` reproduces):
 - KEDA, https://keda.sh/docs/2.21/concepts/scaling-deployments/ ("Activating and Scaling
   thresholds"; `cooldownPeriod` applies to scaling to zero only) and
@@ -75,6 +83,16 @@ class ScalingTarget:
     # burst Deployment): their share of the load is subtracted so the burst adds only the excess.
     base_replicas: int = 0
     headroom: float = 0.0  # the spec's serving.headroom: the target leaves this share free
+    # A `pod_matcher(...)` on the vLLM series ("": all of the model's) and whether the orchestrator's
+    # per-model terms count (not for a canary: see the module docstring).
+    pods: str = ""
+    orchestrator_terms: bool = True
+
+
+def pod_matcher(deployment: str, own: bool = True) -> str:
+    """The PromQL matcher for the pods of `deployment` (`own`) or every other pod: `pod` is
+    `<Deployment>-<ReplicaSet hash>-<suffix>` (PromQL regexes are anchored; neither part has a `-`)."""
+    return f'pod{"=~" if own else "!~"}"{deployment}-[a-z0-9]+-[a-z0-9]+"'
 
 
 def waiting_threshold(plan: ModelPlan, queue_wait_p95_s: float) -> int:
@@ -100,24 +118,33 @@ def _or_zero(query: str) -> str:
     return f"({query} or vector(0))"
 
 
-def demand_query(model: str, base_replicas: int = 0, per_replica: float = 0.0) -> str:
+def _vllm_selector(model: str, pods: str) -> str:
+    return f'{{model_name="{model}"{"," + pods if pods else ""}}}'
+
+
+def demand_query(
+    model: str, base_replicas: int = 0, per_replica: float = 0.0, pods: str = "", orchestrator: bool = True
+) -> str:
     """Streams in service + vLLM waiting + orchestrator queue + cold starts told to wait (all
-    replicas), max over 2 minutes."""
-    vllm_sel = f'{{model_name="{model}"}}'
+    replicas), max over 2 minutes. `pods`/`orchestrator`: see `ScalingTarget`."""
+    vllm_sel = _vllm_selector(model, pods)
     terms = [
         _or_zero(f"sum(vllm:num_requests_running{vllm_sel})"),
         _or_zero(f"sum(vllm:num_requests_waiting{vllm_sel})"),
-        _or_zero(f'sum({ORCHESTRATOR_QUEUE_METRIC}{{model="{model}"}})'),
-        _or_zero(f'sum({ORCHESTRATOR_COLD_START_METRIC}{{model="{model}"}})'),
     ]
+    if orchestrator:
+        terms += [
+            _or_zero(f'sum({ORCHESTRATOR_QUEUE_METRIC}{{model="{model}"}})'),
+            _or_zero(f'sum({ORCHESTRATOR_COLD_START_METRIC}{{model="{model}"}})'),
+        ]
     query = f"max_over_time(({' + '.join(terms)})[{DEMAND_WINDOW}:{SCRAPE_STEP}])"
     if base_replicas == 0:
         return query
     return f"clamp_min({query} - {base_replicas * per_replica:g}, 0)"
 
 
-def kv_query(model: str, base_replicas: int = 0) -> str:
-    query = f'sum(vllm:kv_cache_usage_perc{{model_name="{model}"}})'
+def kv_query(model: str, base_replicas: int = 0, pods: str = "") -> str:
+    query = f"sum(vllm:kv_cache_usage_perc{_vllm_selector(model, pods)})"
     if base_replicas == 0:
         return query
     # Without the offset a burst Deployment at zero would activate on the floor's normal KV use.
@@ -151,12 +178,12 @@ def triggers(t: ScalingTarget) -> list[Manifest]:
     result = [
         _prometheus(
             "demand",
-            demand_query(model, t.base_replicas, per_replica),
+            demand_query(model, t.base_replicas, per_replica, t.pods, t.orchestrator_terms),
             f"{per_replica:g}",
             activation=_activation(t),
         ),
         # sum(...) with AverageValue = average per replica, so the target reads as a fraction.
-        _prometheus("vllm-kv-cache", kv_query(model, t.base_replicas), str(KV_CACHE_TARGET)),
+        _prometheus("vllm-kv-cache", kv_query(model, t.base_replicas, t.pods), str(KV_CACHE_TARGET)),
     ]
     if t.office_hours is not None and t.office_hours_replicas > 0:
         result.append(

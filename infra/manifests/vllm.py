@@ -1,4 +1,4 @@
-"""One vLLM Deployment per model (two for the spot model), its Service and PDBs.
+"""One vLLM Deployment per model (two for the spot model, one more for a canary), its Service and PDBs.
 
 The pod's inputs and timing are `vllm_target.py`'s, its agent sidecar is `node_agent.py`'s.
 
@@ -24,12 +24,14 @@ from infra.manifests.common import (
     MODEL_CACHE_MOUNT,
     MODEL_LABEL,
     POOL_LABEL,
+    REVISION_SLUG_LABEL,
     SPOT_TAINT_KEY,
     VLLM_PORT,
     Manifest,
     labels,
     meta,
     restricted_context,
+    revision_slug,
     slug,
 )
 from infra.manifests.node_agent import agent_container
@@ -55,13 +57,24 @@ def wait_for_agent_exit(budget_s: int, port: int = AGENT_HEALTH_PORT) -> str:
     )
 
 
-def deployment_name(model: str, capacity: Capacity) -> str:
+CAPACITY_LABEL = "llmfleet.io/capacity"
+# A canary's name suffix and its pods' value of the capacity label (they run on on-demand capacity).
+# The stable Deployments' selectors name the capacity and a selector cannot change, so this value is
+# what keeps a canary's pods out of their selectors and theirs out of the canary's.
+CANARY = "canary"
+
+
+def deployment_name(model: str, capacity: Capacity, canary: bool = False) -> str:
+    """`vllm-<slug>` (on-demand), `-spot`, `-canary`: at most 52 characters (`slug` is at most 40)."""
     base = f"vllm-{slug(model)}"
+    if canary:
+        return f"{base}-{CANARY}"
     return base if capacity is Capacity.ON_DEMAND else f"{base}-spot"
 
 
-def pod_labels(model: str, capacity: Capacity) -> dict[str, str]:
-    return labels("vllm", **{MODEL_LABEL: slug(model), "llmfleet.io/capacity": capacity.value})
+def pod_labels(model: str, capacity: Capacity, canary: bool = False) -> dict[str, str]:
+    """The Deployment's selector: no two Deployments of a model share one, none matches another's pods."""
+    return labels("vllm", **{MODEL_LABEL: slug(model), CAPACITY_LABEL: CANARY if canary else capacity.value})
 
 
 def _vllm_args(t: VllmTarget, tm: Timing) -> list[str]:
@@ -229,17 +242,21 @@ def _scheduling(t: VllmTarget, capacity: Capacity) -> Manifest:
 
 def deployment(t: VllmTarget, capacity: Capacity, replicas: int | None) -> Manifest:
     """`replicas=None` leaves the count to KEDA, so a `pulumi up` never fights the autoscaler."""
+    if t.canary and capacity is not Capacity.ON_DEMAND:
+        raise ValueError("a canary runs on on-demand capacity")
     tm = timing(t.plan)
-    name = deployment_name(t.plan.name, capacity)
-    selector = pod_labels(t.plan.name, capacity)
-    spread_selector = {"matchLabels": {MODEL_LABEL: slug(t.plan.name)}}
+    name = deployment_name(t.plan.name, capacity, t.canary)
+    selector = pod_labels(t.plan.name, capacity, t.canary)
+    # Not in the selector: a new canary revision rolls the canary's pods, it does not replace its Deployment.
+    revision_label = {REVISION_SLUG_LABEL: revision_slug(t.revision)} if t.canary else {}
+    spread_selector = {"matchLabels": {MODEL_LABEL: slug(t.plan.name)}}  # all of the model's pods
     spec: Manifest = {
         "selector": {"matchLabels": selector},
         "progressDeadlineSeconds": 1800,
         "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
         "template": {
             "metadata": {
-                "labels": selector,
+                "labels": {**selector, **revision_label},
                 "annotations": {"llmfleet.io/revision": t.revision},
             },
             "spec": {
@@ -273,7 +290,7 @@ def deployment(t: VllmTarget, capacity: Capacity, replicas: int | None) -> Manif
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": meta(name, "vllm", **{MODEL_LABEL: slug(t.plan.name)}),
+        "metadata": meta(name, "vllm", **{MODEL_LABEL: slug(t.plan.name), **revision_label}),
         "spec": spec,
     }
 
@@ -294,11 +311,11 @@ def service(model: str) -> Manifest:
     }
 
 
-def pdb(model: str, capacity: Capacity) -> Manifest:
+def pdb(model: str, capacity: Capacity, canary: bool = False) -> Manifest:
     # maxUnavailable, not minAvailable: a single-replica GPU Deployment must not block drains.
     return {
         "apiVersion": "policy/v1",
         "kind": "PodDisruptionBudget",
-        "metadata": meta(deployment_name(model, capacity), "vllm", **{MODEL_LABEL: slug(model)}),
-        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": pod_labels(model, capacity)}},
+        "metadata": meta(deployment_name(model, capacity, canary), "vllm", **{MODEL_LABEL: slug(model)}),
+        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": pod_labels(model, capacity, canary)}},
     }

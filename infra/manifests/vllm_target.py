@@ -26,6 +26,8 @@ class VllmTarget:
     agent_image: str
     model_bucket: str
     block_size: int = 16
+    # The model's canary Deployment (`revision` is then the canary's; `vllm.deployment_name`).
+    canary: bool = False
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,8 @@ A pool's limit caps the GPUs of all its nodes, and a node counts all its GPUs: a
 a 4-GPU g6e node (there is no 2-GPU size) uses the node's 4 unless a second replica shares it.
 So a model's demand on a pool is `nodes x GPUs per node`, with the smallest instance size that
 holds one replica, packed `size // gpus_per_replica` replicas to a node, at its replica maximum.
-The on-demand pool serves every model (the spot model's floor, and its burst when spot is short);
+The on-demand pool serves every model (the spot model's floor, and its burst when spot is short)
+and every canary (`ModelSpec.canary`, at its own replica maximum, on nodes of its own);
 the spot pool only the spot model's burst Deployment.
 """
 
@@ -58,6 +59,9 @@ def pool_demand(spec: StackSpec, plan: FleetPlan) -> list[PoolDemand]:
     spot: dict[str, int] = {}
     for name in spec.models:
         on_demand[name] = _gpus(spec, plan, name, plan.models[name].max_replicas)
+        canary = spec.models[name].canary
+        if canary is not None:
+            on_demand[name] += _gpus(spec, plan, name, canary.max_replicas)
         if spec.models[name].serving.spot:
             spot[name] = _gpus(spec, plan, name, spot_burst_max(spec, plan, name))
     pools = [(ON_DEMAND_POOL, on_demand)] + ([(SPOT_POOL, spot)] if spot else [])
