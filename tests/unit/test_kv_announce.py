@@ -22,6 +22,7 @@ from apps.agent.kvforward import KvForwarder
 from apps.core.protocol import node as proto
 from apps.core.scheduling.prefix import block_keys, lookup_keys
 from apps.orchestrator.prefix_index import PrefixIndex
+from tests.fakes.web_server import serve_app
 from tests.unit.test_kv_forward import BS, PROMPT, Sent, _stored, pub_endpoint, publisher, replay_endpoint
 
 pytestmark = pytest.mark.timeout(30)
@@ -150,16 +151,8 @@ async def test_the_announcements_tokenizer_call_outlasts_a_probe() -> None:
 
     app = web.Application()
     app.router.add_post("/tokenize", tokenize)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = runner.addresses[0][1]
-    try:
-        async with aiohttp.ClientSession() as session:
-            engine = EngineClient(session, f"http://127.0.0.1:{port}", 0.1)
-            body = {"model": "m", "messages": MESSAGES}
-            assert await engine.prompt_tokens(body) is None  # a probe: gives up after 0.1 s
-            assert await engine.token_ids(body) == [1, 2, 3]  # the announcement's call waits
-    finally:
-        await runner.cleanup()
+    async with serve_app(app) as url, aiohttp.ClientSession() as session:
+        engine = EngineClient(session, url, 0.1)
+        body = {"model": "m", "messages": MESSAGES}
+        assert await engine.prompt_tokens(body) is None  # a probe: gives up after 0.1 s
+        assert await engine.token_ids(body) == [1, 2, 3]  # the announcement's call waits
