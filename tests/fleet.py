@@ -30,6 +30,7 @@ from apps.core.ledger.api import Ledger, SettleResult
 from apps.core.metering import settle_usage
 from apps.core.nodes.store import NodeStore
 from apps.core.protocol.dispatch import DispatchRequest
+from apps.core.rollouts import RolloutStore
 from apps.enginesim.faults import Faults
 from apps.gateway.dispatcher import HttpDispatcher
 from apps.gateway.ports import Upstream
@@ -58,6 +59,9 @@ class FleetSetup:
     faults: Faults | None = None
     max_model_len: int = 16384
     orchestrator: Mapping[str, Any] = field(default_factory=dict)
+    # One node per revision (a canary's test: issue 30); the replica reads the live rollouts from the
+    # ledger's PostgreSQL. Empty: `nodes` nodes of `REVISION`.
+    revisions: tuple[str, ...] = ()
 
 
 @dataclass
@@ -66,6 +70,7 @@ class Fleet:
     engine: SimEngine | None
     internal_token: str
     node_id: str | None = None  # the node's id in the node store (None: no node)
+    engines: dict[str, SimEngine] = field(default_factory=dict)  # by revision, with `revisions`
 
     @property
     def url(self) -> str:
@@ -100,9 +105,11 @@ async def running_fleet(
     tmp_dir: Path,
     setup: FleetSetup = FleetSetup(),
     clock: Callable[[], datetime] | None = None,
+    rollouts: RolloutStore | None = None,
 ) -> AsyncIterator[Fleet]:
     """`clock`: the moment a settle counts its tokens at (None: the wall clock); the gateway's tests
-    give the gateway's, so a test that pins it pins the UTC day admission and settle count on."""
+    give the gateway's, so a test that pins it pins the UTC day admission and settle count on.
+    `rollouts`: the live rollouts of canary revisions the replica reads (with `setup.revisions`)."""
     token = f"it-{uuid.uuid4().hex}"
     settings = OrchestratorSettings(
         orchestrator_id=f"orch-gw-{uuid.uuid4().hex[:6]}",
@@ -122,31 +129,41 @@ async def running_fleet(
         ledger=ledger,
         settle=functools.partial(_settle, ledger, redis, clock),
         models={MODEL},
+        rollouts=rollouts,
     )
     orch = await start_orchestrator(settings, deps)
     try:
         if setup.nodes == 0:
             yield Fleet(orch, None, token)
             return
-        assert setup.nodes == 1, "one node: the gateway's tests need no more"
-        async with (
-            engine_sim(
-                setup.speed,
-                model=MODEL,
-                dev_mode=True,
-                # As the platform starts vLLM: classes reach the engine, cached input is reported.
-                scheduling_policy="priority",
-                enable_prompt_tokens_details=True,
-                max_num_seqs=setup.slots,
-                max_model_len=setup.max_model_len,
-                num_blocks=max(4096, setup.max_model_len // 16 + 1),
-                faults=setup.faults or Faults(),
-            ) as engine,
-            _agent(orch, store, engine, tmp_dir, setup.slots) as agent,
-        ):
-            yield Fleet(orch, engine, token, agent.settings.node_id)
+        assert setup.nodes == 1 or setup.revisions, "one node: the gateway's tests need no more"
+        async with contextlib.AsyncExitStack() as stack:
+            engines: dict[str, SimEngine] = {}
+            node_id = None
+            for revision in setup.revisions or (REVISION,):
+                engine = await stack.enter_async_context(_engine(setup))
+                agent = await stack.enter_async_context(
+                    _agent(orch, store, engine, tmp_dir, setup.slots, revision)
+                )
+                engines[revision], node_id = engine, node_id or agent.settings.node_id
+            yield Fleet(orch, next(iter(engines.values())), token, node_id, engines)
     finally:
         await orch.close()
+
+
+def _engine(setup: FleetSetup) -> contextlib.AbstractAsyncContextManager[SimEngine]:
+    return engine_sim(
+        setup.speed,
+        model=MODEL,
+        dev_mode=True,
+        # As the platform starts vLLM: classes reach the engine, cached input is reported.
+        scheduling_policy="priority",
+        enable_prompt_tokens_details=True,
+        max_num_seqs=setup.slots,
+        max_model_len=setup.max_model_len,
+        num_blocks=max(4096, setup.max_model_len // 16 + 1),
+        faults=setup.faults or Faults(),
+    )
 
 
 async def _settle(
@@ -157,7 +174,7 @@ async def _settle(
 
 @contextlib.asynccontextmanager
 async def _agent(
-    orch: RunningOrchestrator, store: NodeStore, engine: SimEngine, tmp_dir: Path, slots: int
+    orch: RunningOrchestrator, store: NodeStore, engine: SimEngine, tmp_dir: Path, slots: int, revision: str
 ) -> AsyncIterator[Agent]:
     node_id = f"gw-node-{uuid.uuid4().hex[:6]}"
     settings = AgentSettings(
@@ -166,7 +183,7 @@ async def _agent(
         node_token=await store.issue_token(node_id, "onprem"),
         engine_url=engine.url,
         model=MODEL,
-        model_revision=REVISION,
+        model_revision=revision,
         max_num_seqs=slots,
         gpus=1,
         journal=tmp_dir / f"{node_id}.jsonl",

@@ -29,6 +29,7 @@ from apps.core.ledger.teams import TeamStore
 from apps.core.nodes.store import NodeStore
 from apps.core.quota.admission import QuotaStore
 from apps.core.quota.refusals import RefusalStore
+from apps.core.rollouts import RolloutStore
 from apps.core.spec import load_spec
 from apps.gateway.app import create_app
 from apps.gateway.deps import GatewayDeps
@@ -164,6 +165,7 @@ async def gateway_env(
                 Path(tmp),
                 fleet or FleetSetup(),
                 clock=lambda: built[0].clock() if built else SYSTEM.now(),
+                rollouts=RolloutStore(pool) if fleet is not None and fleet.revisions else None,
             )
         )
         dispatcher = RecordingDispatcher(

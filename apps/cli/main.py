@@ -26,7 +26,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "admin": ("apps.cli.admin", "administration: migrate the database, teams, keys, credits, nodes"),
     "infra": ("infra.cli", "render the Pulumi program offline (`llmfleet infra render --stack prod`)"),
     "model-sync": ("apps.modelsync.cli", "copy a verified model revision from S3 to the local NVMe cache"),
-    "model": ("apps.modelsync.model_cli", "the model registry: `model publish` uploads and signs a revision"),
+    "model": (
+        "apps.modelsync.model_cli",
+        "model versions: `model publish` uploads and signs a revision; `canary`, `promote`, `rollback`, `status`",
+    ),
     "simulate": (
         "apps.simulate.cli",
         "discrete-event what-if of the fleet (KEDA, Karpenter, engines) under a load trace",

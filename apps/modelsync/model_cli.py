@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from apps.core.envnames import env_name
+from apps.modelsync import rollout_cli
 from apps.modelsync.publish import publish_model
 from apps.modelsync.settings import ModelSyncSettings
 from apps.modelsync.signing import KmsSigner, LocalSigner, Signer, public_key_path
@@ -26,7 +27,9 @@ from apps.modelsync.sync import ModelSyncError
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    actions = parser.add_subparsers(dest="action", metavar="{publish}", required=True)
+    actions = parser.add_subparsers(
+        dest="action", metavar="{publish,canary,promote,rollback,status}", required=True
+    )
     publish = actions.add_parser(
         "publish",
         help="upload a revision's files and its signed manifest; a published revision is never overwritten",
@@ -52,6 +55,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     key.add_argument(
         "--signing-key", type=Path, help="a local ECDSA P-256 key file (dev; created when missing)"
     )
+    rollout_cli.configure(actions)
 
 
 def _from_stack(stack: str | None, model: str, revision: str | None) -> tuple[str, dict[str, Any]]:
@@ -93,6 +97,8 @@ def _signer(args: argparse.Namespace, settings: ModelSyncSettings) -> Signer:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.action in rollout_cli.ACTIONS:
+        return rollout_cli.run(args)
     from apps.modelsync.cli import bucket_of, one_line_errors, store_of
 
     settings = ModelSyncSettings()

@@ -21,6 +21,9 @@ class ModelSyncSettings(BaseSettings):
     model_signing_key: str | None = Field(
         None, description="KMS key (id, ARN or alias) that signs model manifests; model-sync verifies with it"
     )
+    database_url: str = Field(
+        "", description="the platform's PostgreSQL, where `llmfleet model canary` keeps the live revisions"
+    )
     model_verify_key: Path | None = Field(
         None, description="a local public key (PEM) model-sync verifies manifests with instead of KMS (dev)"
     )

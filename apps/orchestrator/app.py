@@ -24,6 +24,8 @@ from apps.core.ledger.pg import PgLedger
 from apps.core.metering import settle_usage
 from apps.core.nodes.store import NodeStore
 from apps.core.protocol.dispatch import DISPATCH_PATH
+from apps.core.rollouts import RolloutStore
+from apps.core.scheduling.canary import Rollout
 from apps.core.scheduling.prefix import PrefixWeights
 from apps.core.sizing.coldstart import model_load_times_s
 from apps.core.spec import load_spec
@@ -166,6 +168,12 @@ async def build_deps(settings: OrchestratorSettings) -> tuple[OrchestratorDeps, 
         prefix_weights={
             name: PrefixWeights(m.serving.prefix_weight, m.serving.prefix_hot_margin)
             for name, m in spec.models.items()
+        },
+        rollouts=RolloutStore(pool),
+        canary_defaults={
+            name: Rollout(name, m.revision, m.canary.revision)
+            for name, m in spec.models.items()
+            if m.canary is not None
         },
     )
     return deps, pool

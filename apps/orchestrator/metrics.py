@@ -94,6 +94,30 @@ class Metrics:
             "Prefix announcements that could not be written to or read from Redis (routing went on without)",
             registry=r,
         )
+        # Canary by model revision (apps/orchestrator/canary.py).
+        self.canary_weight = Gauge(
+            "llmfleet_orchestrator_canary_weight_percent",
+            "The share of conversations a model's canary revision takes, as this replica last read it",
+            ["model", "revision"],
+            registry=r,
+        )
+        self.canary_picks = Counter(
+            "llmfleet_orchestrator_canary_picks_total",
+            "Requests assigned while a model had a live rollout, by the revision of the node they went to",
+            ["model", "revision"],
+            registry=r,
+        )
+        self.canary_rollbacks = Counter(
+            "llmfleet_orchestrator_canary_rollbacks_total",
+            "Canaries this replica rolled back because they broke a bound against the stable revision",
+            ["model", "revision"],
+            registry=r,
+        )
+        self.canary_store_errors = Counter(
+            "llmfleet_orchestrator_canary_store_errors_total",
+            "Reads or rollbacks of the live rollouts that failed (the last rollouts read stay in force)",
+            registry=r,
+        )
         self.retries = Counter(
             "llmfleet_orchestrator_retries_total",
             "Requests retried on another node",

@@ -17,7 +17,10 @@ from redis.asyncio import Redis
 from apps.core.clock import SYSTEM
 from apps.core.ledger.api import Ledger, SettleResult
 from apps.core.nodes.store import NodeStore
+from apps.core.rollouts import RolloutStore
+from apps.core.scheduling.canary import Rollout
 from apps.core.scheduling.prefix import PrefixWeights
+from apps.orchestrator.canary import Canaries
 from apps.orchestrator.coldstart import ColdStarts
 from apps.orchestrator.fairshare import TeamService
 from apps.orchestrator.fleet import Fleet
@@ -67,6 +70,10 @@ class OrchestratorDeps:
     prefix_weights: Mapping[str, PrefixWeights] = field(default_factory=dict)
     wall_clock: Callable[[], float] = field(default=SYSTEM.wall)  # apps.core.clock
     monotonic: Callable[[], float] = field(default=SYSTEM.monotonic)
+    # The live rollouts of canary revisions (apps/orchestrator/canary.py); None: no canaries.
+    rollouts: RolloutStore | None = None
+    # Models whose stack runs a canary Deployment: their rollout until one is stored (weight 0).
+    canary_defaults: Mapping[str, Rollout] = field(default_factory=dict)
 
 
 @dataclass
@@ -95,6 +102,7 @@ class RelayParts:
     shares: TeamService
     routing: Routing
     prefix_store: PrefixStore
+    canaries: Canaries
     monotonic: Callable[[], float]
 
 
@@ -156,6 +164,9 @@ class ControlPlane:
         )
         self.prefixes = PrefixIndex()  # the prefix caches of the nodes whose sockets are here
         self.prefix_store = PrefixStore(deps.redis)  # what every replica's picks read
+        self.canaries = Canaries(
+            deps.rollouts, settings.canary_bounds(), self.metrics, deps.monotonic, self.id
+        )
 
     @property
     def stopping(self) -> bool:
@@ -183,6 +194,7 @@ class ControlPlane:
             shares=self.shares,
             routing=self.routing,
             prefix_store=self.prefix_store,
+            canaries=self.canaries,
             monotonic=deps.monotonic,
         )
 

@@ -19,6 +19,7 @@ import time
 from collections.abc import Awaitable, Callable
 
 from apps.core.errors import LlmfleetError, Unavailable
+from apps.core.protocol.dispatch import DispatchRequest
 from apps.core.scheduling.fairqueue import (
     DEFAULT_SHARE,
     MAX_RETRY_AFTER_S,
@@ -30,7 +31,7 @@ from apps.core.scheduling.fairqueue import (
 from apps.core.scheduling.service import TeamCounters
 from apps.orchestrator.scheduling.view import NodeView, PickRequest
 
-__all__ = ["DEFAULT_SHARE", "MAX_RETRY_AFTER_S", "Queues", "Share", "TryPick"]
+__all__ = ["DEFAULT_SHARE", "MAX_RETRY_AFTER_S", "Queues", "Share", "TryPick", "share_of"]
 
 TryPick = Callable[[PickRequest], Awaitable[NodeView | None]]
 
@@ -162,3 +163,14 @@ class Queues:
         if since is not None:
             self._fair.observe(model, share, self._clock() - since, "closed")
         raise self._closed()
+
+
+def share_of(dreq: DispatchRequest) -> Share:
+    """Who the fair queue charges and how much: the prompt plus the expected answer, in tokens."""
+    total = dreq.budget.total
+    return Share(
+        team=dreq.team_id,
+        weight=dreq.team_weight,
+        klass=dreq.priority_class,
+        cost=float(total) if total is not None else 1.0,
+    )

@@ -46,7 +46,7 @@ from apps.orchestrator.handover import STOPPING, refuse_dispatch
 from apps.orchestrator.logs import event
 from apps.orchestrator.outlet import GatewayOutlet
 from apps.orchestrator.plane import RelayParts
-from apps.orchestrator.queue import Share
+from apps.orchestrator.queue import share_of
 from apps.orchestrator.resume import Outcome, Reason, Resumer, can_resume, resume_reason
 from apps.orchestrator.routing import assignment
 from apps.orchestrator.scheduling.view import NodeView, PickRequest
@@ -103,9 +103,11 @@ class _Relay:
         self.outcome = "ok"
         self._t0 = parts.monotonic()
         self.queued_s = 0.0  # time in the model's queue waiting for a node (all attempts)
-        self.share = _share(dreq)
+        self.share = share_of(dreq)
         self.prefix: dict[str, int] = {}  # node id -> blocks of the conversation prefix it holds
         self.weights = parts.prefix_weights.get(dreq.model, PrefixWeights())
+        self.revisions: frozenset[str] | None = None  # a canary split's (apps/orchestrator/canary.py)
+        self.probe = parts.canaries.probe(dreq.model, None)  # each attempt's, for the canary judge
 
     async def run(self) -> web.StreamResponse:
         parts, dreq = self.parts, self.dreq
@@ -145,6 +147,7 @@ class _Relay:
                 self.outcome = exc.code or "unavailable"
                 return await self._fail_before_output(exc)
         self.prefix = await self._prefix_matches()
+        self.revisions = parts.canaries.allowed(dreq, parts.fleet.snapshot())
         budget = RetryBudget()
         while budget.left():
             elapsed = parts.monotonic() - self._t0
@@ -197,6 +200,7 @@ class _Relay:
             ),
             prefix=self.prefix,
             prefix_weights=self.weights,
+            revisions=self.revisions,
         )
 
     async def _prefix_matches(self) -> dict[str, int]:
@@ -237,22 +241,27 @@ class _Relay:
     async def _attempt(self, node: NodeView) -> web.StreamResponse | Retry:
         parts, dreq = self.parts, self.dreq
         stream = RequestStream(dreq.request_id, node.node_id, parts.settings.relay_queue_events)
+        self.probe = probe = parts.canaries.probe(dreq.model, node.revisions.get(dreq.model))
         try:
             if not await parts.routing.start(node, assignment(dreq), stream):
                 return Retry.UNREACHABLE
             first = await stream.next(dreq.deadlines.first_token_s)
             if first is None:
+                probe.failed()
                 await shielded(parts.routing.cancel(node.node_id, dreq.request_id), CLEANUP_S, "cancel")
                 return Retry.FIRST_TOKEN_TIMEOUT
             if isinstance(first, LostEv):
+                probe.failed()
                 return Retry.NODE_LOST
             if isinstance(first, ErrorEv):
                 frame = first.frame
                 if frame.chunks_sent == 0 and frame.status >= 500:
+                    probe.failed()
                     return Retry.NODE_ERROR
                 self.outcome = f"engine_{frame.status}"
                 exc = for_frame(frame.status, frame.error_type).exception(frame.message, frame.param)
                 return await self._fail_before_output(exc)
+            probe.first()
             response = await self.out.open(node.node_id, self.queued_s, node.revisions.get(dreq.model, ""))
             if isinstance(first, ChunkEv):
                 await self.out.write_chunks(first, stream)  # also puts aiohttp's buffered headers out
@@ -306,6 +315,7 @@ class _Relay:
 
     async def _end_mid_stream(self, node: NodeView, ev: ErrorEv | LostEv | None) -> None:
         """A stream that failed after output (and did not resume): one error event and [DONE]."""
+        self.probe.failed()
         if isinstance(ev, ErrorEv):
             self.outcome = "node_error_mid_stream"
         elif isinstance(ev, LostEv):
@@ -366,6 +376,7 @@ class _Relay:
     async def _finish_ok(self, ev: DoneEv) -> None:
         # The fair queue charged the expected tokens at dispatch; the engine's usage corrects it.
         used = ev.frame.prompt_tokens + ev.frame.completion_tokens
+        self.probe.done(ev.frame.completion_tokens)
         self.parts.shares.charge(self.dreq.model, self.share.team, self.share.correction(used))
         if self.dreq.client_wants_usage and ev.frame.usage_event:
             # One write for both: the usage event counts as a chunk, [DONE] does not.
@@ -384,14 +395,3 @@ class _Relay:
         # Nothing ran: the reservation must not wait for the sweeper (idempotent: the
         # gateway may cancel it too).
         await shielded(self.parts.ledger.cancel(self.dreq.request_id), CLEANUP_S, "ledger_cancel")
-
-
-def _share(dreq: DispatchRequest) -> Share:
-    """Who the fair queue charges and how much: the prompt plus the expected answer, in tokens."""
-    total = dreq.budget.total
-    return Share(
-        team=dreq.team_id,
-        weight=dreq.team_weight,
-        klass=dreq.priority_class,
-        cost=float(total) if total is not None else 1.0,
-    )

@@ -37,6 +37,7 @@ from apps.core.nodes.state import ROUTABLE
 from apps.core.protocol.dispatch import DispatchRequest
 from apps.core.protocol.node import Error
 from apps.core.protocol.openai import SSE_DONE, sse_event
+from apps.core.scheduling.canary import same_revision
 from apps.orchestrator.plane import RelayParts
 from apps.orchestrator.queue import DEFAULT_SHARE, Share
 from apps.orchestrator.routing import assignment
@@ -218,10 +219,14 @@ class Resumer:
         if cont is None:
             return Outcome.NOT_POSSIBLE
         first_prompt = error.prompt_tokens if error is not None and error.prompt_tokens > 0 else None
+        revision = same_revision(lost.revisions.get(dreq.model))
         others = [
             n
             for n in parts.fleet.snapshot()
-            if n.node_id != lost.node_id and dreq.model in n.models and n.state in ROUTABLE
+            if n.node_id != lost.node_id
+            and dreq.model in n.models
+            and n.state in ROUTABLE
+            and (revision is None or n.revisions.get(dreq.model) in revision)
         ]
         if not others:
             return Outcome.NO_NODE  # nobody to wait for: fail now, not at the deadline
@@ -264,6 +269,7 @@ class Resumer:
                 frozenset(excluded),
                 parts.settings.kv_cache_max,
                 budget=dreq.budget,  # the settle caps the whole request at its own budget
+                revisions=same_revision(lost.revisions.get(dreq.model)),  # never another model version
             )
             try:
                 left = max(deadline - parts.monotonic(), 0.0)

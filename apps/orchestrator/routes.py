@@ -152,10 +152,17 @@ class Background:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), self.settings.fleet_refresh_s)
 
+        async def canary_loop() -> None:  # its errors are counted inside: it never ends the replica
+            while not stop.is_set():
+                await self.plane.canaries.refresh()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), self.settings.canary_refresh_s)
+
         async def supervise() -> None:
             async with asyncio.TaskGroup() as tg:
                 tg.create_task(self.plane.routing.bus.run())
                 tg.create_task(refresh_loop())
+                tg.create_task(canary_loop())
                 tg.create_task(self.settler.run(self.settings.settle_workers))
                 tg.create_task(self.sweeper.run(stop))
 

@@ -14,6 +14,7 @@ from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from apps.core.nodes.keys import NAMESPACE_PATTERN
+from apps.core.scheduling.canary import Bounds
 from apps.core.scheduling.fairqueue import DEFAULT_MAX_LEN, DEFAULT_MAX_PER_TEAM
 from apps.orchestrator.tolerance import UsageTolerance
 
@@ -169,6 +170,41 @@ class OrchestratorSettings(BaseSettings):
     netio_fastpaths: str = Field(
         "on", description="netio fast paths: `on`, `off` or a comma-separated list (apps/netio/fastpath.py)"
     )
+
+    # Canary by model revision (apps/orchestrator/canary.py): the live rollouts are read this often, and
+    # a canary is rolled back when it breaks a bound against its stable revision for `canary_hold_s`.
+    canary_refresh_s: float = Field(
+        default=5.0, gt=0, description="how often the live rollouts are read and judged"
+    )
+    canary_ttft_ratio: float = Field(
+        default=1.5, gt=1, description="a canary's TTFT p95 may be at most this times the stable revision's"
+    )
+    canary_tokens_per_s_ratio: float = Field(
+        default=0.67,
+        gt=0,
+        lt=1,
+        description="a canary's tokens/s p50 must be at least this times the stable's",
+    )
+    canary_error_margin: float = Field(
+        default=0.02, ge=0, lt=1, description="a canary's failed-attempt ratio may pass the stable's by this"
+    )
+    canary_window_s: float = Field(default=300.0, gt=0, description="the window a canary is judged over")
+    canary_min_requests: int = Field(
+        default=20, ge=1, description="requests of each revision in the window before a canary is judged"
+    )
+    canary_hold_s: float = Field(
+        default=60.0, ge=0, description="how long a canary breaks a bound before it is rolled back"
+    )
+
+    def canary_bounds(self) -> Bounds:
+        return Bounds(
+            ttft_ratio=self.canary_ttft_ratio,
+            tokens_per_s_ratio=self.canary_tokens_per_s_ratio,
+            error_margin=self.canary_error_margin,
+            window_s=self.canary_window_s,
+            min_requests=self.canary_min_requests,
+            hold_s=self.canary_hold_s,
+        )
 
     @property
     def usage_tolerance(self) -> UsageTolerance:

@@ -283,6 +283,15 @@ def sli_alerts(spec: StackSpec) -> list[Alert]:
             " quarantined",
         ),
         Alert(
+            # An orchestrator replica rolled a canary revision back (issue 30 item 3): it broke its TTFT,
+            # tokens/s or error bound against the stable revision; a person looks before a new canary.
+            "LlmfleetCanaryRolledBack",
+            "sum by (model, revision) (increase(llmfleet_orchestrator_canary_rollbacks_total[15m])) > 0",
+            "0m",
+            "warning",
+            "canary {{ $labels.revision }} of {{ $labels.model }} was rolled back automatically",
+        ),
+        Alert(
             "LlmfleetTargetDown", "up == 0", "5m", "warning", "{{ $labels.job }} {{ $labels.instance }} down"
         ),
     ]

@@ -73,6 +73,7 @@ def cases(plan: FleetPlan) -> list[Case]:
     tps = "llmfleet_gateway_stream_tokens_per_second"
     qw = "llmfleet_gateway_queue_wait_seconds"
     slo = "llmfleet_gateway_slo_requests_total"
+    canary = {"model": M, "revision": "r2"}
 
     def ratio(status: str, refused: str) -> Series:
         return [
@@ -113,6 +114,9 @@ def cases(plan: FleetPlan) -> list[Case]:
         Case("LlmfleetNodeUsageUnrelayed", 10,
              [s("llmfleet_orchestrator_usage_unrelayed_total", "0x5 1x15", instance="o:8083")],
              [s("llmfleet_orchestrator_usage_unrelayed_total", "1x20", instance="o:8083")], {"instance": "o:8083"}),
+        Case("LlmfleetCanaryRolledBack", 10,
+             [s("llmfleet_orchestrator_canary_rollbacks_total", "0x5 1x15", instance="o:8083", **canary)],
+             [s("llmfleet_orchestrator_canary_rollbacks_total", "1x20", instance="o:8083", **canary)], canary),
         Case("LlmfleetTargetDown", 7, [s("up", "0x10", job="gateway", instance="gw:8080")],
              [s("up", "1x10", job="gateway", instance="gw:8080")], {"job": "gateway", "instance": "gw:8080"}),
         Case("LlmfleetGpuIdle", 70, [s("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "0.1x90", **dcgm)],

@@ -35,4 +35,17 @@ def kv_headroom(req: PickRequest, node: NodeView) -> bool:
     return node.kv_cache_usage < req.kv_cache_max
 
 
-DEFAULT_FILTERS: tuple[Filter, ...] = (serves_model, routable, not_excluded, has_free_seq, kv_headroom)
+def of_revision(req: PickRequest, node: NodeView) -> bool:
+    """A canary split or a resume names the revisions the request may go to: a node serving another
+    one (or not saying which) gets nothing."""
+    return req.revisions is None or node.revisions.get(req.model) in req.revisions
+
+
+DEFAULT_FILTERS: tuple[Filter, ...] = (
+    serves_model,
+    routable,
+    not_excluded,
+    of_revision,
+    has_free_seq,
+    kv_headroom,
+)

@@ -45,6 +45,8 @@ class PickRequest:
     # engine holds, and how much that may outweigh load.
     prefix: Mapping[str, int] = field(default_factory=dict)
     prefix_weights: PrefixWeights = field(default_factory=PrefixWeights)
+    # The model revisions the request may go to (apps/core/scheduling/canary.py); None: any.
+    revisions: frozenset[str] | None = None
 
     def capacity(self, max_num_seqs: int) -> int:
         """How many of a node's `max_num_seqs` slots this request may fill (at least one)."""

@@ -6,6 +6,7 @@ from apps.core.scheduling.filters import (
     has_free_seq,
     kv_headroom,
     not_excluded,
+    of_revision,
     routable,
     serves_model,
 )
@@ -16,6 +17,7 @@ __all__ = [
     "has_free_seq",
     "kv_headroom",
     "not_excluded",
+    "of_revision",
     "routable",
     "serves_model",
 ]
