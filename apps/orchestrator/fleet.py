@@ -73,7 +73,7 @@ if redis.call('ZCARD', KEYS[2]) >= tonumber(ARGV[2]) then return 0 end
 redis.call('ZADD', KEYS[2], ARGV[4], ARGV[1])
 redis.call('EXPIRE', KEYS[2], ARGV[7])
 -- `conn`: the node's socket this assignment goes to (the settle refuses a report that socket sent
--- before the assignment reached it: `settle._RECORD_DONE_LUA`).
+-- before the assignment reached it: `settle_lua.RECORD_DONE_LUA`).
 redis.call('HSET', KEYS[3], 'node', ARGV[5], 'origin', ARGV[6], 'conn', h[1])
 redis.call('HDEL', KEYS[3], 'relayed')  -- a new node's report is held against its own events
 if ARGV[8] == '1' then redis.call('HSET', KEYS[3], 'resumable', '1') end

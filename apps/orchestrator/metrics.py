@@ -174,6 +174,12 @@ class Metrics:
             " allow (settled at the relayed count)",
             registry=r,
         )
+        self.unrelayed_after_lost_socket = Counter(
+            "llmfleet_orchestrator_usage_capped_after_lost_socket_total",
+            "Settles of a report sent on a later socket of the node, beyond the content events its"
+            " closed sockets relayed (settled at the relayed count; the node is not quarantined)",
+            registry=r,
+        )
         self.quarantined = Counter(
             "llmfleet_orchestrator_nodes_quarantined_total",
             "Nodes removed from routing for reporting usage beyond a request's worst case or beyond"

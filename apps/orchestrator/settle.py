@@ -37,96 +37,8 @@ from apps.orchestrator.fleet import Fleet
 from apps.orchestrator.logs import event
 from apps.orchestrator.metrics import Metrics
 from apps.orchestrator.plane import SettleFn
+from apps.orchestrator.settle_lua import ADD_RELAYED_LUA, RECORD_DONE_LUA
 from apps.orchestrator.tolerance import UsageTolerance
-
-# One round trip instead of three (ZREM, HGET, then SET): free the node's slot, then refuse a
-# report for a request that is not this node's: never assigned to anyone (`req:{id}` absent: a
-# request still queued, or one this node never got) or assigned to another node (`req:{id}`.node
-# names the node it was retried or resumed on). Only then write the done record the sweeper reads.
-# The assignment's budget comes back with it (the fields `Budget.to_fields` wrote, apps/core/budget.py):
-# the report is capped at it before the done record is written, by `Budget.clamp`'s rule (the
-# script must cap atomically; tests/integration/test_budget_lua.py holds the two together). The completion reported is also
-# held against the content events the node relayed (`relayed`: this socket's count in ARGV[6],
-# '' when this socket did not carry the request, plus what earlier sockets of the node counted,
-# flushed into `req:{id}`.relayed when they closed): beyond `events x ARGV[7] + ARGV[8]` the
-# lower count (the events) is settled.
-# Returns {recorded, slot freed, capped, prompt, completion, platform, unrelayed, relayed events,
-# and when recorded (1) the model revision the assignment went to ('' not known)};
-# recorded: 1 recorded, 0 the assignment moved to another node, 2 deferred to the relay (below),
-# 3 not this node's (never assigned), 4 sent on the assignment's socket before the assignment.
-# ARGV[9]: the report's socket (`conn`, '' unknown); `req:{id}`.conn is the socket `acquire_slot`
-# assigned it on (the node's registered one then).
-_RECORD_DONE_LUA = """
-local req = redis.call('HMGET', KEYS[1], 'node', 'max_prompt', 'max_completion', 'resumable',
-                       'resume_delivered', 'resume_prompt', 'relayed', 'conn', 'revision')
-if req[1] == ARGV[1] and ARGV[6] == '' and not req[7] and ARGV[9] ~= '' and req[8] == ARGV[9] then
-  -- Assigned on this very socket, which had no assignment for it when the report came, and no
-  -- earlier socket of the node carried it: the report was sent before the assignment reached the
-  -- socket (a hostile node reporting a queued request). Not for it: nothing recorded, and the
-  -- slot of the real assignment stays taken.
-  return {4, 0, 0, 0, 0, 0, 0, -1}
-end
-local freed = redis.call('ZREM', KEYS[3], ARGV[4])
-if not req[1] then return {3, freed, 0, 0, 0, 0, 0, -1} end
-if req[1] ~= ARGV[1] then return {0, freed, 0, 0, 0, 0, 0, -1} end
-local record = cjson.decode(ARGV[2])
-if req[9] then record.revision = req[9] end  -- the audit trail: the revision the assignment went to
-record.prompt_tokens = tonumber(record.prompt_tokens) or 0
-record.completion_tokens = tonumber(record.completion_tokens) or 0
-local unrelayed = 0
-local relayed = -1
-if ARGV[6] ~= '' or req[7] then
-  relayed = tonumber(req[7] or '0') + tonumber(ARGV[6] ~= '' and ARGV[6] or '0')
-  -- Kept: a second report for the request on this socket (a node reports once; only a hostile
-  -- one reports again, after this socket's count is gone) is held against the same count.
-  if ARGV[6] ~= '' then redis.call('HINCRBY', KEYS[1], 'relayed', ARGV[6]) end
-  local reported = tonumber(record.completion_tokens)
-  if reported > relayed * tonumber(ARGV[7]) + tonumber(ARGV[8]) then
-    record.completion_tokens = math.min(reported, relayed); unrelayed = 1
-  end
-end
-local platform = 0
-if req[5] then
-  -- The second node of a resumed stream (apps/orchestrator/resume.py `billed`): the team pays its
-  -- prompt once and every completion token it received; this node's prompt is platform cost.
-  platform = tonumber(record.prompt_tokens)
-  if req[6] and req[6] ~= '' then
-    record.prompt_tokens = tonumber(req[6])
-  else
-    record.prompt_tokens = math.max(0, platform - tonumber(req[5]))
-  end
-  record.completion_tokens = tonumber(record.completion_tokens) + tonumber(req[5])
-  record.resume_prompt_tokens = platform
-elseif req[4] == '1' and ARGV[5] == '1' then
-  -- The first node's mid-stream error of a stream that may resume: the relay resumes it (the
-  -- second node settles) or settles this report itself; the record is the sweeper's fallback.
-  redis.call('SET', KEYS[2], cjson.encode(record), 'EX', ARGV[3])
-  return {2, freed, 0, 0, 0, 0, unrelayed, relayed}
-end
-local capped = 0
-if req[2] and tonumber(record.prompt_tokens) > tonumber(req[2]) then
-  record.prompt_tokens = tonumber(req[2]); capped = 1
-end
-if req[3] and tonumber(record.completion_tokens) > tonumber(req[3]) then
-  record.completion_tokens = tonumber(req[3]); capped = 1
-end
-redis.call('SET', KEYS[2], cjson.encode(record), 'EX', ARGV[3])
-return {1, freed, capped, record.prompt_tokens, record.completion_tokens, platform, unrelayed, relayed,
-        req[9] or ''}
-"""
-
-# A node socket closed with requests it carried still unreported: add the content events it relayed
-# for each to `req:{id}`.relayed, so the report that comes later on another socket (the agent's
-# journal replay) is held against them. Only while the request is still this node's.
-# KEYS: req hashes. ARGV: node_id, then one count per key.
-_ADD_RELAYED_LUA = """
-for i, key in ipairs(KEYS) do
-  if redis.call('HGET', key, 'node') == ARGV[1] then
-    redis.call('HINCRBY', key, 'relayed', ARGV[i + 1])
-  end
-end
-return 1
-"""
 
 
 @dataclass(frozen=True)
@@ -176,8 +88,8 @@ class Settler:
         self._ttl = record_ttl_s
         self._namespace = channel_namespace
         self._tolerance = tolerance or UsageTolerance()
-        self._record_done = redis.register_script(_RECORD_DONE_LUA)
-        self._add_relayed = redis.register_script(_ADD_RELAYED_LUA)
+        self._record_done = redis.register_script(RECORD_DONE_LUA)
+        self._add_relayed = redis.register_script(ADD_RELAYED_LUA)
         self.idle = asyncio.Event()
         self.idle.set()
         self._busy = 0
@@ -215,7 +127,7 @@ class Settler:
             self._busy += 1
             try:
                 # Reports for one request are handled in the order they arrived (the first one
-                # keeps the socket's relayed count for any later one: `_RECORD_DONE_LUA`). The lock
+                # keeps the socket's relayed count for any later one: `RECORD_DONE_LUA`). The lock
                 # is taken in the same step as the `get`, so queue order is lock order.
                 async with self._ordered(job.request_id):
                     await self.handle(job)
@@ -247,7 +159,7 @@ class Settler:
         self._ack(job)
 
     async def _record(self, job: SettleJob) -> Any:
-        """The settle script (`_RECORD_DONE_LUA`): its answer."""
+        """The settle script (`RECORD_DONE_LUA`): its answer."""
         record = {
             "node": job.node_id,
             "prompt_tokens": job.prompt_tokens,
@@ -292,8 +204,10 @@ class Settler:
                 event("done_not_assigned", logging.WARNING, node_id=job.node_id, request_id=job.request_id)
             self._ack(job)
             return
-        if int(answer[6]):
+        if int(answer[6]) == 1:
             await self._unrelayed(job, int(answer[7]))
+        elif int(answer[6]) == 2:
+            self._capped_after_lost_socket(job, int(answer[7]))
         if recorded == 2:
             self._metrics.settles.labels(outcome="deferred_resume").inc()
             self._ack(job)  # a replayed done: its record is in Redis now, the agent may forget it
@@ -364,6 +278,23 @@ class Settler:
         )
         if self._on_overreport is not None:
             await self._on_overreport(job.node_id, "usage_unrelayed")
+
+    def _capped_after_lost_socket(self, job: SettleJob, events: int) -> None:
+        """A report on a later socket (the agent's journal replay) beyond what the closed sockets
+        relayed: settled at the relayed count, like `_unrelayed`, but the node stays in routing. The
+        chunks it wrote into the dying socket, and the tokens its engine made until the agent aborted
+        the request, never reached the relay; an honest node's report exceeds the count then, and
+        quarantining it took a healthy node out of the fleet after every lost connection (a loaded
+        CI run lost its only node this way). A node gains nothing by dropping its socket: the
+        team pays the relayed count either way."""
+        self._metrics.unrelayed_after_lost_socket.inc()
+        event(
+            "usage_capped_after_lost_socket",
+            node_id=job.node_id,
+            request_id=job.request_id,
+            reported_completion_tokens=job.completion_tokens,
+            relayed_events=events,
+        )
 
     async def keep_relayed(self, conn: NodeConnection) -> None:
         """A socket closes: keep the events it relayed for requests it got no report for in

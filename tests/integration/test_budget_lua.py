@@ -19,7 +19,7 @@ from apps.core.nodes import keys
 from apps.core.nodes.state import NodeState
 from apps.core.scheduling.view import NodeView
 from apps.orchestrator.fleet import Fleet
-from apps.orchestrator.settle import _RECORD_DONE_LUA
+from apps.orchestrator.settle_lua import RECORD_DONE_LUA
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -52,7 +52,7 @@ def _count(rng: random.Random, bound: int | None) -> int | None:
 async def test_the_settle_scripts_cap_is_budget_clamp(redis: Redis) -> None:
     rng = random.Random(28)
     fleet = Fleet(redis, heartbeat_interval_s=5, heartbeat_ttl_s=15, missed_heartbeats=3, max_request_s=600)
-    record_done = redis.register_script(_RECORD_DONE_LUA)
+    record_done = redis.register_script(RECORD_DONE_LUA)
     await redis.hset(keys.node_hash(NODE.node_id), mapping={"conn": "c1", "orchestrator_id": "o1"})
     for i in range(CASES):
         request_id = f"r{i}"

@@ -149,6 +149,52 @@ async def test_a_replayed_done_of_the_nodes_own_earlier_assignment_still_settles
         assert not await env.redis.sismember(keys.NODES_QUARANTINED, node.node_id)
 
 
+async def test_a_replayed_report_beyond_what_the_lost_socket_relayed_does_not_quarantine_the_node(
+    migrated_db_url: str, redis_url: str, tmp_path: Path
+) -> None:
+    """The loaded CI run of 2026-12-07: a node's socket is lost mid-stream; the agent aborts the
+    request and replays the engine's count on its next socket. The engine made more tokens than
+    reached the relay (what went into the dying socket, and what it made until the abort), so the
+    report exceeds the old socket's count. The relayed count is billed, and the node is not
+    quarantined: on the old code it was, and the requests queued behind it got 503."""
+    async with trust_nodes(migrated_db_url, redis_url, tmp_path) as env:
+        node = await scripted_node(env, f"lost-{uuid.uuid4().hex[:6]}", seqs=2)
+        mine = await env.reserve(64, 200)
+        task = asyncio.create_task(env.dispatch(mine, 64, 200))
+        assert (await asyncio.wait_for(node.assigns.get(), 10)).request_id == mine
+        for word in ("a", "b", "c"):
+            await node.chunk(mine, vllm_chunk(mine, MODEL, word))
+        await node.abort()  # the socket is lost with the stream in flight
+        await task
+        again = FakeNode(
+            env.orch.ws_url,
+            node.node_id,
+            node.token,
+            models=node.models,
+            in_flight=[mine],
+            heartbeat_every_s=0.2,
+        )
+        SCRIPTED[id(env)].append(again)
+        assert isinstance(await again.connect(), proto.RegisterAck)
+        await env.ready(node.node_id)
+        await again.done(mine, 5, 60, finish_reason="abort")  # 60 > 3 events x 4 + 16
+        await again.wait_for(lambda: mine in again.acks)
+        row = await poll(lambda: env.row(mine), lambda r: r is not None and r.status == "settled")
+        assert row == LedgerRow("settled", 5, 3, 11)  # the relayed count, as before
+        assert not await env.redis.sismember(keys.NODES_QUARANTINED, node.node_id)  # on the old code: it is
+        text = await orch_metrics(env)
+        assert metric(text, "llmfleet_orchestrator_nodes_quarantined_total") == 0.0
+        assert metric(text, "llmfleet_orchestrator_usage_unrelayed_total") == 0.0
+        assert metric(text, "llmfleet_orchestrator_usage_capped_after_lost_socket_total") == 1.0
+        # Still routable: the next request goes to it (on the old code: 503, no node).
+        nxt = await env.reserve(64, 16)
+        nxt_task = asyncio.create_task(env.dispatch(nxt, 64, 16))
+        assert (await asyncio.wait_for(again.assigns.get(), 10)).request_id == nxt
+        await again.chunk(nxt, vllm_chunk(nxt, MODEL, "d", finish="stop"))
+        await again.done(nxt, 7, 1, finish_reason="stop")
+        assert await nxt_task == 200
+
+
 async def test_a_report_beyond_what_the_node_relayed_settles_the_relayed_count(
     migrated_db_url: str, redis_url: str, tmp_path: Path
 ) -> None:

@@ -1,7 +1,7 @@
 """A node reports each request once; a hostile node reports again, on the same socket, after the
 socket's relayed count for the request was taken by the first report (`node_ws._finished` pops it).
 The second report is held against the same count: the settle script keeps the count in `req:{id}`
-(`_RECORD_DONE_LUA`), and the Settler handles one request's reports in the order they came, so the
+(`RECORD_DONE_LUA`), and the Settler handles one request's reports in the order they came, so the
 first has kept the count before the second is read (`Settler._ordered`).
 
 Found by the property test `test_node_frames_property.py` (seed 3, one run in three under load):
