@@ -76,8 +76,8 @@ class NodeConnection:
         # Content events relayed per request assigned on this socket and not yet reported (its
         # `done`/`error` settles against them; at close they go to Redis: `Settler.add_relayed`).
         self.relayed: dict[str, int] = {}
-        # Reports of this socket in the settle queue: their `done_ack` is still to come (a handover
-        # does not close the socket before it went out: `carries_nothing`).
+        # Reports of this socket being routed or in the settle queue: their `done_ack` is still to
+        # come (a handover does not close the socket before it went out: `carries_nothing`).
         self.settling = 0
         self.closing = asyncio.Event()
         self.close_code = CLOSE_NORMAL

@@ -57,6 +57,7 @@ from apps.core.protocol.node import (
 from apps.orchestrator.connection import NodeConnection, not_permitted
 from apps.orchestrator.fleet import HEARTBEAT_REVOKED, HEARTBEAT_SUPERSEDED
 from apps.orchestrator.handover import SocketHandover
+from apps.orchestrator.liveness import watch_heartbeats
 from apps.orchestrator.logs import event
 from apps.orchestrator.plane import SocketParts
 from apps.orchestrator.ratelimit import TokenBucket
@@ -91,7 +92,9 @@ class NodeSockets:
         conn, frame = accepted
         try:
             await self._activate(ws, conn, frame)
-            await until_first_ends(self._reader(ws, conn), self._writer(ws, conn), self._watchdog(conn))
+            await until_first_ends(
+                self._reader(ws, conn), self._writer(ws, conn), watch_heartbeats(conn, self.parts.settings)
+            )
         finally:
             await shielded(self._teardown(ws, conn), self.parts.settings.shutdown_grace_s, "node_teardown")
         return ws
@@ -261,34 +264,40 @@ class NodeSockets:
 
     async def _finished(self, conn: NodeConnection, frame: Done | Error, text: str) -> None:
         """A request ended on the node: route it, then settle (or free the slot of one that produced nothing)."""
-        parts = self.parts
-        # None: not assigned on this socket (a journal replay, or not this node's: refused in settle).
-        relayed = conn.relayed.pop(frame.request_id, None)
-        route = await parts.routing.route_frame(conn, frame, text)
-        replayed = conn.replayed_abort(frame, route)
-        if isinstance(frame, Done) or frame.chunks_sent > 0:
-            # The settle job frees the node slot in the same Redis call as its done record,
-            # off this reader's path (it is not awaited here for every finished request).
-            ack_to = conn if isinstance(frame, Done) else None
-            await self.settler.submit(
-                SettleJob(
-                    conn.node_id,
-                    frame.request_id,
-                    frame.prompt_tokens,
-                    frame.completion_tokens,
-                    ack_to,
-                    from_error=isinstance(frame, Error),
-                    replayed_abort=replayed,
-                    relayed=relayed,
-                    source=conn,
-                    cached_tokens=conn.cached_tokens(frame),
+        # Held from the report's read: routing drops its route before another replica's relay heard it, and a
+        # handover closing the socket in that window lost the settle and its `done_ack` (a loaded CI run).
+        conn.settling += 1
+        try:
+            parts = self.parts
+            # None: not assigned on this socket (a journal replay, or not this node's: refused in settle).
+            relayed = conn.relayed.pop(frame.request_id, None)
+            route = await parts.routing.route_frame(conn, frame, text)
+            replayed = conn.replayed_abort(frame, route)
+            if isinstance(frame, Done) or frame.chunks_sent > 0:
+                # The settle job frees the node slot in the same Redis call as its done record,
+                # off this reader's path (it is not awaited here for every finished request).
+                ack_to = conn if isinstance(frame, Done) else None
+                await self.settler.submit(
+                    SettleJob(
+                        conn.node_id,
+                        frame.request_id,
+                        frame.prompt_tokens,
+                        frame.completion_tokens,
+                        ack_to,
+                        from_error=isinstance(frame, Error),
+                        replayed_abort=replayed,
+                        relayed=relayed,
+                        source=conn,
+                        cached_tokens=conn.cached_tokens(frame),
+                    )
                 )
-            )
-        else:
-            await parts.fleet.release_slot(conn.node_id, frame.request_id)
-            parts.wake_queues()
-        if isinstance(route, RequestStream):
-            route.slot_released = True
+            else:
+                await parts.fleet.release_slot(conn.node_id, frame.request_id)
+                parts.wake_queues()
+            if isinstance(route, RequestStream):
+                route.slot_released = True
+        finally:
+            conn.settling -= 1
 
     async def _heartbeat(self, conn: NodeConnection, frame: Heartbeat) -> None:
         parts = self.parts
@@ -327,15 +336,6 @@ class NodeSockets:
             except ConnectionError:
                 conn.close(1011, "connection lost")  # the reader sees the close too
                 return
-
-    async def _watchdog(self, conn: NodeConnection) -> None:
-        """Two missed heartbeats: the node is dead to routing and its requests are failed."""
-        settings = self.parts.settings
-        while not conn.closing.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(conn.closing.wait(), settings.heartbeat_interval_s / 2)
-            if conn.heartbeat_age() > settings.stale_after_s and not conn.handing_over:
-                conn.close(CLOSE_HEARTBEAT_TIMEOUT, f"missed {settings.missed_heartbeats} heartbeats")
 
     async def _teardown(self, ws: web.WebSocketResponse, conn: NodeConnection) -> None:
         parts = self.parts

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 
@@ -282,3 +283,48 @@ async def test_a_relay_pinned_to_a_handing_over_replica_that_dies_ends_at_once(e
     assert evs[-1] == b"[DONE]"
     gate.set()  # the node finishes r7 on the old socket: a's handover ends, a stops
     await asyncio.wait_for(stopping, 15)
+
+
+async def test_a_handed_over_socket_stays_open_while_a_report_for_another_replicas_relay_is_routed(
+    env: Env, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The loaded CI run of 2026-12-07: the relay on b, the socket on a. The node's `done` is read on
+    a, which drops its route and then publishes it to b (a Redis round trip) before its settle is
+    queued. The handover looked at the socket in that window (no route, nothing settling), closed it,
+    and the settle and its `done_ack` were lost. Made certain: a's publish of the `done` waits until
+    the test releases it, and the handover looks at the socket on every event-loop turn (`_CHECK_S`
+    0): the old code closed it within those turns every time."""
+    monkeypatch.setattr(handover, "_CHECK_S", 0.0)
+    a = await env.orchestrator(handover_deadline_s=20)
+    b = await env.orchestrator()
+    c = await env.orchestrator()
+    gate = asyncio.Event()
+    node = await env.node(a, "n5", auto=Auto(tokens=3, prompt_tokens=4, gate=gate))
+    old_socket = a.plane.routing.local["n5"]  # a's side of the node's socket
+    await eventually(lambda: _done(b.plane.fleet.get("n5") is not None))
+    await env.ledger.add("r5")
+    stream = asyncio.create_task(env.dispatch(b, "r5"))
+    publishing, released = asyncio.Event(), asyncio.Event()
+    to_replica = a.plane.routing.bus.to_replica
+
+    async def held(origin: str, message: Any) -> bool:
+        if b'"type":"done"' in getattr(message, "frame", "").encode():
+            publishing.set()
+            await released.wait()
+        return await to_replica(origin, message)
+
+    monkeypatch.setattr(a.plane.routing.bus, "to_replica", held)
+    stopping = await _stop_once_assigned(env, a, node)
+    await _register_elsewhere(env, node, c, ["r5"])
+    gate.set()
+    await asyncio.wait_for(publishing.wait(), 10)  # the done is read, its route dropped, its publish held
+    for _ in range(100):  # a hundred looks of the handover (one per turn); the old code closed at the first
+        await asyncio.sleep(0)
+    assert not old_socket.closing.is_set()  # on the old code: closed, the done never settled
+    released.set()
+    await _completes_whole(stream, tokens=3)
+    await asyncio.wait_for(node.closed.wait(), 10)
+    assert node.close_code == proto.CLOSE_HANDED_OVER
+    assert "r5" in node.acks  # settled on the old socket, acknowledged there
+    await asyncio.wait_for(stopping, 10)
+    assert env.ledger.settle_calls == [("r5", 4, 3)]
