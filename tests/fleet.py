@@ -62,6 +62,9 @@ class FleetSetup:
     # One node per revision (a canary's test: issue 30); the replica reads the live rollouts from the
     # ledger's PostgreSQL. Empty: `nodes` nodes of `REVISION`.
     revisions: tuple[str, ...] = ()
+    # The engine's seed per revision (enginesim's answers follow it: another seed answers as other
+    # weights would). Absent: 0.
+    seeds: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -141,7 +144,7 @@ async def running_fleet(
             engines: dict[str, SimEngine] = {}
             node_id = None
             for revision in setup.revisions or (REVISION,):
-                engine = await stack.enter_async_context(_engine(setup))
+                engine = await stack.enter_async_context(_engine(setup, setup.seeds.get(revision, 0)))
                 agent = await stack.enter_async_context(
                     _agent(orch, store, engine, tmp_dir, setup.slots, revision)
                 )
@@ -151,10 +154,11 @@ async def running_fleet(
         await orch.close()
 
 
-def _engine(setup: FleetSetup) -> contextlib.AbstractAsyncContextManager[SimEngine]:
+def _engine(setup: FleetSetup, seed: int = 0) -> contextlib.AbstractAsyncContextManager[SimEngine]:
     return engine_sim(
         setup.speed,
         model=MODEL,
+        seed=seed,
         dev_mode=True,
         # As the platform starts vLLM: classes reach the engine, cached input is reported.
         scheduling_policy="priority",

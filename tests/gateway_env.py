@@ -71,6 +71,14 @@ class GatewayEnv:
             assert time.monotonic() < deadline, f"{row} reservation(s) still open after {timeout_s} s"
             await asyncio.sleep(0.02)  # polled with a deadline: the ledger has no change event
 
+    async def balance(self, team_id: int) -> int:
+        """The team's balance in microcredits."""
+        async with self.pool.connection() as conn:
+            cur = await conn.execute("SELECT balance_microcredits FROM teams WHERE id = %s", (team_id,))
+            row = await cur.fetchone()
+        assert row is not None
+        return int(row[0])
+
     async def team_with_key(
         self, team_name: str, /, credits: int = 1_000_000_000, **key_args: Any
     ) -> tuple[int, str]:

@@ -57,6 +57,7 @@ from apps.gateway.validate import (
     KeyCaps,
     check_ssrf,
     parse_body,
+    pinned_revision,
     validate_chat,
     wire_body,
 )
@@ -113,6 +114,7 @@ class ChatHandler:
         if not principal.may_use(chat.model):
             self._m.rejections.labels("model_not_allowed").inc()
             raise PermissionDenied(f"This key may not use the model `{chat.model}`.", param="model")
+        ex.pinned = pinned_revision(request.headers.get(MODEL_REVISION_HEADER), principal)
         await check_ssrf(body, self._d.resolver, self._s.ssrf_resolve_timeout_s)
         subject, limits = principal.subject, principal.limits
         checks_at = time.monotonic()
@@ -227,6 +229,7 @@ class ChatHandler:
             n=budget.n,
             team_weight=principal.team_weight,
             priority_class=principal.priority_class,
+            revision=ex.pinned,
             deadlines=Deadlines(
                 queue_wait_s=self._s.queue_wait_s, first_token_s=self._s.first_token_s, idle_s=self._s.idle_s
             ),

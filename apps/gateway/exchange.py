@@ -142,6 +142,7 @@ class Exchange:
     principal: Principal | None = None
     model: str = "-"
     revision: str = ""  # the model revision whose engine answers ("" not said: an older node)
+    pinned: str | None = None  # the revision an admin pinned the request to (`validate.pinned_revision`)
     status: int = 0
     slot_held: bool = False
     reserved: bool = False

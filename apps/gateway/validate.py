@@ -17,7 +17,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from apps.core.budget import Budget
-from apps.core.errors import InvalidRequest, NotFound
+from apps.core.errors import InvalidRequest, NotFound, PermissionDenied
+from apps.core.identity.principal import Principal
+from apps.core.protocol.dispatch import MODEL_REVISION_HEADER
 from apps.core.spec import StackSpec
 from apps.gateway.fields import forwarded
 from apps.gateway.ssrf import MAX_WALK_DEPTH, SystemResolver, check_ssrf, is_public_ip
@@ -29,6 +31,7 @@ __all__ = [
     "check_ssrf",
     "is_public_ip",
     "parse_body",
+    "pinned_revision",
     "validate_chat",
     "wire_body",
 ]
@@ -270,3 +273,24 @@ def wire_body(req: ChatRequest) -> dict[str, Any]:
     engine's body is built from it and the request's intent at the agent
     (apps/core/protocol/engine.py), once."""
     return forwarded(req.body)
+
+
+def pinned_revision(value: str | None, principal: Principal) -> str | None:
+    """The model revision a request pins with the `x-llmfleet-model-revision` header (None: not
+    pinned). Only an admin may pin (`llmfleet model eval` runs its golden set on a candidate that
+    takes no production traffic); a team's key gets 403, a malformed value 400."""
+    if value is None:
+        return None
+    if not principal.is_admin:
+        raise PermissionDenied(
+            f"Only an admin may pin a model revision ({MODEL_REVISION_HEADER}).",
+            code="revision_pin_forbidden",
+        )
+    revision = value.strip()
+    if not revision or len(revision) > 128 or not all(c.isalnum() or c in "._-" for c in revision):
+        raise InvalidRequest(
+            f"{MODEL_REVISION_HEADER} must be 1-128 letters, digits, '.', '_' or '-'.",
+            param=MODEL_REVISION_HEADER,
+            code="invalid_revision",
+        )
+    return revision

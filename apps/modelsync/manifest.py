@@ -23,7 +23,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from apps.core.errors import LlmfleetError
 
 MANIFEST_NAME = "llmfleet-manifest.json"
-OURS = frozenset({MANIFEST_NAME})
+EVAL_NAME = "llmfleet-eval.json"  # the revision's latest signed evaluation (apps/modelsync/evalgate.py)
+OURS = frozenset({MANIFEST_NAME, EVAL_NAME})  # the platform's objects, not the model's files
 FORMAT = "llmfleet-model-manifest/1"
 # The files transformers and vLLM read the tokenizer from (a revision lists those it has).
 TOKENIZER_FILES = frozenset(

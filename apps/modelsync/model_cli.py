@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from apps.core.envnames import env_name
-from apps.modelsync import rollout_cli
+from apps.modelsync import eval_cli, rollout_cli
 from apps.modelsync.publish import publish_model
 from apps.modelsync.settings import ModelSyncSettings
 from apps.modelsync.signing import KmsSigner, LocalSigner, Signer, public_key_path
@@ -28,7 +28,7 @@ from apps.modelsync.sync import ModelSyncError
 
 def configure(parser: argparse.ArgumentParser) -> None:
     actions = parser.add_subparsers(
-        dest="action", metavar="{publish,canary,promote,rollback,status}", required=True
+        dest="action", metavar="{publish,eval,canary,promote,rollback,status}", required=True
     )
     publish = actions.add_parser(
         "publish",
@@ -55,6 +55,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     key.add_argument(
         "--signing-key", type=Path, help="a local ECDSA P-256 key file (dev; created when missing)"
     )
+    eval_cli.configure(actions)
     rollout_cli.configure(actions)
 
 
@@ -82,7 +83,7 @@ def _from_stack(stack: str | None, model: str, revision: str | None) -> tuple[st
     return revision or spec.models[model].revision, serving
 
 
-def _signer(args: argparse.Namespace, settings: ModelSyncSettings) -> Signer:
+def signer_of(args: argparse.Namespace, settings: ModelSyncSettings) -> Signer:
     if args.signing_key is not None:
         return LocalSigner.load_or_create(args.signing_key)
     key_id = args.kms_key_id or settings.model_signing_key
@@ -99,6 +100,8 @@ def _signer(args: argparse.Namespace, settings: ModelSyncSettings) -> Signer:
 def run(args: argparse.Namespace) -> int:
     if args.action in rollout_cli.ACTIONS:
         return rollout_cli.run(args)
+    if args.action == "eval":
+        return eval_cli.run(args)
     from apps.modelsync.cli import bucket_of, one_line_errors, store_of
 
     settings = ModelSyncSettings()
@@ -108,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
     revision, serving = _from_stack(args.stack, args.model, args.revision)
     bucket = bucket_of(args, settings)
     store = store_of(args, settings)
-    signer = _signer(args, settings)
+    signer = signer_of(args, settings)
     started = time.monotonic()
     with one_line_errors(f"s3://{bucket}/{args.model}/{revision}/", source):
         result = publish_model(store, signer, bucket, args.model, revision, source, serving)

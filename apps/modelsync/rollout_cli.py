@@ -7,6 +7,8 @@ conversations the canary takes (`apps/core/rollouts.py`; every orchestrator repl
     llmfleet model rollback --model M [--reason TEXT]
     llmfleet model status --model M [--json]
 
+`canary` above weight 0 and `promote` need the revision's signed, passing evaluation (`llmfleet model
+eval`; `--bucket` and the verify key as model-sync's); weight 0 stages a candidate without traffic.
 `canary` starts a canary (the model's first needs the stable revision: `--stable`, or the one
 `--stack` names) or changes the live canary's weight. `promote` makes the canary the stable revision
 (every request goes to it); `rollback` takes it out of traffic. A canary's nodes come from the stack
@@ -26,6 +28,7 @@ from psycopg_pool import AsyncConnectionPool
 from apps.core.envnames import env_name
 from apps.core.errors import InvalidRequest
 from apps.core.rollouts import RolloutStore
+from apps.modelsync import eval_cli
 from apps.modelsync.settings import ModelSyncSettings
 
 ACTIONS = ("canary", "promote", "rollback", "status")
@@ -45,6 +48,8 @@ def configure(actions: Any) -> None:
     rollback.add_argument("--reason", help="why (kept in the rollout's history)")
     status = actions.add_parser("status", help="the live revisions, the weight and the history")
     status.add_argument("--json", action="store_true", help="one JSON object")
+    for p in (canary, promote):  # the evaluation gate reads the registry (apps/modelsync/evalgate.py)
+        eval_cli.store_options(p)
     for p in (canary, promote, rollback, status):
         p.add_argument("--model", required=True, help="model name, e.g. llama-3.1-8b-instruct")
         p.add_argument(
@@ -73,8 +78,13 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
     async with AsyncConnectionPool(args.database_url, min_size=1, max_size=1, open=False) as pool:
         store = RolloutStore(pool)
         if args.action == "canary":
+            if args.weight > 0:  # weight 0 stages a candidate (no traffic): it is evaluated there
+                eval_cli.gate(args, args.model, args.revision)
             await store.start(args.model, args.revision, args.weight, _stable(args), args.actor)
         elif args.action == "promote":
+            live = await store.get(args.model)
+            if live is not None and live.canary is not None:
+                eval_cli.gate(args, args.model, live.canary)
             await store.promote(args.model, args.actor)
         elif args.action == "rollback" and not await store.rollback(
             args.model, None, args.actor, args.reason

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -26,4 +26,10 @@ class ModelSyncSettings(BaseSettings):
     )
     model_verify_key: Path | None = Field(
         None, description="a local public key (PEM) model-sync verifies manifests with instead of KMS (dev)"
+    )
+    gateway_url: str = Field(
+        "", description="the gateway's /v1 URL `llmfleet model eval` runs the golden set through"
+    )
+    eval_api_key: SecretStr | None = Field(
+        None, description="an admin JWT `llmfleet model eval` pins the evaluated revision with"
     )

@@ -46,9 +46,20 @@ def digest_of(data: bytes) -> bytes:
 
 def seal(manifest: Manifest, signer: Signer) -> bytes:
     """The `llmfleet-manifest.json` object: the manifest and its signature, one document."""
-    signature = signer.sign(digest_of(manifest.to_bytes()))
+    return seal_document("manifest", manifest.model_dump(mode="json"), signer)
+
+
+def unseal(raw: bytes, verifier: Verifier, where: str) -> Manifest:
+    """The manifest of a `llmfleet-manifest.json` object, once its signature verifies with the
+    verifier's key; else `ManifestError`."""
+    return Manifest.parse(unseal_document("manifest", raw, verifier, where), where)
+
+
+def seal_document(field: str, body: dict[str, Any], signer: Signer) -> bytes:
+    """`{field: body, "signature": ...}`: the signature is over `body`'s canonical bytes."""
+    signature = signer.sign(digest_of(canonical(body)))
     envelope = {
-        "manifest": manifest.model_dump(mode="json"),
+        field: body,
         "signature": {
             "algorithm": ALGORITHM,
             "key_id": signer.key_id,  # informative: the verifier uses its own configured key
@@ -58,20 +69,22 @@ def seal(manifest: Manifest, signer: Signer) -> bytes:
     return json.dumps(envelope, sort_keys=True, indent=1).encode() + b"\n"
 
 
-def unseal(raw: bytes, verifier: Verifier, where: str) -> Manifest:
-    """The manifest of a `llmfleet-manifest.json` object, once its signature verifies with the
-    verifier's key; else `ManifestError`."""
+def unseal_document(field: str, raw: bytes, verifier: Verifier, where: str) -> dict[str, Any]:
+    """The `field` of a sealed document once its signature verifies with the verifier's key; else
+    `ManifestError`."""
     try:
         envelope = json.loads(raw)
-        body, sig = envelope["manifest"], envelope["signature"]
+        body, sig = envelope[field], envelope["signature"]
+        if not isinstance(body, dict):
+            raise ValueError(f"{field} is not an object")
         if sig.get("algorithm") != ALGORITHM:
             raise ValueError(f"algorithm {sig.get('algorithm')!r}")
         signature = base64.b64decode(sig["value"], validate=True)
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise ManifestError(f"{where}: unreadable manifest or signature ({exc})") from None
+        raise ManifestError(f"{where}: unreadable {field} or signature ({exc})") from None
     if not verifier.verify(digest_of(canonical(body)), signature):
-        raise ManifestError(f"{where}: the manifest's signature does not verify with the configured key")
-    return Manifest.parse(body, where)
+        raise ManifestError(f"{where}: the {field}'s signature does not verify with the configured key")
+    return body
 
 
 class KmsSigner:

@@ -119,7 +119,7 @@ def sync_model(
     objects = [obj for obj in store.list_objects(bucket, prefix) if not obj.key.endswith("/")]
     if not objects:
         raise ModelSyncError(f"no objects under s3://{bucket}/{prefix}", param="revision")
-    manifest, manifest_sha = _verified_manifest(store, verifier, bucket, prefix, name, revision)
+    manifest, manifest_sha = verified_manifest(store, verifier, bucket, prefix, name, revision)
     listed = manifest.by_path()
     payload = [obj for obj in objects if str(_relative_path(obj.key, prefix)) not in OURS]
     _check_listing(f"s3://{bucket}/{prefix}", listed, {str(_relative_path(o.key, prefix)) for o in payload})
@@ -152,7 +152,7 @@ def sync_model(
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _verified_manifest(
+def verified_manifest(
     store: ObjectStore, verifier: Verifier, bucket: str, prefix: str, name: str, revision: str
 ) -> tuple[Manifest, str]:
     where = f"s3://{bucket}/{prefix}"

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from psycopg import Error as PgError
 
+from apps.core.errors import Unavailable
 from apps.core.nodes.state import ROUTABLE
 from apps.core.protocol.dispatch import DispatchRequest
 from apps.core.rollouts import RolloutStore
@@ -105,20 +106,27 @@ class Canaries:
                 self.metrics.canary_weight.labels(model, rollout.canary).set(rollout.weight)
 
     def allowed(self, dreq: DispatchRequest, nodes: Iterable[NodeView]) -> frozenset[str] | None:
-        """The revisions a new request may go to (None: the model has no rollout: any)."""
+        """The revisions a new request may go to (None: the model has no rollout: any). An admin's
+        pin (`DispatchRequest.revision`, an evaluation) wins: that revision or nothing."""
+        serving = [
+            n.revisions.get(dreq.model, "") for n in nodes if dreq.model in n.models and n.state in ROUTABLE
+        ]
+        if dreq.revision is not None:
+            if dreq.revision not in serving:  # at once, not after the queue's wait for a node never coming
+                raise Unavailable(
+                    f"No node serves `{dreq.model}` at revision {dreq.revision}.", code="revision_not_served"
+                )
+            return frozenset({dreq.revision})
         rollout = self.rollouts.get(dreq.model)
         if rollout is None:
             return None
-        key = conversation_key(dreq.body, dreq.team_id, dreq.request_id)
-        serving = (
-            n.revisions.get(dreq.model, "") for n in nodes if dreq.model in n.models and n.state in ROUTABLE
-        )
-        return allowed(rollout, key, serving)
+        return allowed(rollout, conversation_key(dreq.body, dreq.team_id, dreq.request_id), serving)
 
-    def probe(self, model: str, revision: str | None) -> Probe:
+    def probe(self, model: str, revision: str | None, *, pinned: bool = False) -> Probe:
         """What an attempt on a node of `revision` reports (nothing when no canary of the model is
-        live, or the node serves neither of its revisions)."""
-        judge = self.judges.get(model)
+        live, the node serves neither of its revisions, or the request was pinned to its revision:
+        an evaluation's traffic is not the canary's)."""
+        judge = None if pinned else self.judges.get(model)
         report = None
         if judge is not None and revision in judge.rollout.live():
             self.metrics.canary_picks.labels(model, revision).inc()

@@ -140,14 +140,14 @@ class _Relay:
         queue_limit = min(dreq.deadlines.queue_wait_s, parts.settings.queue_limit_s)
         excluded: set[str] = set()
         last_retry: Retry | None = None
-        if not self._served():
-            try:
+        try:
+            if not self._served():
                 await parts.cold.check(dreq.model, queue_limit)
-            except LlmfleetError as exc:
-                self.outcome = exc.code or "unavailable"
-                return await self._fail_before_output(exc)
+            self.revisions = parts.canaries.allowed(dreq, parts.fleet.snapshot())
+        except LlmfleetError as exc:
+            self.outcome = exc.code or "unavailable"
+            return await self._fail_before_output(exc)
         self.prefix = await self._prefix_matches()
-        self.revisions = parts.canaries.allowed(dreq, parts.fleet.snapshot())
         budget = RetryBudget()
         while budget.left():
             elapsed = parts.monotonic() - self._t0
@@ -241,7 +241,8 @@ class _Relay:
     async def _attempt(self, node: NodeView) -> web.StreamResponse | Retry:
         parts, dreq = self.parts, self.dreq
         stream = RequestStream(dreq.request_id, node.node_id, parts.settings.relay_queue_events)
-        self.probe = probe = parts.canaries.probe(dreq.model, node.revisions.get(dreq.model))
+        pinned = dreq.revision is not None
+        self.probe = probe = parts.canaries.probe(dreq.model, node.revisions.get(dreq.model), pinned=pinned)
         try:
             if not await parts.routing.start(node, assignment(dreq), stream):
                 return Retry.UNREACHABLE

@@ -18,7 +18,10 @@ from apps.modelsync.signing import LocalSigner, LocalVerifier, public_key_path
 
 @contextlib.contextmanager
 def mock_bucket(monkeypatch: pytest.MonkeyPatch, bucket: str) -> Iterator[Any]:
-    """A boto3 S3 client on moto with `bucket` created (and test credentials in the environment)."""
+    """A boto3 S3 client on moto with `bucket` created (and test credentials in the environment; no
+    registry settings from the environment: the commands take what the test gives them)."""
+    for name in ("LLMFLEET_MODEL_BUCKET", "LLMFLEET_S3_ENDPOINT_URL", "LLMFLEET_MODEL_SIGNING_KEY"):
+        monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
     monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")

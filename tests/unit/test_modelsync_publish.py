@@ -36,8 +36,6 @@ FILES = {
 
 @pytest.fixture
 def s3(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
-    for name in ("LLMFLEET_MODEL_BUCKET", "LLMFLEET_S3_ENDPOINT_URL", "LLMFLEET_MODEL_SIGNING_KEY"):
-        monkeypatch.delenv(name, raising=False)
     with mock_bucket(monkeypatch, BUCKET) as client:
         yield client
 

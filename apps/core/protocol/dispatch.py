@@ -48,7 +48,8 @@ RETRY_ELSEWHERE = "x-llmfleet-retry-elsewhere"
 # (the gateway's queue-wait metric), `%.6f`.
 QUEUE_WAIT_HEADER = "x-llmfleet-queue-wait"
 # The model revision the request's node serves (when the node said it: protocol version 6); the
-# gateway passes it on to the client, so a caller can tell which version answered.
+# gateway passes it on to the client, so a caller can tell which version answered. On a request, an
+# admin's pin of the revision to run on (`DispatchRequest.revision`).
 MODEL_REVISION_HEADER = "x-llmfleet-model-revision"
 
 
@@ -105,6 +106,10 @@ class DispatchRequest(BaseModel):
     # request's priority class (the key's or the JWT claim's). Absent from an older gateway: 1, interactive.
     team_weight: float = Field(default=DEFAULT_WEIGHT, gt=0, le=MAX_WEIGHT)
     priority_class: PriorityClass = PriorityClass.INTERACTIVE
+    # A model revision the request must run on (issue 30 item 2: `llmfleet model eval` evaluates a
+    # candidate that takes no production traffic); only an admin may ask (the gateway checks). None:
+    # the model's rollout decides. An older orchestrator refuses the field: roll the orchestrators first.
+    revision: str | None = Field(default=None, min_length=1, max_length=128)
 
     @property
     def budget(self) -> Budget:
