@@ -27,7 +27,7 @@ from apps.modelsync.evalgate import manifest_sha256, require_passing, write_resu
 from apps.modelsync.evalrun import run_suite
 from apps.modelsync.evalsuite import load_suite, verdict
 from apps.modelsync.settings import ModelSyncSettings
-from apps.modelsync.signing import LocalVerifier, Verifier, public_key_path
+from apps.modelsync.signing import KmsVerifier, LocalVerifier, Verifier, public_key_path
 from apps.modelsync.sync import ModelSyncError
 
 
@@ -75,6 +75,10 @@ def verifier_for(args: argparse.Namespace, settings: ModelSyncSettings) -> Verif
         return LocalVerifier.load(args.verify_key)
     if getattr(args, "signing_key", None) is not None:  # dev: the local key's public half
         return LocalVerifier.load(public_key_path(args.signing_key))
+    if getattr(args, "kms_key_id", None):  # the key that signs verifies too (`kms:Verify`)
+        import boto3
+
+        return KmsVerifier(boto3.client("kms", region_name=settings.aws_region), args.kms_key_id)
     return verifier_of(settings)
 
 

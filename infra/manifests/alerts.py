@@ -329,10 +329,12 @@ def cost_alerts(spec: StackSpec, plan: FleetPlan) -> list[Alert]:
     for name, model in plan.models.items():
         if model.min_replicas != 0:
             continue
+        # A canary's Deployment keeps its floor on purpose (`canary.min_replicas`): not idle capacity.
+        canary = f',deployment!="vllm-{slug(name)}-canary"' if spec.models[name].canary is not None else ""
         alerts.append(
             Alert(
                 "LlmfleetScaleToZeroModelIdle",
-                f'sum(kube_deployment_status_replicas{{namespace="{NAMESPACE}",deployment=~"vllm-{slug(name)}.*"}})'
+                f'sum(kube_deployment_status_replicas{{namespace="{NAMESPACE}",deployment=~"vllm-{slug(name)}.*"{canary}}})'
                 f' > 0 and on() sum({ORCHESTRATOR_QUEUE_METRIC}{{model="{name}"}}) == 0'
                 f' and on() sum(vllm:num_requests_running{{model_name="{name}"}}) == 0'
                 " unless on() llmfleet:warm_window:active == 1",

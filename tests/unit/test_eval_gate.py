@@ -5,12 +5,14 @@ by another key, edited, or copied from another revision does not; model-sync ign
 from __future__ import annotations
 
 import json
+from argparse import Namespace
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from apps.modelsync.eval_cli import verifier_for
 from apps.modelsync.evalgate import (
     EvaluationFailed,
     NotEvaluated,
@@ -21,6 +23,8 @@ from apps.modelsync.evalgate import (
 from apps.modelsync.manifest import EVAL_NAME, ManifestError
 from apps.modelsync.publish import publish_model
 from apps.modelsync.s3 import Boto3ObjectStore
+from apps.modelsync.settings import ModelSyncSettings
+from apps.modelsync.signing import KmsVerifier, LocalVerifier
 from apps.modelsync.sync import SyncOutcome, sync_model
 from tests.unit.s3_mock import KeyPair, key_pair, mock_bucket
 
@@ -128,3 +132,20 @@ def test_model_sync_copies_a_revision_with_a_result_and_leaves_the_result_out(
         "config.json",
         "model.safetensors",
     ]
+
+
+def test_the_eval_command_checks_the_manifest_with_the_key_it_signs_with(
+    monkeypatch: pytest.MonkeyPatch, keys: KeyPair
+) -> None:
+    """`--signing-key` (dev): its public half; `--kms-key-id`: that KMS key; `--verify-key` wins."""
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    settings = ModelSyncSettings(model_verify_key=None, model_signing_key=None)
+    kms = verifier_for(Namespace(verify_key=None, signing_key=None, kms_key_id="alias/models"), settings)
+    assert isinstance(kms, KmsVerifier)
+    assert kms.key_id == "alias/models"
+    local = verifier_for(Namespace(verify_key=None, signing_key=keys.private, kms_key_id=None), settings)
+    digest = b"\x01" * 32
+    assert isinstance(local, LocalVerifier)
+    assert local.verify(digest, keys.signer.sign(digest))
+    chosen = verifier_for(Namespace(verify_key=keys.public, signing_key=None, kms_key_id="alias/x"), settings)
+    assert isinstance(chosen, LocalVerifier)

@@ -74,3 +74,17 @@ def test_a_canary_revision_must_be_one_path_component(revision: str, reason: str
 def test_a_malformed_canary_is_refused(canary: Any, reason: str) -> None:
     with pytest.raises(SpecError, match=WHERE + reason):
         parse_spec(_with_canary(canary), "x.yaml")
+
+
+def test_the_plan_counts_the_canarys_floor_in_the_fleets_gpus_and_cost() -> None:
+    """A canary's Deployment runs beside the stable one whatever the load: `llmfleet plan` during a
+    canary counts its `min_replicas` (before, the plan's peak and cost left them out)."""
+    from apps.core.sizing.plan import plan_fleet
+
+    without = plan_fleet(parse_spec(_with_canary(None)))
+    with_canary = plan_fleet(parse_spec(_with_canary({"revision": "2026-12-01", "min_replicas": 2})))
+    per_replica = without.models[MODEL].gpus_per_replica
+    assert without.models[MODEL].canary_gpus == 0
+    assert with_canary.models[MODEL].canary_gpus == 2 * per_replica
+    assert with_canary.gpus_peak == without.gpus_peak + 2 * per_replica
+    assert with_canary.cost_per_hour_peak_usd > without.cost_per_hour_peak_usd

@@ -40,6 +40,9 @@ class ModelPlan:
     prefix_hit_rate: float = 0.0  # the share of prompt tokens served from the engines' prefix cache
     prompt_microcredits_per_million: int = 0  # what a team pays per million prompt tokens at that rate
     warnings: tuple[str, ...] = ()
+    # A canary revision's floor (`models.<name>.canary.min_replicas` x GPUs per replica): its own
+    # Deployment runs beside the stable one whatever the load, so the fleet's peak and cost count it.
+    canary_gpus: int = 0
 
 
 @dataclass(frozen=True)
@@ -178,6 +181,7 @@ def plan_model(spec: StackSpec, name: str, model: ModelSpec) -> ModelPlan:
         warnings=tuple(warnings),
         prefix_hit_rate=serving.prefix_hit_rate,
         prompt_microcredits_per_million=prompt_price_at(model, serving.prefix_hit_rate),
+        canary_gpus=model.canary.min_replicas * tp if model.canary is not None else 0,
     )
 
 
@@ -190,7 +194,7 @@ def prompt_price_at(model: ModelSpec, hit_rate: float) -> int:
 
 def plan_fleet(spec: StackSpec) -> FleetPlan:
     models = {name: plan_model(spec, name, model) for name, model in spec.models.items()}
-    totals = fleet.fleet_totals({n: m.gpus for n, m in models.items()}, spec.onprem_gpus)
+    totals = fleet.fleet_totals({n: m.gpus + m.canary_gpus for n, m in models.items()}, spec.onprem_gpus)
     # One cloud GPU price: the fleet is priced at the GPU type most models use.
     prices = [spec.gpu_types[m.gpu_type].price_per_gpu_hour_usd for m in models.values()] or [0.0]
     price = max(set(prices), key=prices.count)
