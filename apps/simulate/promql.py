@@ -1,6 +1,6 @@
 """Just enough PromQL to evaluate the queries the ScaledObjects carry, over the simulator's scrapes.
 
-Grammar (what `infra/manifests/keda.py` renders): `sum(selector)`, `vector(n)`, `a or b`, `a + b`,
+Grammar (what `infra/manifests/keda.py` renders): `sum(selector)` (matchers `=`, `!=`, `=~`, `!~`), `vector(n)`, `a or b`, `a + b`,
 `a - n`, `clamp_min(x, n)`, parentheses, numbers, and the subquery `max_over_time(expr[2m:15s])`.
 An instant vector is one value or `None` (empty): every query aggregates to one series anyway.
 A subquery evaluates `expr` at the absolute multiples of its step in `(t - range, t]`, as
@@ -138,9 +138,32 @@ class _Parser:
         raise SpecError(f"unsupported PromQL function {fn!r} in {self.query!r}", param="query")
 
 
-def _labels(text: str) -> Labels:
-    pairs = re.findall(r'(\w+)\s*=\s*"([^"]*)"', text)
-    return tuple(sorted(pairs))
+_MATCHER = re.compile(r'\s*(\w+)\s*(=~|!~|!=|=)\s*"((?:[^"\\]|\\.)*)"\s*(?:,|$)')
+Matcher = tuple[str, str, str]  # label, operator (=, !=, =~, !~), value
+
+
+def _labels(text: str) -> tuple[Matcher, ...]:
+    """The matchers of `{...}`; every one of PromQL's four operators (a regex is anchored, as in
+    Prometheus). Anything else is refused: a matcher skipped would sum series the query excludes
+    (the canary's pods, `infra/manifests/keda.py` `pod_matcher`)."""
+    inner, pos, found = text[1:-1].strip(), 0, []
+    while pos < len(inner):
+        m = _MATCHER.match(inner, pos)
+        if m is None:
+            raise SpecError(f"unsupported label matcher in {text!r}", param="query")
+        found.append((m.group(1), m.group(2), m.group(3).replace('\\"', '"')))
+        pos = m.end()
+    return tuple(found)
+
+
+def _matches(labels: Labels, matchers: tuple[Matcher, ...]) -> bool:
+    have = dict(labels)
+    for name, op, value in matchers:
+        got = have.get(name, "")
+        hit = got == value if op in ("=", "!=") else re.fullmatch(value, got) is not None
+        if hit != (op in ("=", "=~")):
+            return False
+    return True
 
 
 def _or(a: Expr, b: Expr) -> Expr:
@@ -157,7 +180,7 @@ def _arith(a: Expr, b: Expr, op: str) -> Expr:
     return run
 
 
-def _selector_sum(name: str, labels: Labels) -> Expr:
+def _selector_sum(name: str, labels: tuple[Matcher, ...]) -> Expr:
     cache: dict[int, Value] = {}
 
     def run(s: Samples, t: float) -> Value:
@@ -165,7 +188,7 @@ def _selector_sum(name: str, labels: Labels) -> Expr:
         if i < 0:
             return None
         if i not in cache:
-            rows = [v for lab, v in s.frames[i].get(name, ()) if all(p in lab for p in labels)]
+            rows = [v for lab, v in s.frames[i].get(name, ()) if _matches(lab, labels)]
             cache[i] = sum(rows) if rows else None
         return cache[i]
 

@@ -165,7 +165,10 @@ class Simulation(Orchestrator):
     def _new_pod(self, deployment: str, model: str, gpus: int, now: float) -> Pod:
         self.serial += 1
         profile = self.world.profiles[model]
-        pod = Pod(f"{deployment}-{self.serial}", deployment, model, gpus, now, FastScheduler(profile))
+        # Named as Kubernetes names a Deployment's pods (`<deployment>-<ReplicaSet hash>-<suffix>`):
+        # the ScaledObjects' `pod` matchers (`infra/manifests/keda.py` `pod_matcher`) select them so.
+        pod_id = f"{deployment}-5f8d9c-{self.serial:05x}"
+        pod = Pod(pod_id, deployment, model, gpus, now, FastScheduler(profile))
         self.pods.append(pod)
         self.by_model[model].append(pod)
         return pod

@@ -12,7 +12,8 @@ import pytest
 from apps.core.errors import SpecError
 from apps.simulate.promql import Samples, compile_query
 from apps.simulate.trace import TraceRequest, parse_trace, write_trace
-from infra.manifests.keda import demand_query
+from infra.manifests.common import slug
+from infra.manifests.keda import demand_query, pod_matcher
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -105,3 +106,27 @@ def test_the_rendered_demand_query_sums_replicas_and_holds_the_max_for_two_minut
     assert q(s, 150.0) == 0.0
     with_base = compile_query(demand_query(model, 1, 16.0))
     assert with_base(s, 15.0) == 0.0  # clamp_min(7 - 16, 0)
+
+
+def test_the_canary_pod_matchers_split_the_models_pods_as_prometheus_does() -> None:
+    """With a canary, the stable's query counts every pod but the canary's (`pod!~`) and the canary's
+    only its own (`pod=~`, anchored). Before, the simulator skipped both matchers and summed all pods."""
+    model = "qwen2.5-32b-instruct"
+    canary = f"vllm-{slug(model)}-canary"
+    stable_q = compile_query(demand_query(model, pods=pod_matcher(canary, own=False)))
+    canary_q = compile_query(demand_query(model, pods=pod_matcher(canary), orchestrator=False))
+    running = "vllm:num_requests_running"
+    pods = {
+        f"vllm-{slug(model)}-5f8d9c-00001": 3.0,
+        f"{canary}-5f8d9c-00002": 5.0,
+        f"{canary}-x": 100.0,  # not a pod of the canary's Deployment: the regex is anchored
+    }
+    s = _samples([(0.0, {running: [((("model_name", model), ("pod", p)), v) for p, v in pods.items()]})])
+    assert stable_q(s, 0.0) == 103.0
+    assert canary_q(s, 0.0) == 5.0
+
+
+@pytest.mark.parametrize("selector", ['{pod~"x"}', '{pod="x" junk}', "{pod=x}"])
+def test_a_matcher_it_cannot_read_is_refused_not_skipped(selector: str) -> None:
+    with pytest.raises(SpecError, match="unsupported label matcher"):
+        compile_query(f"sum(vllm:num_requests_running{selector})")
