@@ -31,6 +31,7 @@ from apps.core.metering import settle_usage
 from apps.core.nodes.store import NodeStore
 from apps.core.protocol.dispatch import DispatchRequest
 from apps.core.rollouts import RolloutStore
+from apps.core.spec import load_spec
 from apps.enginesim.faults import Faults
 from apps.gateway.dispatcher import HttpDispatcher
 from apps.gateway.ports import Upstream
@@ -41,6 +42,12 @@ from tests.fakes.engine_sim import SimEngine, engine_sim
 from tests.fakes.fake_orchestrator import stop_agent
 
 MODEL = "llama-3.1-8b-instruct"
+# The dev stack's embedding model (`serving.task: embed`) and the length of its vectors.
+EMBED_MODEL, EMBED_DIMS = next(
+    (name, m.embedding_dimensions or 0)
+    for name, m in load_spec("dev").models.items()
+    if m.serving.task == "embed"
+)
 REVISION = "8b-rev-test"  # what the node's agent says its engine serves (the ledger records it)
 SLOTS = 512  # the node's slots: the gateway's own limits, not the node, bound what its tests run
 
@@ -65,6 +72,8 @@ class FleetSetup:
     # The engine's seed per revision (enginesim's answers follow it: another seed answers as other
     # weights would). Absent: 0.
     seeds: Mapping[str, int] = field(default_factory=dict)
+    # A second node serving the dev stack's embedding model (enginesim's pooling runner, issue 31).
+    embed: bool = False
 
 
 @dataclass
@@ -131,7 +140,7 @@ async def running_fleet(
         node_store=store,
         ledger=ledger,
         settle=functools.partial(_settle, ledger, redis, clock),
-        models={MODEL},
+        models={MODEL, EMBED_MODEL} if setup.embed else {MODEL},
         rollouts=rollouts,
     )
     orch = await start_orchestrator(settings, deps)
@@ -149,6 +158,12 @@ async def running_fleet(
                     _agent(orch, store, engine, tmp_dir, setup.slots, revision)
                 )
                 engines[revision], node_id = engine, node_id or agent.settings.node_id
+            if setup.embed:
+                embedder = await stack.enter_async_context(_embed_engine(setup))
+                await stack.enter_async_context(
+                    _agent(orch, store, embedder, tmp_dir, setup.slots, REVISION, EMBED_MODEL)
+                )
+                engines[EMBED_MODEL] = embedder
             yield Fleet(orch, next(iter(engines.values())), token, node_id, engines)
     finally:
         await orch.close()
@@ -170,6 +185,19 @@ def _engine(setup: FleetSetup, seed: int = 0) -> contextlib.AbstractAsyncContext
     )
 
 
+def _embed_engine(setup: FleetSetup) -> contextlib.AbstractAsyncContextManager[SimEngine]:
+    return engine_sim(
+        setup.speed,
+        model=EMBED_MODEL,
+        runner="pooling",
+        embedding_dim=EMBED_DIMS,
+        scheduling_policy="priority",
+        max_num_seqs=setup.slots,
+        max_model_len=setup.max_model_len,
+        faults=setup.faults or Faults(),
+    )
+
+
 async def _settle(
     ledger: Ledger, redis: Redis, clock: Callable[[], datetime] | None, *args: Any, **kwargs: Any
 ) -> SettleResult:
@@ -178,7 +206,13 @@ async def _settle(
 
 @contextlib.asynccontextmanager
 async def _agent(
-    orch: RunningOrchestrator, store: NodeStore, engine: SimEngine, tmp_dir: Path, slots: int, revision: str
+    orch: RunningOrchestrator,
+    store: NodeStore,
+    engine: SimEngine,
+    tmp_dir: Path,
+    slots: int,
+    revision: str,
+    model: str = MODEL,
 ) -> AsyncIterator[Agent]:
     node_id = f"gw-node-{uuid.uuid4().hex[:6]}"
     settings = AgentSettings(
@@ -186,7 +220,7 @@ async def _agent(
         node_id=node_id,
         node_token=await store.issue_token(node_id, "onprem"),
         engine_url=engine.url,
-        model=MODEL,
+        model=model,
         model_revision=revision,
         max_num_seqs=slots,
         gpus=1,

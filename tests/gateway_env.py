@@ -19,6 +19,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from apps.core.clock import SYSTEM
 from apps.core.fairboard import RedisQueueBoard
+from apps.core.guardrails.store import GuardrailStore
 from apps.core.identity.console_sessions import ConsoleSessions
 from apps.core.identity.jwt_verify import JwtVerifier
 from apps.core.identity.keys import KeyStore
@@ -115,6 +116,7 @@ def _deps(
         sessions=ConsoleSessions(pool),
         refusals=RefusalStore(redis, SYSTEM.now),
         board=RedisQueueBoard(redis),
+        guardrails=GuardrailStore(pool),
     )
 
 

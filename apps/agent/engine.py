@@ -3,8 +3,9 @@
 Owns the engine's non-streaming endpoints the agent needs (over aiohttp): `/health`
 (readiness before registering), `/v1/models` (`max_model_len`), `/metrics` (heartbeat
 load), and `POST /tokenize` (exact prompt tokens after an abort, the one exception to docs/architecture.md D5,
-see `relay.py`). The streaming `POST /v1/chat/completions` of every assignment goes over
-`apps.netio.http_client` (`open_chat`): the per-chunk path of one stream per running
+see `relay.py`). Every assignment's request (the streaming `POST /v1/chat/completions` and
+`/v1/completions`, the one-answer `POST /v1/embeddings`) goes over
+`apps.netio.http_client` (`open`): the per-chunk path of one stream per running
 request, where that client costs the fewest microseconds (one write per request, body pieces
 handed over as they arrive, read flow control); closing a response early drops its
 connection, which is how vLLM learns to abort the request.
@@ -20,11 +21,12 @@ from typing import Any
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
+from apps.core.protocol.engine import ENGINE_PATHS
 from apps.netio.http_client import HostPool, HttpResponse
 
 log = logging.getLogger("llmfleet.agent.engine")
 
-CHAT_PATH = "/v1/chat/completions"
+CHAT_PATH = ENGINE_PATHS[None]
 # Under uvicorn's keep-alive timeout (5 s; vLLM serves with uvicorn), so an idle pooled
 # connection is dropped by us first (a stale one costs a retry; nothing ran on it).
 ENGINE_IDLE_TIMEOUT_S = 4.0
@@ -73,7 +75,10 @@ def parse_engine_metrics(text: str) -> EngineLoad | None:
 
 def tokenize_body(chat_body: dict[str, Any]) -> dict[str, Any]:
     """The chat form of vLLM's `/tokenize` for a chat request: the same template, so the
-    count equals the `prompt_tokens` the engine would have reported."""
+    count equals the `prompt_tokens` the engine would have reported; for a completion (a `prompt`,
+    no `messages`), its completion form."""
+    if "messages" not in chat_body and "prompt" in chat_body:
+        return {k: chat_body[k] for k in ("model", "prompt") if k in chat_body}
     body: dict[str, Any] = {"messages": chat_body.get("messages", []), "add_generation_prompt": True}
     for key in ("model", "tools", "chat_template", "chat_template_kwargs", "continue_final_message"):
         if key in chat_body:
@@ -101,15 +106,23 @@ class EngineClient:
             connect_timeout_s=connect_timeout_s,
             idle_timeout_s=ENGINE_IDLE_TIMEOUT_S,
         )
-        self._chat_head = self._streams.head(
-            "POST", self._streams.base_path + CHAT_PATH, {"Content-Type": "application/json"}
-        )
+        # The request head of each endpoint's path, built once.
+        self._heads = {
+            path: self._streams.head(
+                "POST", self._streams.base_path + path, {"Content-Type": "application/json"}
+            )
+            for path in ENGINE_PATHS.values()
+        }
+
+    async def open(self, path: str, body: dict[str, Any]) -> HttpResponse:
+        """Send a request to one of `ENGINE_PATHS`; returns once the status and headers arrived.
+        Raises `apps.netio.http_client.Unreachable` when the request surely did not run (refused,
+        connect timeout), `ConnectionError` when the engine dropped it."""
+        return await self._streams.send(self._heads[path], json.dumps(body, separators=(",", ":")).encode())
 
     async def open_chat(self, body: dict[str, Any]) -> HttpResponse:
-        """Send a streaming chat request; returns once the status and headers arrived. Raises
-        `apps.netio.http_client.Unreachable` when the request surely did not run (refused,
-        connect timeout), `ConnectionError` when the engine dropped it."""
-        return await self._streams.send(self._chat_head, json.dumps(body, separators=(",", ":")).encode())
+        """A streaming chat request (`open` on the chat path)."""
+        return await self.open(CHAT_PATH, body)
 
     async def aclose(self) -> None:
         await self._streams.aclose()

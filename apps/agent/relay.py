@@ -38,8 +38,15 @@ from typing import Protocol
 from apps.agent import errors
 from apps.agent.engine import EngineClient
 from apps.agent.tally import TokenTally
-from apps.core.error_table import NODE_DRAINING, SERVICE_UNAVAILABLE, TIMEOUT, UPSTREAM_ERROR, WireError
-from apps.core.protocol.engine import engine_body, wants_chunk_usage
+from apps.core.error_table import (
+    INVALID_REQUEST,
+    NODE_DRAINING,
+    SERVICE_UNAVAILABLE,
+    TIMEOUT,
+    UPSTREAM_ERROR,
+    WireError,
+)
+from apps.core.protocol.engine import ENGINE_PATHS, engine_body, wants_chunk_usage
 from apps.core.protocol.node import Assign, Chunk, Done, Error
 from apps.core.protocol.openai import (
     DONE_PAYLOAD,
@@ -47,6 +54,7 @@ from apps.core.protocol.openai import (
     cached_tokens,
     is_error_event,
     is_usage_event,
+    one_line_answer,
     parse_usage,
     sse_event,
 )
@@ -57,6 +65,9 @@ log = logging.getLogger("llmfleet.agent.relay")
 _ROLE_MARK = b'"delta":{"role"'
 _FINISH_MARK = b'"finish_reason":"'
 _MAX_ERROR_BODY = 64 * 1024
+# An embedding answer's bound: it travels as one frame, and the orchestrator takes messages of
+# at most 8 MiB (`apps/orchestrator/node_ws.py`); the gateway's input cap keeps answers under it.
+MAX_ANSWER_BYTES = 7 * 1024 * 1024
 
 
 async def _read_bounded(resp: HttpResponse, limit: int) -> bytes:
@@ -181,12 +192,15 @@ class Relay:
 
     async def _stream(self, scope: asyncio.Timeout) -> Done | Error:
         loop = asyncio.get_running_loop()
-        resp = await self._engine.open_chat(self._body)
+        resp = await self._engine.open(ENGINE_PATHS[self.assign.endpoint], self._body)
         try:
             if resp.status != 200:
                 raw = await _read_bounded(resp, _MAX_ERROR_BODY)
                 err = errors.from_http(resp.status, raw)
                 return await self._failed(err.entry, err.message, err.param)
+            if self.assign.endpoint == "embeddings":
+                self._deadline_phase = "the embeddings"
+                return await self._read_answer(resp)
             self._deadline_phase = "the first token"
             return await self._read_events(resp, scope, loop)
         finally:
@@ -251,6 +265,23 @@ class Relay:
                 finish_reason=self.finish_reason,
             )
         return await self._failed(UPSTREAM_ERROR, "engine closed the stream before it finished")
+
+    async def _read_answer(self, resp: HttpResponse) -> Done | Error:
+        """An embedding request's one JSON answer (within the first-byte deadline): forwarded as one
+        chunk whose single event is the engine's body, byte for byte, then `done` with its
+        `usage.prompt_tokens` (nothing is generated). An answer over `MAX_ANSWER_BYTES` (the
+        gateway's input cap keeps a real one under it) or without usage fails the request."""
+        raw = await _read_bounded(resp, MAX_ANSWER_BYTES + 1)
+        if len(raw) > MAX_ANSWER_BYTES:
+            return await self._failed(
+                INVALID_REQUEST, f"the embeddings answer is over {MAX_ANSWER_BYTES} bytes: send fewer inputs"
+            )
+        answer = one_line_answer(raw)
+        if answer is None:
+            return await self._failed(UPSTREAM_ERROR, "the engine's embeddings answer has no usage")
+        event, prompt_tokens = answer
+        await self._forward([sse_event(event)], True)
+        return Done(request_id=self.request_id, prompt_tokens=prompt_tokens, completion_tokens=0)
 
     def _note_output(self, scope: asyncio.Timeout, loop: asyncio.AbstractEventLoop) -> None:
         if self._abort_reason is not None:

@@ -1,8 +1,8 @@
 """`llmfleet dev [--data-dir DIR] [--port 8080]`: the whole platform on this machine.
 
 Embedded PostgreSQL and Redis unless `DevSettings` name them (the database and Redis URLs,
-docs/configuration.md), migrations, one orchestrator, four enginesim engines with their agents (two 8B
-nodes, one of them on premises, one 32B, one 70B), a gateway on the port, a demo team
+docs/configuration.md), migrations, one orchestrator, five enginesim engines with their agents (two 8B
+nodes, one of them on premises, one 32B, one 70B, one of the embedding model bge-m3), a gateway on the port, a demo team
 with credits and a demo key. Prints `OPENAI_BASE_URL=`, `OPENAI_API_KEY=` and
 `LLMFLEET_ADMIN_TOKEN=` (one per line) and writes them to `DIR/credentials.env`, then the console's URL
 and one-time sign-in links for the demo team and the admin (`# console...` lines). With

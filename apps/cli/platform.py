@@ -31,6 +31,7 @@ from apps.cli.platform_config import (
     MODEL_8B,
     MODEL_32B,
     MODEL_70B,
+    MODEL_EMBED,
     Credentials,
     Engine,
     NodeSpec,
@@ -103,6 +104,12 @@ class LocalPlatform:
             name: m.revision for name, m in stack.models.items()
         }  # what each agent says it serves
         self._plan = {name: (m.max_num_seqs, m.gpus_per_replica) for name, m in plan.models.items()}
+        # enginesim's runner flags per model: an embedding model's engine runs vLLM's pooling runner.
+        self._runner_args = {
+            name: ("--runner", "pooling", "--embedding-dim", str(m.embedding_dimensions))
+            for name, m in stack.models.items()
+            if m.serving.task == "embed"
+        }
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -246,7 +253,7 @@ class LocalPlatform:
             "--model", spec.model, "--port", str(port), "--speed", str(self.config.speed),
             "--seed", str(self.config.seed), "--max-num-seqs", str(seqs),
             "--scheduling-policy", "priority", "--enable-prompt-tokens-details", *kv_events_args(kv),
-            *spec.engine_args,
+            *self._runner_args.get(spec.model, ()), *spec.engine_args,
         )  # fmt: skip
         child = self.supervisor.start(f"engine-{spec.node_id}", argv, dict(spec.engine_env))
         engine = Engine(spec, port, child, seqs, kv)
@@ -356,6 +363,7 @@ __all__ = [
     "MODEL_8B",
     "MODEL_32B",
     "MODEL_70B",
+    "MODEL_EMBED",
     "Credentials",
     "Engine",
     "LocalPlatform",

@@ -13,6 +13,7 @@ from apps.cli.procs import Child
 MODEL_8B = "llama-3.1-8b-instruct"
 MODEL_32B = "qwen2.5-32b-instruct"
 MODEL_70B = "llama-3.3-70b-instruct-fp8"
+MODEL_EMBED = "bge-m3"  # the stacks' embedding model (`serving.task: embed`)
 DEMO_TEAM = "demo"
 
 
@@ -33,12 +34,13 @@ class NodeSpec:
 
 
 def dev_nodes() -> list[NodeSpec]:
-    """The `llmfleet dev` fleet: two 8B nodes (one on premises), one 32B, one 70B."""
+    """The `llmfleet dev` fleet: two 8B nodes (one on premises), one 32B, one 70B, one embedding model."""
     return [
         NodeSpec("onprem-8b-1", MODEL_8B, "onprem"),
         NodeSpec("cloud-8b-1", MODEL_8B, "cloud"),
         NodeSpec("cloud-32b-1", MODEL_32B, "cloud"),
         NodeSpec("cloud-70b-1", MODEL_70B, "cloud"),
+        NodeSpec("cloud-embed-1", MODEL_EMBED, "cloud"),
     ]
 
 

@@ -104,6 +104,13 @@ NODE_DRAINING = _e(
     "the node drained before the answer finished",
     node_type="node_draining",
 )
+GUARDRAIL_BLOCKED = _e(
+    "guardrail_blocked",
+    400,
+    INVALID,
+    True,
+    "a check with action block of the team's guardrail policy matched the request or the answer",
+)
 
 TABLE: tuple[WireError, ...] = (
     INVALID_REQUEST,
@@ -138,6 +145,13 @@ TABLE: tuple[WireError, ...] = (
     _e("revision_pin_forbidden", 403, "permission_error", False, "only an admin may pin a model revision"),
     _e("invalid_revision", 400, INVALID, False, "the x-llmfleet-model-revision header is malformed"),
     MODEL_NOT_FOUND,
+    _e(
+        "unsupported_model",
+        400,
+        INVALID,
+        False,
+        "the model serves another endpoint (an embedding model: /v1/embeddings only; a chat model: not it)",
+    ),
     _e("rpm", 429, RATE, False, "the key's requests per minute"),
     _e("tokens_per_day", 429, RATE, False, "the key's tokens per day"),
     _e("max_streams", 429, RATE, False, "the key's concurrent requests"),
@@ -152,6 +166,11 @@ TABLE: tuple[WireError, ...] = (
     _e("dispatch_timeout", 503, UNAVAILABLE, False, "the orchestrator did not answer within the deadlines"),
     _e("ledger_unavailable", 503, UNAVAILABLE, False, "the ledger (PostgreSQL) is unreachable"),
     _e("redis_unavailable", 503, UNAVAILABLE, False, "the quota store (Redis) is unreachable"),
+    _e("guardrails_unavailable", 503, UNAVAILABLE, False, "the team's guardrail policy cannot be read"),
+    _e(
+        "guard_unavailable", 503, UNAVAILABLE, False, "the guard model of a fail-closed policy did not answer"
+    ),
+    GUARDRAIL_BLOCKED,
     _e("model_unavailable", 503, UNAVAILABLE, False, "no node serves the model and none can start", (ORCH,)),
     _e("revision_not_served", 503, UNAVAILABLE, False, "no node serves the pinned model revision", (ORCH,)),
     _e("model_loading", 503, UNAVAILABLE, False, "the model is starting from zero nodes", (ORCH,)),

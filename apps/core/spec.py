@@ -83,15 +83,27 @@ class ReplicaBounds(_Strict):
 
 
 class Serving(_Strict):
+    """How a model is served and planned. For `task: embed` a stream is one input being embedded and
+    `planning_context_tokens` the mean tokens of one input (docs/planner.md, "Embedding models")."""
+
     gpu_type: str
+    # What the model's engine runs (vLLM's `--runner`): `generate` answers `/v1/chat/completions` and
+    # `/v1/completions`; `embed` answers `/v1/embeddings` only (vLLM's pooling runner, issue 31).
+    task: Literal["generate", "embed"] = "generate"
     max_model_len: PositiveInt
     planning_context_tokens: PositiveInt = 2048
-    streams_per_replica: PositiveInt
+    # Streams per replica the plan schedules: required for `generate`; for `embed`, inputs in flight,
+    # derived from the prompt-token rate unless set (apps.core.sizing.plan).
+    streams_per_replica: PositiveInt | None = None
     headroom: NonNegFloat = 0.0
     tensor_parallel_size: PositiveInt | None = None
     max_num_seqs: PositiveInt | None = None
     replicas: ReplicaBounds
-    output_tokens_per_s_per_replica: PositiveFloat
+    # Decode rate of one replica at `streams_per_replica` streams: `generate` only (and required).
+    output_tokens_per_s_per_replica: PositiveFloat | None = None
+    # Prompt tokens one replica embeds per second at full load (measured): `embed` only (and required);
+    # the plan sizes an embed model's replicas by it.
+    prompt_tokens_per_s_per_replica: PositiveFloat | None = None
     mean_answer_tokens: PositiveInt = 400
     default_max_tokens: PositiveInt = 1024
     spot: bool = False
@@ -107,6 +119,35 @@ class Serving(_Strict):
     prefix_hit_rate: Fraction = 0.0
     on_demand_min_replicas: NonNegInt = 0
     office_hours_warm_replicas: NonNegInt = 0
+
+    @model_validator(mode="before")
+    @classmethod
+    def _embed_resumes_nothing(cls, data: object) -> object:
+        """An embed model answers in one piece: `resume_streams` is off unless the file says so."""
+        if isinstance(data, dict) and data.get("task") == "embed" and "resume_streams" not in data:
+            return {**data, "resume_streams": False}
+        return data
+
+    @model_validator(mode="after")
+    def _task_fields(self) -> Serving:
+        """Each task's fields are required for it and refused for the other."""
+        if self.task == "embed":
+            if self.prompt_tokens_per_s_per_replica is None:
+                raise ValueError("prompt_tokens_per_s_per_replica is required for task: embed")
+            if self.output_tokens_per_s_per_replica is not None:
+                raise ValueError("output_tokens_per_s_per_replica: an embed model decodes nothing")
+            if self.resume_streams:
+                raise ValueError("resume_streams: an embed model answers in one piece, nothing streams")
+            if self.prefix_hit_rate:
+                raise ValueError("prefix_hit_rate: an embed model keeps no prefix cache (leave it 0)")
+        else:
+            if self.streams_per_replica is None:
+                raise ValueError("streams_per_replica is required for task: generate")
+            if self.output_tokens_per_s_per_replica is None:
+                raise ValueError("output_tokens_per_s_per_replica is required for task: generate")
+            if self.prompt_tokens_per_s_per_replica is not None:
+                raise ValueError("prompt_tokens_per_s_per_replica applies to task: embed only")
+        return self
 
 
 def revision_problem(revision: str) -> str | None:
@@ -174,9 +215,21 @@ class ModelSpec(_Strict):
     canary: Canary | None = None
     prices: Prices
     serving: Serving
+    # The length of the vectors an embedding model returns (`serving.task: embed`; unset otherwise).
+    embedding_dimensions: PositiveInt | None = None
 
     @model_validator(mode="after")
     def _dtypes_and_context(self) -> ModelSpec:
+        embeds = self.serving.task == "embed"
+        if embeds != (self.embedding_dimensions is not None):
+            raise ValueError(
+                "embedding_dimensions is required for a model with serving.task: embed, and only for one"
+            )
+        if embeds and self.prices.completion_per_million_microcredits != 0:
+            raise ValueError(
+                "prices.completion_per_million_microcredits: an embed model produces no completion tokens "
+                "(set it to 0)"
+            )
         for name in ("weight_dtype", "kv_dtype"):
             value = getattr(self, name)
             if value.lower() not in DTYPE_BYTES:
@@ -265,6 +318,8 @@ class StackSpec(_Strict):
     gpu_types: dict[str, GpuType]
     sizing: SizingDefaults = SizingDefaults()
     models: dict[str, ModelSpec]
+    # Peak concurrent streams per model; for an embed model, its peak inputs in flight (the sequences
+    # its engines hold at once: what KEDA's demand trigger counts).
     peak_streams: dict[str, NonNegInt]
     onprem: tuple[OnPremServer, ...] = ()
     cost: CostInputs

@@ -1,259 +1,139 @@
 """HTTP routes of the simulator: vLLM's OpenAI-compatible surface plus `/_sim/faults`.
 
-Every chat request becomes one scheduler sequence per choice; all of them feed one
-`OutputStream`. Whatever ends the handler (done, client disconnect, injected death) aborts the
-sequences that are still in the engine, so their KV blocks are freed at once.
+Which endpoints an engine serves follows vLLM 0.32's `--runner`: a generate engine serves
+`POST /v1/chat/completions` and `POST /v1/completions`, a pooling engine `POST /v1/embeddings`;
+both serve `/v1/models`, `/tokenize`, `/health`, `/version`, `/load` and `/metrics`. Any other path
+(the other runner's endpoints too) answers `404 {"detail":"Not Found"}` and a wrong method `405`, as
+vLLM's router does (not its error envelope).
+
+A generation request is planned by its endpoint's module (`chat.py`, `completions.py`) and run by
+`generation.py`, one scheduler sequence per choice; an embedding (`embeddings.py`) is a
+prefill-only sequence per input. A refusal of the engine's input checks (`prompts.EngineInputError`)
+reaches a stream as an error event after its 200, as in vLLM. Injected faults (`faults.py`) hit
+chat and completion requests; `fail_status` hits embeddings too.
 """
 
 from __future__ import annotations
 
-import asyncio
-import json
 import time
 import uuid
-from dataclasses import dataclass, field
-from typing import IO, Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import ValidationError
 
-from apps.core.batching.prefix_cache import block_hashes
-from apps.enginesim import chat, responses, textgen
-from apps.enginesim.engine import Engine, OutputStream
-from apps.enginesim.faults import FaultBox, Faults
-from apps.enginesim.metrics import EngineMetrics
-from apps.enginesim.profiles import EngineProfile
+from apps.enginesim import (
+    chat,
+    completion_bodies,
+    completions,
+    embeddings,
+    errors,
+    generation,
+    responses,
+    textgen,
+)
+from apps.enginesim.faults import Faults
+from apps.enginesim.prompts import EngineInputError
+from apps.enginesim.state import (
+    STATE_KEY,
+    SimState,
+    TimingLog,
+    error_response,
+    fault_error,
+    json_response,
+)
+
+__all__ = ["STATE_KEY", "SimState", "TimingLog", "add_routes", "json_response"]
+
+Job = TypeVar("Job", bound=chat.ChatJob)
 
 
-def _compact(obj: Any) -> str:
-    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
-
-
-def json_response(body: Any, status: int = 200) -> web.Response:
-    """vLLM answers compact JSON (Starlette's JSONResponse)."""
-    return web.json_response(body, status=status, dumps=_compact)
-
-
-SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"}
-
-
-@dataclass
-class TimingLog:
-    """Per streamed request: when it arrived and when its first content chunk was written
-    (`time.monotonic()`, so a client on the same machine can subtract the engine's own TTFT from
-    its own and keep only the time spent in transit). One JSON line per request, appended.
-
-    Lines wait in memory and go out in one write once no timed stream is open any more (the end of
-    a load run) or `batch` of them are pending, so the log costs no syscall per request while a
-    run is going. Only the `user` tag and two clocks are written: never prompt or completion text.
-    """
-
-    path: str
-    batch: int = 256
-    open_streams: int = 0
-    _pending: list[str] = field(default_factory=list)
-    _file: IO[str] | None = None
-
-    def record(self, user: str | None, arrived: float, first_content: float) -> None:
-        line = {"user": user, "arrived": arrived, "first_content": first_content}
-        self._pending.append(json.dumps(line, separators=(",", ":")) + "\n")
-
-    def stream_ended(self) -> None:
-        self.open_streams -= 1
-        if self.open_streams == 0 or len(self._pending) >= self.batch:
-            self.flush()
-
-    def flush(self) -> None:
-        if not self._pending:
-            return
-        if self._file is None:
-            self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - kept open, closed in close()
-        self._file.write("".join(self._pending))
-        self._file.flush()
-        self._pending.clear()
-
-    def close(self) -> None:
-        self.flush()
-        if self._file is not None:
-            self._file.close()
-            self._file = None
-
-
-@dataclass
-class SimState:
-    served_model: str
-    profile: EngineProfile
-    engine: Engine
-    metrics: EngineMetrics
-    faults: FaultBox
-    seed: int
-    timing: TimingLog | None = None  # `--timing-log`: None costs nothing per request
-    prefix_caching: bool = True  # vLLM's `--enable-prefix-caching` (its default)
-    prompt_details: bool = False  # `--enable-prompt-tokens-details`
-
-
-STATE_KEY = web.AppKey("enginesim_state", SimState)
-
-
-def _error(exc: chat.VllmError) -> web.Response:
-    return json_response(exc.body(), status=exc.status)
-
-
-def _submit(state: SimState, job: chat.ChatJob) -> tuple[OutputStream, dict[str, chat.Choice]]:
-    sink = OutputStream(job.request_id)
-    by_seq: dict[str, chat.Choice] = {}
-    job.prompt_details = state.prompt_details
-    for choice in job.choices:
-        seq_id = f"{job.request_id}-{choice.index}"
-        by_seq[seq_id] = choice
-        # vLLM caches full blocks of generated tokens too: the choice's planned answer is hashed
-        # with its prompt (a block is cached only once its tokens are computed).
-        ids: tuple[int, ...] = ()
-        hashes: tuple[int, ...] = ()
-        if state.prefix_caching:
-            ids = job.prompt_token_ids + tuple(textgen.answer_token_ids(choice.words))
-            hashes = block_hashes(ids, state.profile.block_size, job.cache_salt)
-        state.engine.submit(
-            seq_id,
-            job.prompt_tokens,
-            choice.target_tokens,
-            choice.finish_reason,
-            sink=sink,
-            priority=job.priority,
-            block_hashes=hashes,
-            token_ids=ids,
-            cache_salt=job.cache_salt,
-        )
-    return sink, by_seq
-
-
-def _note_cache(job: chat.ChatJob, sink: OutputStream) -> None:
-    """The request's prefix-cache numbers, for its usage (known once it was first scheduled)."""
-    job.cached_tokens = sink.cached_tokens or 0
-    job.created_cache_tokens = sink.created_cache_tokens or 0
-
-
-def _abort_all(state: SimState, by_seq: dict[str, chat.Choice]) -> None:
-    for seq_id in by_seq:
-        state.engine.abort(seq_id)
-
-
-async def chat_completions(request: web.Request) -> web.StreamResponse:
+async def _generate(
+    request: web.Request,
+    plan: Callable[[SimState, Any], Job],
+    stream_format: Callable[[Job], generation.StreamFormat],
+    body_of: Callable[[Job], dict[str, Any]],
+) -> web.StreamResponse:
+    """One generation request: faults, the endpoint's plan (or its error), then the stream or
+    the whole body."""
     state = request.app[STATE_KEY]
     arrived = time.monotonic() if state.timing is not None else 0.0  # before the body is read
     faults = state.faults.take()
     if faults.fail_status is not None:
-        return _error(chat.VllmError(faults.fail_status, _type_for(faults.fail_status), faults.fail_message))
+        return error_response(fault_error(faults.fail_status, faults.fail_message))
     try:
-        body = chat.parse_body(await request.read())
-        job = chat.plan_chat(
-            body,
+        job = plan(state, errors.parse_body(await request.read()))
+    except EngineInputError as exc:
+        return await generation.stream_error(request, exc) if exc.stream else error_response(exc)
+    except errors.VllmError as exc:
+        return error_response(exc)
+    if job.stream:
+        return await generation.stream(request, state, job, stream_format(job), faults, arrived)
+    await generation.collect(state, job)  # no first content chunk, so nothing for the timing log
+    return json_response(body_of(job))
+
+
+def _plan_chat(state: SimState, body: Any) -> chat.ChatJob:
+    return chat.plan_chat(
+        body,
+        served_model=state.served_model,
+        max_model_len=state.profile.max_model_len,
+        mean_answer_tokens=state.profile.mean_answer_tokens,
+        server_seed=state.seed,
+        priority_scheduling=state.engine.scheduler.by_priority,
+    )
+
+
+def _plan_completion(state: SimState, body: Any) -> completions.CompletionJob:
+    return completions.plan_completion(
+        body,
+        served_model=state.served_model,
+        max_model_len=state.profile.max_model_len,
+        mean_answer_tokens=state.profile.mean_answer_tokens,
+        server_seed=state.seed,
+    )
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    return await _generate(request, _plan_chat, responses.ChatFormat, responses.completion_body)
+
+
+async def legacy_completions(request: web.Request) -> web.StreamResponse:
+    return await _generate(
+        request, _plan_completion, completion_bodies.CompletionFormat, completion_bodies.completion_body
+    )
+
+
+async def create_embeddings(request: web.Request) -> web.Response:
+    state = request.app[STATE_KEY]
+    faults = state.faults.take()
+    if faults.fail_status is not None:
+        return error_response(fault_error(faults.fail_status, faults.fail_message))
+    try:
+        job = embeddings.plan_embedding(
+            errors.parse_body(await request.read()),
             served_model=state.served_model,
             max_model_len=state.profile.max_model_len,
-            mean_answer_tokens=state.profile.mean_answer_tokens,
-            server_seed=state.seed,
-            priority_scheduling=state.engine.scheduler.by_priority,
         )
-    except chat.VllmError as exc:
-        return _error(exc)
-    if job.stream:
-        return await _stream(request, state, job, faults, arrived)
-    return await _complete(state, job)  # no first content chunk, so nothing for the timing log
+    except errors.VllmError as exc:
+        return error_response(exc)
+    await generation.prefill(state, job.request_id, job.prompts, job.priority)
+    return json_response(embeddings.embedding_body(job, state.embedding_dim))
 
 
-def _type_for(status: int) -> str:
-    return {
-        400: "BadRequestError",
-        401: "AuthenticationError",
-        404: "NotFoundError",
-        429: "RateLimitError",
-        500: "InternalServerError",
-        501: "NotImplementedError",
-        503: "ServiceUnavailableError",
-    }.get(status, "InternalServerError")
-
-
-async def _complete(state: SimState, job: chat.ChatJob) -> web.Response:
-    sink, by_seq = _submit(state, job)
-    remaining = len(by_seq)
-    try:
-        while remaining:
-            for token in await sink.next_tokens():
-                if token.finish_reason is not None:
-                    remaining -= 1
-    finally:
-        _abort_all(state, by_seq)
-    _note_cache(job, sink)
-    return json_response(responses.completion_body(job))
-
-
-async def _stream(
-    request: web.Request, state: SimState, job: chat.ChatJob, faults: Faults, arrived: float
+@web.middleware
+async def vllm_http_errors(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
 ) -> web.StreamResponse:
-    resp = web.StreamResponse(status=200, headers=SSE_HEADERS)
-    sink, by_seq = _submit(state, job)
-    remaining = len(by_seq)
-    sent_content = 0
-    stalled = False
-    timing = state.timing
-    first_content: float | None = None
-    if timing is not None:
-        timing.open_streams += 1
+    """An unknown path or a wrong method as vLLM answers it (Starlette's router, not vLLM's error
+    envelope: measured `{"detail":"Not Found"}`)."""
     try:
-        await resp.prepare(request)
-        if faults.die_after_tokens == 0:
-            _drop_connection(request)
-            return resp
-        if faults.error_after_tokens == 0:
-            await resp.write(responses.error_event(faults.fail_message) + b"data: [DONE]\n\n")
-            return resp
-        while remaining:
-            for token in await sink.next_tokens():
-                choice = by_seq[token.request_id]
-                last = token.finish_reason is not None
-                if last:
-                    remaining -= 1
-                out = b""
-                if token.index == 0:
-                    out += responses.role_chunk(job, choice.index)
-                final_of_stream = last and remaining == 0 and not job.include_usage
-                out += responses.content_chunk(job, choice, token.index, last, final_of_stream)
-                if faults.stall_s is not None and not stalled and sent_content >= faults.stall_after_tokens:
-                    stalled = True
-                    await asyncio.sleep(faults.stall_s)
-                await resp.write(out)
-                if timing is not None and first_content is None:
-                    # The role chunk and the first content chunk go out in this one write.
-                    first_content = time.monotonic()
-                sent_content += 1
-                if faults.die_after_tokens is not None and sent_content >= faults.die_after_tokens:
-                    _drop_connection(request)
-                    return resp
-                if faults.error_after_tokens is not None and sent_content >= faults.error_after_tokens:
-                    await resp.write(responses.error_event(faults.fail_message) + b"data: [DONE]\n\n")
-                    return resp
-        tail = b""
-        _note_cache(job, sink)
-        if job.include_usage:
-            tail += responses.usage_chunk(job, sum(c.target_tokens for c in job.choices))
-        await resp.write(tail + b"data: [DONE]\n\n")
-        await resp.write_eof()
-    except ConnectionResetError:
-        pass  # the client went away; the finally block aborts the sequences
-    finally:
-        _abort_all(state, by_seq)
-        if timing is not None:
-            if first_content is not None:
-                timing.record(job.user, arrived, first_content)
-            timing.stream_ended()
-    return resp
-
-
-def _drop_connection(request: web.Request) -> None:
-    transport = request.transport
-    if transport is not None:
-        transport.abort()
+        return await handler(request)
+    except (web.HTTPNotFound, web.HTTPMethodNotAllowed) as exc:
+        phrase = "Not Found" if exc.status == 404 else "Method Not Allowed"
+        return json_response({"detail": phrase}, status=exc.status)
 
 
 async def models(request: web.Request) -> web.Response:
@@ -290,17 +170,12 @@ async def models(request: web.Request) -> web.Response:
 async def tokenize(request: web.Request) -> web.Response:
     state = request.app[STATE_KEY]
     try:
-        body = chat.parse_body(await request.read())
+        body = errors.parse_body(await request.read())
         if not isinstance(body, dict):
-            raise chat.VllmError(400, "Bad Request", "body must be a JSON object", "body")
+            raise errors.VllmError(400, "Bad Request", "body must be a JSON object", "body")
         model = body.get("model")
         if model not in (None, "", state.served_model):
-            raise chat.VllmError(
-                404,
-                "NotFoundError",
-                f"The model `{model}` does not exist. Valid aliases: {state.served_model}.",
-                "model",
-            )
+            raise errors.unknown_model(model, state.served_model)
         if isinstance(body.get("messages"), list):
             pieces = textgen.chat_prompt_pieces(
                 body["messages"],
@@ -308,15 +183,13 @@ async def tokenize(request: web.Request) -> web.Response:
                 continue_final=bool(body.get("continue_final_message", False)),
             )
         elif isinstance(body.get("prompt"), str):
-            pieces = textgen.text_tokens(body["prompt"])
-            if body.get("add_special_tokens", True):
-                pieces = [textgen.BOS, *pieces]
+            pieces = textgen.text_tokens(body["prompt"])  # no BOS, as the tiny model's tokenizer
         else:
-            raise chat.VllmError(
+            raise errors.VllmError(
                 400, "Bad Request", "1 validation error:\n  either `prompt` or `messages` is required", "body"
             )
-    except chat.VllmError as exc:
-        return _error(exc)
+    except errors.VllmError as exc:
+        return error_response(exc)
     token_strs = pieces if body.get("return_token_strs") else None
     return json_response(
         {
@@ -379,7 +252,13 @@ async def clear_faults(request: web.Request) -> web.Response:
 
 
 def add_routes(app: web.Application) -> None:
-    app.router.add_post("/v1/chat/completions", chat_completions)
+    """The routes of the engine's runner (`SimState.runner`)."""
+    app.middlewares.append(vllm_http_errors)
+    if app[STATE_KEY].runner == "pooling":
+        app.router.add_post("/v1/embeddings", create_embeddings)
+    else:
+        app.router.add_post("/v1/chat/completions", chat_completions)
+        app.router.add_post("/v1/completions", legacy_completions)
     app.router.add_get("/v1/models", models)
     app.router.add_post("/tokenize", tokenize)
     app.router.add_get("/health", health)

@@ -11,7 +11,7 @@ prompt plus `max_tokens` beyond it is clamped (`finish_reason: "length"`), as 0.
 
 from __future__ import annotations
 
-import json
+import random
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -20,29 +20,16 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from apps.enginesim import textgen
+from apps.enginesim.errors import (
+    VllmError,
+    bad_request,
+    not_an_object,
+    prompt_too_long,
+    unknown_model,
+    validation_error,
+)
 
 VLLM_VERSION = "0.32.0"
-
-
-class VllmError(Exception):
-    def __init__(self, status: int, type_: str, message: str, param: str | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.type = type_
-        self.message = message
-        self.param = param
-
-    def body(self) -> dict[str, Any]:
-        return {
-            "error": {"message": self.message, "type": self.type, "param": self.param, "code": self.status}
-        }
-
-
-def bad_request(message: str, param: str | None = None, value: object = None) -> VllmError:
-    suffix = ""
-    if param is not None:
-        suffix = f" (parameter={param}, value={value})" if value is not None else f" (parameter={param})"
-    return VllmError(400, "BadRequestError", message + suffix, param)
 
 
 class StreamOptions(BaseModel):
@@ -76,29 +63,6 @@ class EngineChatBody(BaseModel):
     cache_salt: str | None = None  # vLLM's: only requests with the same salt share cached prompt blocks
 
 
-def _validation_error(exc: ValidationError) -> VllmError:
-    errors = exc.errors(include_url=False)
-    lines = []
-    for err in errors:
-        loc = ".".join(str(p) for p in ("body", *err["loc"]))
-        lines.append(f"  {{'type': {err['type']!r}, 'loc': {loc!r}, 'msg': {err['msg']!r}}}")
-    first_loc = ".".join(str(p) for p in ("body", *errors[0]["loc"]))
-    n = len(errors)
-    message = f"{n} validation error{'s' if n > 1 else ''}:\n" + "\n".join(lines)
-    return VllmError(400, "Bad Request", message, first_loc)
-
-
-def parse_body(raw: bytes) -> Any:
-    try:
-        return json.loads(raw)
-    except ValueError as exc:
-        msg = (
-            "1 validation error:\n  {'type': 'json_invalid', 'loc': 'body.0', 'msg': 'JSON decode error', "
-            f"'ctx': {{'error': {str(exc).split(':')[0]!r}}}}}"
-        )
-        raise VllmError(400, "Bad Request", msg, "body.0") from None
-
-
 @dataclass
 class Choice:
     index: int
@@ -126,6 +90,11 @@ class ChatJob:
     prompt_details: bool = False
     cached_tokens: int = 0
     created_cache_tokens: int = 0
+
+    def prompt_of(self, choice: Choice) -> tuple[int, tuple[int, ...]]:
+        """The prompt `choice` continues: its token count and token ids (every choice's is the
+        conversation's)."""
+        return self.prompt_tokens, self.prompt_token_ids
 
 
 def plan_chat(
@@ -168,7 +137,7 @@ def plan_chat(
     n = req.n if req.n is not None else 1
     for index in range(n):
         choice = _choice(req, index, limit, mean_answer_tokens, server_seed)
-        _apply_stop_strings(choice, stops)
+        apply_stop_strings(choice, stops)
         job.choices.append(choice)
     return job
 
@@ -176,24 +145,13 @@ def plan_chat(
 def _checked_request(body: Any, served_model: str, priority_scheduling: bool) -> EngineChatBody:
     """The body as vLLM validates it, with vLLM's errors, before any token is counted."""
     if not isinstance(body, dict):
-        raise VllmError(
-            400,
-            "Bad Request",
-            "1 validation error:\n  {'type': 'model_attributes_type', 'loc': 'body', "
-            "'msg': 'Input should be a valid dictionary or object to extract fields from'}",
-            "body",
-        )
+        raise not_an_object(body)
     try:
         req = EngineChatBody.model_validate(body)
     except ValidationError as exc:
-        raise _validation_error(exc) from None
+        raise validation_error(exc) from None
     if req.model not in (None, "", served_model):
-        raise VllmError(
-            404,
-            "NotFoundError",
-            f"The model `{req.model}` does not exist. Valid aliases: {served_model}.",
-            "model",
-        )
+        raise unknown_model(req.model, served_model)
     if req.continue_final_message and req.add_generation_prompt:
         # A pydantic model validator in vLLM: the "Bad Request" shape with `param "body"`.
         raise VllmError(
@@ -249,13 +207,7 @@ def _check_contents(messages: list[dict[str, Any]]) -> None:
 def _completion_limit(req: EngineChatBody, prompt: int, max_model_len: int) -> int:
     """How many tokens the answer may have: `max_tokens` within what the context leaves (vLLM's errors)."""
     if prompt > max_model_len:
-        raise bad_request(
-            f"This model's maximum context length is {max_model_len} tokens. However, your prompt contains at "
-            f"least {max_model_len + 1} input tokens, which exceeds this limit even without any output tokens. "
-            "Please reduce the length of the input prompt.",
-            "input_tokens",
-            max_model_len + 1,
-        )
+        raise prompt_too_long(max_model_len, max_model_len + 1)
     asked = req.max_completion_tokens or req.max_tokens
     if asked is not None and asked < 1:
         raise bad_request(f"max_tokens must be at least 1, got {asked}.", "max_tokens", asked)
@@ -289,6 +241,12 @@ def _choice(req: EngineChatBody, index: int, limit: int, mean_answer_tokens: int
             rng = textgen.output_rng(server_seed, req.seed, f"{fingerprint}:{given}:{index}")
         elif natural is not None:
             natural = natural - done if natural > done else None
+    return choice_of_length(index, rng, natural, limit)
+
+
+def choice_of_length(index: int, rng: random.Random, natural: int | None, limit: int) -> Choice:
+    """A choice drawn from `rng`: `natural` tokens ending in a hidden EOS (finish `stop`) when that
+    fits the `limit`, else `limit` tokens (finish `length`)."""
     if natural is not None and natural <= limit:
         target, reason = natural, "stop"
         words = [*textgen.generate_words(rng, target - 1), ""]  # the EOS token is counted, not shown
@@ -298,7 +256,8 @@ def _choice(req: EngineChatBody, index: int, limit: int, mean_answer_tokens: int
     return Choice(index=index, words=words, target_tokens=target, finish_reason=reason)
 
 
-def _apply_stop_strings(choice: Choice, stops: list[str]) -> None:
+def apply_stop_strings(choice: Choice, stops: list[str]) -> None:
+    """Cut the choice at the first stop string its text holds (finish `stop`, `stop_reason` it)."""
     if not stops:
         return
     text = ""
@@ -315,4 +274,15 @@ def _apply_stop_strings(choice: Choice, stops: list[str]) -> None:
             return
 
 
-# -- bodies -----------------------------------------------------------------------------
+__all__ = [
+    "VLLM_VERSION",
+    "ChatJob",
+    "Choice",
+    "EngineChatBody",
+    "StreamOptions",
+    "VllmError",  # from `errors.py`, where every endpoint's error bodies are
+    "apply_stop_strings",
+    "bad_request",
+    "choice_of_length",
+    "plan_chat",
+]

@@ -52,6 +52,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="serve vLLM's dev-mode routes POST /pause, POST /resume, GET /is_paused (VLLM_SERVER_DEV_MODE=1)",
     )
+    _runner_flags(parser)
     parser.add_argument(
         "--kv-events-config",
         metavar="JSON",
@@ -66,6 +67,22 @@ def configure(parser: argparse.ArgumentParser) -> None:
     faults.add_argument("--error-after-tokens", type=int, help="in-stream error event after K tokens")
     faults.add_argument("--fail-status", type=int, help="answer every chat request with this HTTP status")
     faults.add_argument("--list-profiles", action="store_true", help="print the known profiles and exit")
+
+
+def _runner_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--runner",
+        choices=("generate", "pooling"),
+        default="generate",
+        help="as vLLM's: generate serves chat and completions; pooling serves /v1/embeddings",
+    )
+    parser.add_argument(
+        "--embedding-dim",
+        type=int,
+        default=1024,
+        metavar="N",
+        help="a pooling engine's embedding length (vLLM: the model's hidden size; default 1024)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -83,6 +100,25 @@ def run(args: argparse.Namespace) -> int:
         )
     if args.speed <= 0:
         raise SpecError(f"--speed must be greater than 0, got {args.speed}", param="speed")
+    settings = _settings(args)
+    setup_logging()
+    try:
+        asyncio.run(run_enginesim(settings))
+    except KvEventsError as exc:
+        raise SpecError(str(exc), param="kv_events_config") from None
+    except OSError as exc:
+        raise SpecError(
+            f"cannot serve on {args.host}:{args.port}: {exc.strerror or exc}", param="port"
+        ) from None
+    return 0
+
+
+def _settings(args: argparse.Namespace) -> EngineSimSettings:
+    """The flags as settings, or a `SpecError` naming the bad one."""
+    if args.embedding_dim < 1:
+        raise SpecError(
+            f"--embedding-dim must be at least 1, got {args.embedding_dim}", param="embedding_dim"
+        )
     try:
         faults = Faults(
             die_after_tokens=args.die_after_tokens,
@@ -97,7 +133,7 @@ def run(args: argparse.Namespace) -> int:
         kv_events = KvEventsConfig.model_validate_json(args.kv_events_config or "{}")
     except ValueError as exc:
         raise SpecError(f"invalid --kv-events-config: {exc}", param="kv_events_config") from None
-    settings = EngineSimSettings(
+    return EngineSimSettings(
         model=args.model,
         profile=args.profile,
         host=args.host,
@@ -117,14 +153,6 @@ def run(args: argparse.Namespace) -> int:
         enable_prompt_tokens_details=args.enable_prompt_tokens_details,
         dev_mode=args.dev_mode,
         kv_events_config=kv_events,
+        runner=args.runner,
+        embedding_dim=args.embedding_dim,
     )
-    setup_logging()
-    try:
-        asyncio.run(run_enginesim(settings))
-    except KvEventsError as exc:
-        raise SpecError(str(exc), param="kv_events_config") from None
-    except OSError as exc:
-        raise SpecError(
-            f"cannot serve on {args.host}:{args.port}: {exc.strerror or exc}", param="port"
-        ) from None
-    return 0

@@ -15,6 +15,10 @@ paused engine takes no step, except the one an abort makes; so while paused, `/m
 requests that arrived only after an abort. As in real vLLM, an aborted request is NOT counted in `request_success_total`
 nor in the per-request histograms, but its tokens stay in `prompt_tokens_total` /
 `generation_tokens_total`.
+
+A pooling request (an embedding, `submit(..., pooling=True)`) is a sequence whose one output is the
+end of its prefill: as vLLM counts pooling requests, its prompt tokens, TTFT and finish (`stop`) are
+counted, and no generation token.
 """
 
 from __future__ import annotations
@@ -95,6 +99,7 @@ class Engine:
         self.dead = False  # the loop crashed: /health answers 503, as vLLM with a dead engine
         self._drained = asyncio.Event()  # a "wait" pause: set once nothing runs
         self._prefix_counted = (0, 0)  # the scheduler's prefix-cache (queries, hits) already in metrics
+        self._pooling: set[str] = set()  # pooling requests in the engine (no generation tokens)
 
     def sim_now(self) -> float:
         if self._t0 is None:
@@ -116,7 +121,13 @@ class Engine:
         block_hashes: tuple[int, ...] = (),
         token_ids: tuple[int, ...] = (),
         cache_salt: str | None = None,
+        pooling: bool = False,
     ) -> OutputStream:
+        """Queue one sequence. `pooling`: a pooling request (an embedding), whose one "token" is
+        the end of its prefill: counted as vLLM counts pooling requests (prompt tokens, TTFT, a
+        finished request; no generation token)."""
+        if pooling:
+            self._pooling.add(request_id)
         seq = Sequence(
             request_id=request_id,
             prompt_tokens=prompt_tokens,
@@ -165,6 +176,7 @@ class Engine:
     def abort(self, request_id: str) -> None:
         """Client went away: drop the request and free its blocks now (idempotent)."""
         self._streams.pop(request_id, None)
+        self._pooling.discard(request_id)
         self._preempted.pop(request_id, None)  # never output again: never counted, as in vLLM
         if self.scheduler.abort(request_id) is not None:
             self._update_gauges()
@@ -243,7 +255,8 @@ class Engine:
             stream = self._streams.get(token.request_id)
             if stream is None:
                 continue
-            live_tokens += 1
+            if token.request_id not in self._pooling:
+                live_tokens += 1
             if token.index > 0:
                 m.itl.observe(result.duration_s)
             stream.push(token)
@@ -251,9 +264,11 @@ class Engine:
                 self._streams.pop(token.request_id, None)
         m.generation_tokens.inc(live_tokens)
         for seq in result.finished:
+            pooled = seq.request_id in self._pooling
+            self._pooling.discard(seq.request_id)
             m.success[seq.finish_reason if seq.generated >= seq.target_tokens else "length"].inc()
             m.e2e.observe(now - seq.arrival_s)
             m.request_prompt_tokens.observe(seq.prompt_tokens)
-            m.request_generation_tokens.observe(seq.generated)
+            m.request_generation_tokens.observe(0 if pooled else seq.generated)
             if seq.first_scheduled_s is not None:
                 m.queue_time.observe(max(0.0, seq.first_scheduled_s - seq.arrival_s))

@@ -12,7 +12,10 @@ Set per instance by CLI flags at start and at run time by `POST /_sim/faults` (r
   (`data: {"error": {..., "type": "InternalServerError", "code": 500}}`) then `data: [DONE]`, as
   0.32 does when the engine dies mid-stream.
 - `fail_status: s` (`fail_message`) requests are answered with HTTP `s` and vLLM's error body.
-- `times: n` the fault hits the next `n` chat requests, then clears itself (unset: every request).
+- `times: n` the fault hits the next `n` requests, then clears itself (unset: every request).
+
+Faults hit chat and legacy completion requests alike (`generation.py`); an embedding request
+(a pooling engine) takes them too, but only `fail_status` acts on it (it streams nothing).
 - `loading_s: t` (CLI only) the port refuses connections for `t` seconds at start, as vLLM does
   while it loads the model.
 """

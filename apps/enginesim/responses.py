@@ -4,6 +4,7 @@ chunks (role, content, usage, the in-stream error) and the non-streaming body.""
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any
 
 from apps.core.protocol.openai import sse_event
@@ -71,6 +72,23 @@ def usage_chunk(job: ChatJob, completion_tokens: int) -> bytes:
     if job.prompt_details:
         body = {**body, "prompt_tokens_details": prompt_tokens_details(job, streaming=True)}
     return chunk(job, [], {"usage": body, "system_fingerprint": fingerprint()})
+
+
+@dataclass
+class ChatFormat:
+    """The stream of one chat job (`generation.StreamFormat`)."""
+
+    job: ChatJob
+
+    def opening(self, choice: Choice) -> bytes:
+        return role_chunk(self.job, choice.index)
+
+    def token(self, choice: Choice, token_index: int, last: bool, final_of_stream: bool) -> bytes:
+        return content_chunk(self.job, choice, token_index, last, final_of_stream)
+
+    def tail(self) -> bytes:
+        job = self.job
+        return usage_chunk(job, sum(c.target_tokens for c in job.choices)) if job.include_usage else b""
 
 
 def error_event(message: str, type_: str = "InternalServerError", code: int = 500) -> bytes:

@@ -18,7 +18,7 @@ from aiohttp import web
 
 from apps.core.aio import stop_on_signals
 from apps.core.logs import setup_json_logging
-from apps.enginesim.api import STATE_KEY, SimState, TimingLog, add_routes
+from apps.enginesim.api import add_routes
 from apps.enginesim.devmode import add_dev_routes
 from apps.enginesim.engine import Engine
 from apps.enginesim.faults import FaultBox, Faults
@@ -26,6 +26,7 @@ from apps.enginesim.kvevents import make_publisher
 from apps.enginesim.metrics import EngineMetrics
 from apps.enginesim.profiles import EngineProfile, get_profile
 from apps.enginesim.settings import EngineSimSettings
+from apps.enginesim.state import STATE_KEY, SimState, TimingLog
 
 log = logging.getLogger("llmfleet.enginesim")
 
@@ -98,6 +99,8 @@ def create_app(settings: EngineSimSettings, deps: EngineSimDeps | None = None) -
         timing=TimingLog(settings.timing_log) if settings.timing_log else None,
         prefix_caching=settings.enable_prefix_caching,
         prompt_details=settings.enable_prompt_tokens_details,
+        runner=settings.runner,
+        embedding_dim=settings.embedding_dim,
     )
     app = web.Application()
     app[STATE_KEY] = state
@@ -192,7 +195,13 @@ async def run_enginesim(settings: EngineSimSettings, deps: EngineSimDeps | None 
     prof = running.state.profile
     log.info(
         "enginesim started",
-        extra={"url": running.url, "model": settings.model, "profile": prof.name, "speed": settings.speed},
+        extra={
+            "url": running.url,
+            "model": settings.model,
+            "profile": prof.name,
+            "speed": settings.speed,
+            "runner": settings.runner,
+        },
     )
     stop = stop_on_signals()
     try:

@@ -72,6 +72,14 @@ class EngineSimSettings(BaseSettings):
     enable_prefix_caching: bool = Field(True, description="vLLM's `--enable-prefix-caching`")
     enable_prompt_tokens_details: bool = Field(False, description="vLLM's `--enable-prompt-tokens-details`")
     dev_mode: bool = Field(False, description="vLLM's dev-mode routes (`/pause`, `/resume`, `/is_paused`)")
+    # vLLM's `--runner`: a generate engine serves chat and legacy completions, a pooling engine
+    # (vLLM: `--runner pooling --convert embed`) serves embeddings of `embedding_dim` values.
+    runner: Literal["generate", "pooling"] = Field(
+        "generate", description="vLLM's `--runner`: generate (chat, completions) or pooling (embeddings)"
+    )
+    embedding_dim: int = Field(
+        1024, ge=1, description="a pooling engine's embedding length (vLLM: the model's hidden size)"
+    )
     kv_events_config: KvEventsConfig = Field(
         KvEventsConfig(), description="vLLM's `--kv-events-config`, as JSON (apps/enginesim/kvevents.py)"
     )

@@ -29,9 +29,11 @@ from apps.gateway.chat import ChatHandler
 from apps.gateway.console import console_mount
 from apps.gateway.deps import GatewayDeps
 from apps.gateway.errors import error_response
+from apps.gateway.guardrail_routes import GuardrailAdminApi
 from apps.gateway.metrics import GatewayMetrics
 from apps.gateway.settings import GatewaySettings
 from apps.gateway.usage import usage_route
+from apps.gateway.validate import Endpoint
 from apps.netio.uvicorn_writer import GatewayApp
 
 log = logging.getLogger("llmfleet.gateway")
@@ -42,7 +44,8 @@ def model_object(name: str) -> dict[str, object]:
 
 
 class PublicApi:
-    """The gateway's own routes (chat, models, health, metrics): each a method, `routes()` their table."""
+    """The gateway's own routes (chat, completions, embeddings, models, health, metrics): each a method,
+    `routes()` their table."""
 
     def __init__(self, settings: GatewaySettings, deps: GatewayDeps) -> None:
         self.settings = settings
@@ -52,6 +55,8 @@ class PublicApi:
     def routes(self) -> list[Route]:
         return [
             Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
+            Route("/v1/completions", self.completions, methods=["POST"]),
+            Route("/v1/embeddings", self.embeddings, methods=["POST"]),
             Route("/v1/models", self.models, methods=["GET"]),
             Route("/v1/models/{model:path}", self.model, methods=["GET"]),
             Route("/v1/usage", usage_route(self.settings, self.deps), methods=["GET"]),
@@ -85,10 +90,19 @@ class PublicApi:
         return JSONResponse(body, status_code=200 if pg and rd else 503)
 
     async def chat_completions(self, request: Request) -> Response:
+        return await self._inference(request, "chat")
+
+    async def completions(self, request: Request) -> Response:
+        return await self._inference(request, "completions")
+
+    async def embeddings(self, request: Request) -> Response:
+        return await self._inference(request, "embeddings")
+
+    async def _inference(self, request: Request, endpoint: Endpoint) -> Response:
         if self.deps.lifecycle.stopping:
             # A request on a kept-alive connection after SIGTERM: nothing reserved, retry elsewhere.
             raise Unavailable("The gateway is shutting down.", code="shutting_down", retry_after=1)
-        return await self.chat.handle(request)
+        return await self.chat.handle(request, endpoint)
 
     async def metrics_view(self, request: Request) -> Response:
         server = request.scope.get("server")
@@ -147,6 +161,7 @@ def create_app(settings: GatewaySettings, deps: GatewayDeps) -> GatewayApp:
     routes = [
         *PublicApi(settings, deps).routes(),
         *AdminApi(settings, deps).routes(),
+        *GuardrailAdminApi(settings, deps, deps.guardrails).routes(),
         console_mount(settings, deps),
     ]
     handlers = {LlmfleetError: on_error, HTTPException: on_http_error, psycopg.DataError: on_data_error}

@@ -1,4 +1,6 @@
-"""`POST /v1/chat/completions`: authenticate, validate, admit, reserve, dispatch, relay.
+"""`POST /v1/chat/completions`, `/v1/completions` and `/v1/embeddings`: authenticate, validate,
+admit, reserve, dispatch, relay. The three differ only in their validation (`VALIDATORS`) and in
+how a non-streaming answer is assembled (`apps.gateway.collect`).
 
 Order (the brief's cheapest first): key/JWT, body (413/400/404), allowlist (403), SSRF
 (400), Redis admission in one round trip (429), ledger reservation (402), dispatch.
@@ -14,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from starlette.requests import Request
@@ -24,15 +27,18 @@ from apps.core.aio import shielded
 from apps.core.errors import (
     DuplicateRequestId,
     LlmfleetError,
-    PayloadTooLarge,
     PermissionDenied,
     RateLimited,
     StoreUnavailable,
     Unavailable,
+    UpstreamFailed,
 )
+from apps.core.guardrails.decisions import GuardrailBlocked
+from apps.core.guardrails.metrics import GuardrailMetrics
 from apps.core.identity.principal import Principal
-from apps.core.protocol.dispatch import MODEL_REVISION_HEADER, QUEUE_WAIT_HEADER, Deadlines, DispatchRequest
+from apps.core.protocol.dispatch import MODEL_REVISION_HEADER, QUEUE_WAIT_HEADER, Deadlines
 from apps.core.quota.admission import Verdict
+from apps.core.spec import StackSpec
 from apps.gateway.auth import authenticate, require_team
 from apps.gateway.collect import Timeouts, collect
 from apps.gateway.deps import GatewayDeps
@@ -41,29 +47,41 @@ from apps.gateway.exchange import (
     NOTHING_RAN,
     REFUSALS,
     Exchange,
+    dispatch_request,
     header_seconds,
     ratelimit_headers,
     request_id_for,
     scoped_request_id,
     upstream_error,
 )
+from apps.gateway.guard import GuardCall
 from apps.gateway.metrics import GatewayMetrics
 from apps.gateway.ports import DispatchUnavailable, Upstream
 from apps.gateway.relay import RelayOutcome, RelayResponse
+from apps.gateway.screening import ScreenedUpstream, Screening
 from apps.gateway.settings import GatewaySettings
 from apps.gateway.speculation import Speculation
 from apps.gateway.validate import (
-    ChatRequest,
+    Endpoint,
+    InferenceRequest,
     KeyCaps,
     check_ssrf,
     parse_body,
     pinned_revision,
+    read_body,
     validate_chat,
-    wire_body,
 )
+from apps.gateway.validate_prompts import validate_completion, validate_embeddings
 from apps.netio import fastpath
 
 log = logging.getLogger("llmfleet.gateway")
+
+Validator = Callable[[dict[str, Any], StackSpec, KeyCaps], InferenceRequest]
+VALIDATORS: dict[Endpoint, Validator] = {
+    "chat": validate_chat,
+    "completions": validate_completion,
+    "embeddings": validate_embeddings,
+}
 
 
 class ChatHandler:
@@ -72,12 +90,14 @@ class ChatHandler:
         self._d = deps
         self._m = metrics
         self._speculation = Speculation()
+        guard = GuardCall(settings, deps)
+        self._screening = Screening(deps.guardrails, GuardrailMetrics(deps.registry), guard)
 
-    async def handle(self, request: Request) -> Response:
+    async def handle(self, request: Request, endpoint: Endpoint = "chat") -> Response:
         client_id, chosen = request_id_for(request)
         ex = Exchange(client_id, time.monotonic(), client_id, id_chosen=chosen)
         try:
-            return await self._handle(request, ex)
+            return await self._handle(request, ex, endpoint)
         except LlmfleetError as exc:
             await self._finish(ex, cancel_reservation=True)
             ex.status = exc.status
@@ -90,31 +110,24 @@ class ChatHandler:
             await shielded(self._finish(ex, cancel_reservation=True), self._s.cleanup_timeout_s, "finish")
             raise
 
-    async def _read_body(self, request: Request) -> bytes:
-        declared = request.headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self._s.max_body_bytes:
-            raise PayloadTooLarge(f"Request body larger than {self._s.max_body_bytes} bytes.")
-        chunks: list[bytes] = []
-        size = 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > self._s.max_body_bytes:
-                raise PayloadTooLarge(f"Request body larger than {self._s.max_body_bytes} bytes.")
-            chunks.append(chunk)
-        return b"".join(chunks)
-
-    async def _handle(self, request: Request, ex: Exchange) -> Response:
+    async def _handle(self, request: Request, ex: Exchange, endpoint: Endpoint) -> Response:
         principal = await authenticate(request, self._d, self._s)
         ex.principal = principal
         team_id = require_team(principal)
         ex.request_id = scoped_request_id(team_id, ex.client_id, chosen=ex.id_chosen)
-        body = parse_body(await self._read_body(request))
-        chat = validate_chat(body, self._d.spec, KeyCaps(principal.max_tokens, principal.max_context))
+        body = parse_body(await read_body(request, self._s.max_body_bytes))
+        caps = KeyCaps(principal.max_tokens, principal.max_context)
+        chat = VALIDATORS[endpoint](body, self._d.spec, caps)
         ex.model = chat.model
         if not principal.may_use(chat.model):
             self._m.rejections.labels("model_not_allowed").inc()
             raise PermissionDenied(f"This key may not use the model `{chat.model}`.", param="model")
         ex.pinned = pinned_revision(request.headers.get(MODEL_REVISION_HEADER), principal)
+        ex.policy = await self._screening.policy(team_id)
+        screened = self._screening.screen_input(ex.policy, endpoint, chat.body, team_id)
+        if screened is not chat.body:  # redacted: validated again, so the estimate covers what is sent
+            body, chat = screened, VALIDATORS[endpoint](screened, self._d.spec, caps)
+        await self._screening.guard_input(ex.policy, endpoint, chat.body, principal, ex)
         await check_ssrf(body, self._d.resolver, self._s.ssrf_resolve_timeout_s)
         subject, limits = principal.subject, principal.limits
         checks_at = time.monotonic()
@@ -137,7 +150,7 @@ class ChatHandler:
         return await self._dispatch(chat, principal, team_id, ex, request.receive)
 
     async def _admit_and_reserve(
-        self, chat: ChatRequest, principal: Principal, team_id: int, ex: Exchange
+        self, chat: InferenceRequest, principal: Principal, team_id: int, ex: Exchange
     ) -> None:
         """Both checks at once; both always run to completion (what each took is in `ex`, so the
         cleanup can give it back). When both refuse, the admission's refusal is the answer."""
@@ -155,7 +168,9 @@ class ChatHandler:
             if error is not None:
                 raise error
 
-    async def _reserve(self, chat: ChatRequest, principal: Principal, team_id: int, ex: Exchange) -> None:
+    async def _reserve(
+        self, chat: InferenceRequest, principal: Principal, team_id: int, ex: Exchange
+    ) -> None:
         try:
             await self._d.ledger.reserve(
                 request_id=ex.request_id,
@@ -213,27 +228,12 @@ class ChatHandler:
         ex.slot_held = True
 
     async def _dispatch(
-        self, chat: ChatRequest, principal: Principal, team_id: int, ex: Exchange, receive: Receive
+        self, chat: InferenceRequest, principal: Principal, team_id: int, ex: Exchange, receive: Receive
     ) -> Response:
-        budget = chat.budget
-        dreq = DispatchRequest(
-            request_id=ex.request_id,
-            team_id=team_id,
-            key_id=principal.key_id,
-            model=chat.model,
-            body=wire_body(chat),
-            client_wants_usage=chat.wants_usage,
-            client_wants_chunk_usage=chat.wants_chunk_usage,
-            max_prompt_tokens=budget.prompt_tokens,
-            max_completion_tokens=budget.completion_tokens,
-            n=budget.n,
-            team_weight=principal.team_weight,
-            priority_class=principal.priority_class,
-            revision=ex.pinned,
-            deadlines=Deadlines(
-                queue_wait_s=self._s.queue_wait_s, first_token_s=self._s.first_token_s, idle_s=self._s.idle_s
-            ),
+        deadlines = Deadlines(
+            queue_wait_s=self._s.queue_wait_s, first_token_s=self._s.first_token_s, idle_s=self._s.idle_s
         )
+        dreq = dispatch_request(chat, principal, team_id, ex, deadlines)
         admitted_at = time.monotonic()
         try:
             async with asyncio.timeout(self._s.queue_wait_s + self._s.first_token_s):
@@ -254,6 +254,7 @@ class ChatHandler:
             self._m.queue_wait.labels(chat.model).observe(queued)
         if upstream.status != 200:
             return await self._upstream_error(upstream, ex)
+        upstream = self._screening.screen_output(upstream, ex.policy, chat.endpoint, team_id)
         self._m.active_streams.inc()  # `_after_relay` ends it (`stream_ended`)
         headers = {"x-request-id": ex.client_id, **ex.headers}
         ex.revision = upstream.headers.get(MODEL_REVISION_HEADER, "")
@@ -271,7 +272,7 @@ class ChatHandler:
                 max_request_s=self._s.max_request_s,
                 fast_paths=self._s.netio_fastpaths,
             )  # type: ignore[return-value]
-        return await self._collect(upstream, ex, headers, receive)
+        return await self._collect(upstream, ex, headers, receive, chat.endpoint)
 
     async def _upstream_error(self, upstream: Upstream, ex: Exchange) -> Response:
         try:
@@ -287,13 +288,18 @@ class ChatHandler:
         raise upstream_error(upstream.status, raw, retry_after)
 
     async def _collect(
-        self, upstream: Upstream, ex: Exchange, headers: dict[str, str], receive: Receive
+        self, upstream: Upstream, ex: Exchange, headers: dict[str, str], receive: Receive, endpoint: Endpoint
     ) -> Response:
         """A non-streaming request (`apps.gateway.collect`): one JSON body, or 499 when the client left."""
         outcome = RelayOutcome()
         timeouts = Timeouts(self._s.first_token_s, self._s.idle_s, self._s.max_request_s)
         try:
-            body = await collect(upstream, outcome, receive, timeouts)
+            try:
+                body = await collect(upstream, outcome, receive, timeouts, endpoint)
+            except UpstreamFailed:
+                if isinstance(upstream, ScreenedUpstream) and upstream.blocked is not None:
+                    raise GuardrailBlocked(upstream.blocked) from None  # only what ran is billed
+                raise
             if body is None:
                 return Response(status_code=499)  # nobody is listening; the server drops it
         finally:

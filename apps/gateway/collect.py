@@ -1,4 +1,5 @@
-"""A non-streaming chat completion: the whole upstream stream read into one JSON body.
+"""A non-streaming answer: the whole upstream stream read into one JSON body (a chat completion's
+or a completion's chunks assembled; an embeddings answer's one event as it is).
 
 Bound to the client connection like a stream: a client that leaves stops the request upstream (the
 orchestrator cancels it on the node and settles the tokens produced so far). The whole request runs
@@ -17,7 +18,8 @@ from starlette.types import Receive
 
 from apps.core.aio import first_of
 from apps.core.errors import UpstreamFailed
-from apps.core.protocol.openai import SseSplitter, assemble_completion
+from apps.core.protocol.assemble import ASSEMBLERS
+from apps.core.protocol.openai import SseSplitter
 from apps.gateway.ports import Upstream
 from apps.gateway.relay import RelayOutcome
 
@@ -36,11 +38,11 @@ async def client_gone(receive: Receive) -> None:
 
 
 async def collect(
-    upstream: Upstream, outcome: RelayOutcome, receive: Receive, timeouts: Timeouts
+    upstream: Upstream, outcome: RelayOutcome, receive: Receive, timeouts: Timeouts, endpoint: str = "chat"
 ) -> dict[str, Any] | None:
-    """The assembled completion, or None when the client left first (`outcome.ended` says how it
+    """The assembled answer, or None when the client left first (`outcome.ended` says how it
     ended either way)."""
-    reader, _ = await first_of(read_completion(upstream, outcome, timeouts), client_gone(receive))
+    reader, _ = await first_of(read_completion(upstream, outcome, timeouts, endpoint), client_gone(receive))
     if not reader.done():
         outcome.ended = "disconnect"
         await asyncio.wait({reader})
@@ -49,7 +51,9 @@ async def collect(
     return body
 
 
-async def read_completion(upstream: Upstream, outcome: RelayOutcome, timeouts: Timeouts) -> dict[str, Any]:
+async def read_completion(
+    upstream: Upstream, outcome: RelayOutcome, timeouts: Timeouts, endpoint: str = "chat"
+) -> dict[str, Any]:
     payloads: list[bytes] = []
     splitter = SseSplitter()
     try:
@@ -67,7 +71,7 @@ async def read_completion(upstream: Upstream, outcome: RelayOutcome, timeouts: T
                 if outcome.first_byte_at is None:
                     outcome.first_byte_at = time.monotonic()
                 payloads.extend(splitter.feed(data))
-        body = assemble_completion(payloads)
+        body = ASSEMBLERS[endpoint](payloads)
     except TimeoutError:
         outcome.ended = "timeout"
         raise UpstreamFailed("upstream timed out") from None

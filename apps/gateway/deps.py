@@ -9,6 +9,7 @@ from datetime import datetime
 from prometheus_client import CollectorRegistry
 
 from apps.core.clock import SYSTEM
+from apps.core.guardrails.api import GuardrailPolicies
 from apps.core.identity.console_sessions import ConsoleSessions
 from apps.core.identity.jwt_verify import JwtVerifier
 from apps.core.ledger.api import Ledger
@@ -53,6 +54,7 @@ class GatewayDeps:
     refusals: Refusals | None = None  # 429s and 503s per team and day, for the console
     slo: SloSource | None = None  # the admin view's SLO status (None: Prometheus not configured)
     board: QueueBoard | None = None  # `GET /admin/queues` (None: it answers 503)
+    guardrails: GuardrailPolicies | None = None  # team guardrail policies (None: no checks, admin routes 503)
     registry: CollectorRegistry = field(default_factory=CollectorRegistry)
     clock: Callable[[], datetime] = SYSTEM.now  # apps.core.clock
     lifecycle: Lifecycle = field(default_factory=Lifecycle)

@@ -1,6 +1,6 @@
-"""Per-request state of a chat completion and the pure helpers around it: request ids (scoped
-per team), the `x-ratelimit-*` headers of an admission, the refusal messages, and reading an
-upstream error envelope. No I/O here; `apps.gateway.chat` does the work.
+"""Per-request state of a request (chat, completion, embeddings) and the pure helpers around it: request
+ids (scoped per team), the `x-ratelimit-*` headers of an admission, the refusal messages, reading an
+upstream error envelope, the dispatch request. No I/O here; `apps.gateway.chat` does the work.
 """
 
 from __future__ import annotations
@@ -21,8 +21,11 @@ from apps.core.errors import (
     Unavailable,
     UpstreamFailed,
 )
+from apps.core.guardrails.policy import CompiledPolicy
 from apps.core.identity.principal import Principal
+from apps.core.protocol.dispatch import Deadlines, DispatchRequest
 from apps.core.quota.admission import Admission, Verdict
+from apps.gateway.validate import InferenceRequest, wire_body
 
 REQUEST_ID_RE = re.compile(r"^[A-Za-z0-9._:-]{8,128}$")
 # Statuses with which the orchestrator answers before anything ran on a node.
@@ -150,3 +153,29 @@ class Exchange:
     headers: dict[str, str] = field(default_factory=dict)
     pending: tuple[asyncio.Future[None], ...] = ()  # admission and reservation running concurrently
     ledger_refusal: LlmfleetError | None = None  # the ledger's refusal (402...), counted if it is the answer
+    policy: CompiledPolicy | None = None  # the team's guardrail policy (`apps.gateway.screening`)
+
+
+def dispatch_request(
+    req: InferenceRequest, principal: Principal, team_id: int, ex: Exchange, deadlines: Deadlines
+) -> DispatchRequest:
+    """What the gateway asks of the orchestrator for `req` (apps/core/protocol/dispatch.py): the body it
+    forwards, the intent (usage wanted, the budget, the sharing class, a pinned revision, the endpoint)."""
+    budget = req.budget
+    return DispatchRequest(
+        request_id=ex.request_id,
+        team_id=team_id,
+        key_id=principal.key_id,
+        model=req.model,
+        body=wire_body(req),
+        client_wants_usage=req.wants_usage,
+        client_wants_chunk_usage=req.wants_chunk_usage,
+        max_prompt_tokens=budget.prompt_tokens,
+        max_completion_tokens=budget.completion_tokens,
+        n=budget.n,
+        team_weight=principal.team_weight,
+        priority_class=principal.priority_class,
+        revision=ex.pinned,
+        endpoint=req.endpoint,
+        deadlines=deadlines,
+    )

@@ -1,5 +1,6 @@
-"""Which fields of a chat request reach the engine: the OpenAI Chat Completions fields, plus an
-explicit allowlist of engine sampling extras. Every other top-level field is dropped before the
+"""Which fields of a request reach the engine: the OpenAI Chat Completions fields (the legacy
+Completions' and Embeddings' fields for those endpoints), plus an explicit allowlist of engine
+sampling extras. Every other top-level field is dropped before the
 body leaves the gateway, so engine-only controls (`kv_transfer_params`, `chat_template`,
 `chat_template_kwargs`, `logits_processors`, `mm_processor_kwargs`, `priority`, `request_id`,
 `guided_*`/`structured_outputs`, `best_of`, ...) can never be set by a client.
@@ -31,8 +32,25 @@ ENGINE_SAMPLING_EXTRAS = frozenset(
     }
 )  # fmt: skip
 FORWARDED_FIELDS = OPENAI_CHAT_FIELDS | ENGINE_SAMPLING_EXTRAS
+# `/v1/completions` (issue 31): OpenAI's legacy completion fields (not `best_of`, which makes the
+# engine generate more than the budget's `n` choices) and the same engine extras.
+OPENAI_COMPLETION_FIELDS = frozenset(
+    {
+        "model", "prompt", "echo", "frequency_penalty", "logit_bias", "logprobs", "max_tokens", "n",
+        "presence_penalty", "seed", "stop", "stream", "stream_options", "suffix", "temperature",
+        "top_p", "user",
+    }
+)  # fmt: skip
+# `/v1/embeddings`: OpenAI's fields only.
+OPENAI_EMBEDDING_FIELDS = frozenset({"model", "input", "encoding_format", "dimensions", "user"})
+FORWARDED_BY_ENDPOINT = {
+    "chat": FORWARDED_FIELDS,
+    "completions": OPENAI_COMPLETION_FIELDS | ENGINE_SAMPLING_EXTRAS,
+    "embeddings": OPENAI_EMBEDDING_FIELDS,
+}
 
 
-def forwarded(body: dict[str, Any]) -> dict[str, Any]:
-    """The fields of `body` the engine may see (a new dict; `body` is unchanged)."""
-    return {k: v for k, v in body.items() if k in FORWARDED_FIELDS}
+def forwarded(body: dict[str, Any], endpoint: str = "chat") -> dict[str, Any]:
+    """The fields of `body` the engine may see at `endpoint` (a new dict; `body` is unchanged)."""
+    allowed = FORWARDED_BY_ENDPOINT[endpoint]
+    return {k: v for k, v in body.items() if k in allowed}

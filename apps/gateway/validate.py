@@ -14,39 +14,50 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
+
+from starlette.requests import Request
 
 from apps.core.budget import Budget
-from apps.core.errors import InvalidRequest, NotFound, PermissionDenied
+from apps.core.errors import InvalidRequest, NotFound, PayloadTooLarge, PermissionDenied
 from apps.core.identity.principal import Principal
 from apps.core.protocol.dispatch import MODEL_REVISION_HEADER
-from apps.core.spec import StackSpec
+from apps.core.spec import ModelSpec, StackSpec
 from apps.gateway.fields import forwarded
 from apps.gateway.ssrf import MAX_WALK_DEPTH, SystemResolver, check_ssrf, is_public_ip
 
 __all__ = [
-    "ChatRequest",
+    "InferenceRequest",
     "KeyCaps",
     "SystemResolver",
     "check_ssrf",
     "is_public_ip",
     "parse_body",
     "pinned_revision",
+    "read_body",
     "validate_chat",
     "wire_body",
 ]
 
 
+Endpoint = Literal["chat", "completions", "embeddings"]
+
+
 @dataclass(frozen=True)
-class ChatRequest:
+class InferenceRequest:
+    """A validated request of any endpoint (`validate_chat` here, `validate_completion` and
+    `validate_embeddings` in `apps.gateway.validate_prompts`): what admission, the reservation and
+    the dispatch need."""
+
     body: dict[str, Any]
     model: str
     stream: bool
     wants_usage: bool
-    max_tokens: int  # the effective per-choice bound, sent to the engine as `max_tokens`
+    max_tokens: int  # the effective per-choice bound, sent to the engine as `max_tokens` (embeddings: 0)
     estimated_prompt_tokens: int
     n: int = 1
     wants_chunk_usage: bool = False  # usage on every chunk too (only with `wants_usage`)
+    endpoint: Endpoint = "chat"
 
     @property
     def budget(self) -> Budget:
@@ -131,7 +142,22 @@ def _lone_surrogate_path(node: Any, path: str, depth: int, *, strings: bool) -> 
 parse_body = parse_json_object
 
 
-def _positive_int(body: dict[str, Any], name: str) -> int | None:
+async def read_body(request: Request, limit: int) -> bytes:
+    """The request's body, or a 413 as soon as it is larger than `limit` bytes (declared or read)."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise PayloadTooLarge(f"Request body larger than {limit} bytes.")
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise PayloadTooLarge(f"Request body larger than {limit} bytes.")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def positive_int(body: dict[str, Any], name: str) -> int | None:
     value = body.get(name)
     if value is None:
         return None
@@ -180,19 +206,26 @@ def _check_content(content: Any, i: int) -> None:
             )
 
 
-def validate_chat(body: dict[str, Any], spec: StackSpec, caps: KeyCaps = NO_CAPS) -> ChatRequest:
+def model_of(body: dict[str, Any], spec: StackSpec, task: str) -> tuple[str, ModelSpec]:
+    """The request's model and its spec: a 400 when `model` is missing or the model's engine runs
+    another task (a chat or completion for an embedding model, embeddings for a chat model), a 404
+    when the stack has no such model."""
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise InvalidRequest("'model' is required and must be a string.", param="model")
-    messages = body.get("messages")
-    if messages is None:
-        raise InvalidRequest("'messages' is a required property.", param="messages")
-    if not isinstance(messages, list) or not messages:
-        raise InvalidRequest("'messages' must be a non-empty array.", param="messages")
-    for i, message in enumerate(messages):
-        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
-            raise InvalidRequest(f"'messages.{i}' must be an object with a 'role'.", param=f"messages.{i}")
-        _check_content(message.get("content"), i)
+    model_spec = spec.models.get(model)
+    if model_spec is None:
+        raise NotFound(f"The model `{model}` does not exist.", param="model")
+    if model_spec.serving.task != task:
+        what = "embeddings (/v1/embeddings)" if model_spec.serving.task == "embed" else "text generation"
+        raise InvalidRequest(
+            f"The model `{model}` serves {what} only.", param="model", code="unsupported_model"
+        )
+    return model, model_spec
+
+
+def stream_flags(body: dict[str, Any]) -> tuple[bool, bool, bool]:
+    """(`stream`, usage wanted, usage on every chunk wanted) of a streamable body, or a 400."""
     stream = body.get("stream", False)
     if stream is None:
         stream = False
@@ -208,31 +241,52 @@ def validate_chat(body: dict[str, Any], spec: StackSpec, caps: KeyCaps = NO_CAPS
             raise InvalidRequest("'include_usage' must be a boolean.", param="stream_options.include_usage")
         wants_usage = bool(include)
         wants_chunk_usage = wants_usage and options.get("continuous_usage_stats") is True
-    model_spec = spec.models.get(model)
-    if model_spec is None:
-        raise NotFound(f"The model `{model}` does not exist.", param="model")
-    max_tokens = _positive_int(body, "max_completion_tokens") or _positive_int(body, "max_tokens")
-    context = model_spec.serving.max_model_len
+    return stream, wants_usage if stream else True, wants_chunk_usage
+
+
+def max_tokens_and_n(body: dict[str, Any], spec: StackSpec, context: int) -> tuple[int | None, int]:
+    """The client's `max_tokens` (or `max_completion_tokens`; None: not given) and `n`, or a 400."""
+    max_tokens = positive_int(body, "max_completion_tokens") or positive_int(body, "max_tokens")
     if max_tokens is not None and max_tokens > context:
         param = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
         raise InvalidRequest(
             f"'{param}' is too large: {max_tokens}. This model's maximum context length is {context} tokens.",
             param=param,
         )
-    n = _positive_int(body, "n") or 1
+    n = positive_int(body, "n") or 1
     if n > spec.request_limits.max_n:
         raise InvalidRequest(
             f"'n' is too large: {n}. At most {spec.request_limits.max_n} choices per request.", param="n"
         )
+    return max_tokens, n
+
+
+def validate_chat(body: dict[str, Any], spec: StackSpec, caps: KeyCaps = NO_CAPS) -> InferenceRequest:
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise InvalidRequest("'model' is required and must be a string.", param="model")
+    messages = body.get("messages")
+    if messages is None:
+        raise InvalidRequest("'messages' is a required property.", param="messages")
+    if not isinstance(messages, list) or not messages:
+        raise InvalidRequest("'messages' must be a non-empty array.", param="messages")
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+            raise InvalidRequest(f"'messages.{i}' must be an object with a 'role'.", param=f"messages.{i}")
+        _check_content(message.get("content"), i)
+    stream, wants_usage, wants_chunk_usage = stream_flags(body)
+    model, model_spec = model_of(body, spec, "generate")
+    context = model_spec.serving.max_model_len
+    max_tokens, n = max_tokens_and_n(body, spec, context)
     prompt = estimate_prompt_tokens(messages)
-    effective = _capped_max_tokens(
+    effective = capped_max_tokens(
         body, max_tokens, min(model_spec.serving.default_max_tokens, context), prompt, caps
     )
-    return ChatRequest(
+    return InferenceRequest(
         body=body,
         model=model,
         stream=stream,
-        wants_usage=wants_usage if stream else True,
+        wants_usage=wants_usage,
         max_tokens=effective,
         estimated_prompt_tokens=prompt,
         n=n,
@@ -240,7 +294,7 @@ def validate_chat(body: dict[str, Any], spec: StackSpec, caps: KeyCaps = NO_CAPS
     )
 
 
-def _capped_max_tokens(
+def capped_max_tokens(
     body: dict[str, Any], asked: int | None, default: int, prompt: int, caps: KeyCaps
 ) -> int:
     """The effective per-choice `max_tokens` under the key's caps (`KeyCaps`), or a 400."""
@@ -268,11 +322,11 @@ def _capped_max_tokens(
     return effective
 
 
-def wire_body(req: ChatRequest) -> dict[str, Any]:
+def wire_body(req: InferenceRequest) -> dict[str, Any]:
     """What the gateway forwards: the client's OpenAI fields and allowed engine extras only. The
     engine's body is built from it and the request's intent at the agent
     (apps/core/protocol/engine.py), once."""
-    return forwarded(req.body)
+    return forwarded(req.body, req.endpoint)
 
 
 def pinned_revision(value: str | None, principal: Principal) -> str | None:

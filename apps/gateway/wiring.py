@@ -11,6 +11,7 @@ from psycopg_pool import AsyncConnectionPool
 from apps.core.clock import SYSTEM
 from apps.core.envnames import env_name
 from apps.core.fairboard import RedisQueueBoard
+from apps.core.guardrails.store import GuardrailStore
 from apps.core.identity.console_sessions import ConsoleSessions
 from apps.core.identity.jwt_verify import JwtVerifier
 from apps.core.identity.keys import KeyStore
@@ -143,5 +144,6 @@ async def build_deps(settings: GatewaySettings) -> GatewayDeps:
         refusals=RefusalStore(redis, SYSTEM.now),
         slo=slo,
         board=RedisQueueBoard(redis),
+        guardrails=GuardrailStore(pool),
         closers=[dispatcher.aclose, close_redis, pool.close, node_pool.close, *([slo.aclose] if slo else [])],
     )

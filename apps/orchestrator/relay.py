@@ -205,8 +205,8 @@ class _Relay:
 
     async def _prefix_matches(self) -> dict[str, int]:
         """Which nodes hold how much of this request's conversation prefix (one Redis round trip)."""
-        if self.weights.weight <= 0:
-            return {}
+        if self.weights.weight <= 0 or self.dreq.endpoint != "chat":
+            return {}  # only a chat's conversation prefix is indexed
         body = self.dreq.body
         keys = lookup_keys(chat_messages(body), body.get("tools"), team_scope(self.dreq.team_id))
         conns = {n.node_id: n.conn for n in self.parts.fleet.snapshot()}

@@ -65,9 +65,18 @@ class Outcome(enum.StrEnum):
     FAILED = "failed"  # the second node failed too: the client gets the error event
 
 
-def resumable(body: Mapping[str, Any]) -> bool:
-    """A chat request (the engine always streams it) with one choice, no logprobs and no tools."""
-    if not isinstance(body.get("messages"), list):
+def resumable(body: Mapping[str, Any], endpoint: str = "chat") -> bool:
+    """A chat request, or a completion of one prompt string without `echo` or `suffix` (the engine
+    always streams both), with one choice, no logprobs and no tools; never an embedding request."""
+    if endpoint == "chat":
+        if not isinstance(body.get("messages"), list):
+            return False
+    elif (
+        endpoint != "completions"
+        or not isinstance(body.get("prompt"), str)
+        or body.get("echo")
+        or body.get("suffix")
+    ):
         return False
     if body.get("n") not in (None, 1):
         return False
@@ -76,12 +85,16 @@ def resumable(body: Mapping[str, Any]) -> bool:
 
 def can_resume(dreq: DispatchRequest, models: Collection[str] | None) -> bool:
     """Resume is on for the model (`serving.resume_streams` in the stack) and the request allows it."""
-    return (models is None or dreq.model in models) and dreq.budget.n == 1 and resumable(dreq.body)
+    return (
+        (models is None or dreq.model in models)
+        and dreq.budget.n == 1
+        and resumable(dreq.body, dreq.endpoint)
+    )
 
 
 @dataclass(frozen=True)
 class Delivered:
-    text: str  # the assistant text the client has
+    text: str  # the assistant text (a completion's text) the client has
     tokens: int  # content events the client has (= completion tokens, one event per token)
     chunk_id: str | None  # the stream's `id` and `created`, kept across the seam
     created: int | None
@@ -114,7 +127,7 @@ def delivered(sent: list[str]) -> Delivered:
             if "role" in delta and not delta.get("content"):
                 continue  # the role chunk: no token
             tokens += 1
-            text.append(delta.get("content") or "")
+            text.append(delta.get("content") or choice.get("text") or "")  # chat or completions
     return Delivered("".join(text), tokens, chunk_id, created, finished)
 
 

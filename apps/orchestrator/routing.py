@@ -26,6 +26,7 @@ from apps.core.protocol.engine import legacy_assign
 from apps.core.protocol.node import (
     CLOSE_REVOKED,
     CLOSE_SUPERSEDED,
+    ENDPOINTS_VERSION,
     INTENT_VERSION,
     KV_EVENTS_VERSION,
     Assign,
@@ -62,12 +63,16 @@ def assignment(
         priority_class=dreq.priority_class,
         continuation=continuation,
         cache_scope=team_scope(dreq.team_id),
+        endpoint=None if dreq.endpoint == "chat" else dreq.endpoint,
     )
 
 
-def for_node(conn: NodeConnection, assign: Assign) -> Assign:
+def for_node(conn: NodeConnection, assign: Assign) -> Assign | None:
     """The assignment as `conn`'s protocol version takes it (a version 4 node: the cache scope as
-    the body's `cache_salt`, which its engine body keeps)."""
+    the body's `cache_salt`, which its engine body keeps); None when the node cannot run it (an
+    endpoint other than chat on a node older than version 7: the request goes to another node)."""
+    if assign.endpoint is not None and conn.version < ENDPOINTS_VERSION:
+        return None
     if conn.version < INTENT_VERSION:
         return legacy_assign(assign)
     if conn.version < KV_EVENTS_VERSION and assign.cache_scope is not None:
@@ -115,8 +120,11 @@ class Routing:
         if conn is not None and not conn.closing.is_set() and not self._moved_away(conn, node):
             if conn.draining or conn.handing_over:
                 return False
+            sendable = for_node(conn, assign)
+            if sendable is None:
+                return False
             conn.assigned(assign.request_id, stream)
-            return conn.send(for_node(conn, assign))
+            return conn.send(sendable)
         stream.owner = node.owner
         self.remote_streams[assign.request_id] = stream
         # `body` as a replica older than version 4 sends it on; `assign`, the intent, for the others.
@@ -252,9 +260,10 @@ class Routing:
             # The node's new owner got this message too and sends it on (this replica forwards its
             # own relays' work only once the node registered elsewhere: `_moved_away`).
             return
-        if conn is not None and not conn.closing.is_set() and not conn.draining:
+        sendable = None if conn is None else for_node(conn, _forwarded(msg))
+        if conn is not None and sendable is not None and not conn.closing.is_set() and not conn.draining:
             conn.assigned(request_id, RemoteRoute(msg.origin))
-            if conn.send(for_node(conn, _forwarded(msg))):
+            if conn.send(sendable):
                 if conn.handing_over:  # assigned just before the handover began: relayed from here
                     self._spawn(self.bus.to_replica(msg.origin, msgs.HandoverMsg(request_id=request_id)))
                 return

@@ -19,17 +19,24 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")
     what_if = parser.add_argument_group("what-if (the spec file is not changed)")
     what_if.add_argument(
-        "--streams", action="append", default=[], metavar="MODEL=N", help="peak concurrent streams of a model"
+        "--streams",
+        action="append",
+        default=[],
+        metavar="MODEL=N",
+        help="peak concurrent streams of a model (an embedding model: inputs in flight)",
     )
     what_if.add_argument("--gpu-type", help="plan every model on this GPU type of the spec")
     what_if.add_argument(
-        "--context", type=int, metavar="TOKENS", help="planning context length for every model"
+        "--context",
+        type=int,
+        metavar="TOKENS",
+        help="planning context length for every model (an embedding model: tokens per input)",
     )
     what_if.add_argument(
         "--prefix-hit-rate",
         type=float,
         metavar="RATE",
-        help="share of prompt tokens cached, every model (0..1)",
+        help="share of prompt tokens cached, every generate model (0..1)",
     )
 
 

@@ -3,6 +3,10 @@
 The Deployments, ScaledObjects and NodePools come from the same pure renderers the Pulumi
 program calls (`infra.components.serving.serving_objects`, `infra.manifests.karpenter`), with the
 settings of `Pulumi.<stack>.yaml`, so the simulation reads exactly what `pulumi up` would apply.
+
+The stack's embedding models (`serving.task: embed`) are left out, their pods and their share of
+the NodePool limits together (`generation_only`): the engine model is decode steps over KV blocks,
+which an embedding engine has neither of.
 """
 
 from __future__ import annotations
@@ -25,6 +29,8 @@ from infra.components.serving import serving_objects
 from infra.config import InfraConfig
 from infra.manifests.common import GPU_RESOURCE, SPOT_TAINT_KEY, slug
 from infra.manifests.karpenter import gpu_pool_spec, node_pools
+from infra.manifests.vllm import deployment_name
+from infra.manifests.vllm_target import Capacity
 
 PROJECT_DIR = Path(__file__).resolve().parents[2]
 
@@ -56,6 +62,22 @@ class World:
     deployments: dict[str, DeploymentSpec]
     scalers: dict[str, ScalerSpec]  # by Deployment name
     pools: dict[str, PoolSpec]
+    left_out: tuple[str, ...] = ()  # the stack's embedding models, not simulated (`generation_only`)
+
+
+def generation_only(spec: StackSpec) -> StackSpec:
+    """The stack without its embedding models (and their peaks): what the simulator runs."""
+    kept = {name: m for name, m in spec.models.items() if m.serving.task != "embed"}
+    if len(kept) == len(spec.models):
+        return spec
+    peaks = {name: n for name, n in spec.peak_streams.items() if name in kept}
+    return spec.model_copy(update={"models": kept, "peak_streams": peaks})
+
+
+def _deployments_of(models: tuple[str, ...]) -> set[str]:
+    """Every Deployment name a model may have (on-demand, spot burst, canary)."""
+    kinds = ((Capacity.ON_DEMAND, False), (Capacity.SPOT, False), (Capacity.ON_DEMAND, True))
+    return {deployment_name(m, capacity, canary) for m in models for capacity, canary in kinds}
 
 
 def infra_config(stack: str) -> InfraConfig:
@@ -101,8 +123,11 @@ def scalers_from_render(path: str) -> dict[str, ScalerSpec]:
 
 
 def what_if(world: World, *, scaled_objects: str | None = None, gpu_limit: int | None = None) -> World:
-    """The same world with another render's ScaledObjects or another NodePool GPU limit."""
+    """The same world with another render's ScaledObjects (those of the models left out ignored) or
+    another NodePool GPU limit."""
     scalers = scalers_from_render(scaled_objects) if scaled_objects else world.scalers
+    left_out = _deployments_of(world.left_out)
+    scalers = {d: s for d, s in scalers.items() if d not in left_out}
     missing = sorted(set(scalers) - set(world.deployments))
     if missing:
         raise SpecError(
@@ -115,7 +140,8 @@ def what_if(world: World, *, scaled_objects: str | None = None, gpu_limit: int |
 
 
 def build_world(stack: str) -> World:
-    spec = load_spec(stack)
+    full = load_spec(stack)
+    spec = generation_only(full)
     plan = plan_fleet(spec)
     name = Path(stack).stem if stack.endswith((".yaml", ".yml")) else stack
     cfg = infra_config(name)
@@ -136,10 +162,18 @@ def build_world(stack: str) -> World:
             gpus_per_instance=tuple(sorted(int(n) for n in reqs["karpenter.k8s.aws/instance-gpu-count"])),
             consolidate_after_s=_duration_s(s["disruption"]["consolidateAfter"]),
         )
-    return World(spec, plan, cfg, profiles_for(spec), deployments, scalers, pools)
+    left_out = tuple(m for m in full.models if m not in spec.models)
+    return World(spec, plan, cfg, profiles_for(spec), deployments, scalers, pools, left_out)
 
 
 def check_models(world: World, models: set[str]) -> None:
+    embedding = sorted(models & set(world.left_out))
+    if embedding:
+        raise SpecError(
+            f"the trace names embedding model(s) {', '.join(embedding)}: the simulator runs the generate "
+            "models only (docs/simulator.md)",
+            param="trace",
+        )
     unknown = sorted(models - set(world.spec.models))
     if unknown:
         raise SpecError(

@@ -6,6 +6,10 @@ PrometheusRule of the Pulumi program (`infra.manifests.monitoring`), the rule fi
 the stack (`slo:` and `alerting:` in `stacks/<stack>.yaml`). Every alert carries a severity, a
 summary and a `runbook_url` to its paragraph in `docs/runbook.md` (a test checks each exists).
 
+An embedding model (`serving.task: embed`) produces no tokens after its prompt: its time to first
+token is its whole answer and it has no tokens per second, so the TTFT, tokens-per-second and SLO
+attainment alerts leave it out (`model!="<name>"`), and its measured cost is per million prompt tokens.
+
 Label names are the exporters' own: `model` on llmfleet's gateway/orchestrator series,
 `model_name` on `vllm:*`, `nodepool`/`resource_type` on Karpenter's, `deployment` on
 kube-state-metrics'. A "replica" or "pod" is Prometheus' `instance` (the scrape target), which
@@ -47,6 +51,16 @@ class Alert:
             "labels": {"severity": self.severity, **self.labels},
             "annotations": {"summary": self.summary, "runbook_url": f"{RUNBOOK_URL}#{self.name.lower()}"},
         }
+
+
+def embedding_models(spec: StackSpec) -> list[str]:
+    return [name for name, m in spec.models.items() if m.serving.task == "embed"]
+
+
+def _generating(spec: StackSpec, label: str = "model") -> str:
+    """A selector leaving the stack's embedding models out ("" when it has none)."""
+    names = embedding_models(spec)
+    return "{" + ",".join(f'{label}!="{n}"' for n in names) + "}" if names else ""
 
 
 def _quantile(q: float, metric: str, by: str = "model", window: str = "5m") -> str:
@@ -140,11 +154,21 @@ def recording_rules(spec: StackSpec, plan: FleetPlan, hours: OfficeHours) -> lis
     rules.append(
         (
             "llmfleet:cost_per_million_tokens_usd",
-            f"llmfleet:gpus_serving * {price:g}"
-            " / on (model_name) (sum by (model_name) (rate(vllm:generation_tokens_total[1h])) * 3600 / 1e6)",
+            f"llmfleet:gpus_serving * {price:g} / on (model_name) ({_paid_tokens_per_s(spec)} * 3600 / 1e6)",
         )
     )
     return [{"record": name, "expr": expr} for name, expr in rules]
+
+
+def _paid_tokens_per_s(spec: StackSpec) -> str:
+    """Tokens per second each model is paid for: output tokens, an embedding model's prompt tokens."""
+    generating = _generating(spec, "model_name")
+    generated = f"sum by (model_name) (rate(vllm:generation_tokens_total{generating}[1h]))"
+    embedded = " or ".join(
+        f'sum by (model_name) (rate(vllm:prompt_tokens_total{{model_name="{n}"}}[1h]))'
+        for n in embedding_models(spec)
+    )
+    return f"({generated} or {embedded})" if embedded else generated
 
 
 def _gpu_price(spec: StackSpec) -> float:
@@ -170,24 +194,25 @@ def _task_growth(tasks: str, ratio: str, minimum: int) -> str:
 
 def sli_alerts(spec: StackSpec) -> list[Alert]:
     slo, a = spec.slo, spec.alerting
+    gen = _generating(spec)  # TTFT, tokens/s and their attainment: not an embedding model's SLIs
     return [
         Alert(
             "LlmfleetTtftP50High",
-            f"llmfleet:ttft_seconds:p50 > {slo.ttft_p50_s:g}",
+            f"llmfleet:ttft_seconds:p50{gen} > {slo.ttft_p50_s:g}",
             "10m",
             "warning",
             f"{{{{ $labels.model }}}}: median time to first token above {slo.ttft_p50_s:g} s",
         ),
         Alert(
             "LlmfleetTtftP95High",
-            f"llmfleet:ttft_seconds:p95 > {slo.ttft_p95_s:g}",
+            f"llmfleet:ttft_seconds:p95{gen} > {slo.ttft_p95_s:g}",
             "10m",
             "critical",
             f"{{{{ $labels.model }}}}: p95 time to first token above {slo.ttft_p95_s:g} s",
         ),
         Alert(
             "LlmfleetStreamTokensPerSecondLow",
-            f"llmfleet:stream_tokens_per_second:p05 < {slo.tokens_per_s_per_stream:g}",
+            f"llmfleet:stream_tokens_per_second:p05{gen} < {slo.tokens_per_s_per_stream:g}",
             "15m",
             "warning",
             f"{{{{ $labels.model }}}}: 5 % of streams get under {slo.tokens_per_s_per_stream:g} tokens/s",
@@ -230,7 +255,7 @@ def sli_alerts(spec: StackSpec) -> list[Alert]:
         ),
         Alert(
             "LlmfleetTeamSloAttainmentLow",
-            f"llmfleet:slo_attainment:ratio1h < {a.slo_attainment_min:g}"
+            f"llmfleet:slo_attainment:ratio1h{gen} < {a.slo_attainment_min:g}"
             " and on (team, model) sum by (team, model) (rate(llmfleet_gateway_slo_requests_total[1h]))"
             " > 0.01",
             "30m",

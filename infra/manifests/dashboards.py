@@ -159,9 +159,10 @@ def overview_panels(spec: StackSpec) -> list[Panel]:
             kind="stat",
         ),
         _p(
-            "Measured cost per million output tokens",
+            "Measured cost per million tokens",
             (f"llmfleet:cost_per_million_tokens_usd{{{MN}}}", "{{model_name}}"),
             unit="currencyUSD",
+            desc="Per million output tokens; an embedding model's per million prompt tokens (it produces none).",
         ),
         _p("Idle GPU hours (last 7 days)", ("llmfleet:gpus_idle:hours_7d", "GPU hours"), kind="stat"),
         _p(

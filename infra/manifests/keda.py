@@ -10,6 +10,12 @@ the orchestrator queue summed over orchestrator replicas, against a target of
 replica count `llmfleet plan` prints. KV-cache use is a second trigger (long prompts fill the
 cache before the stream count says so), the office-hours cron a third.
 
+An embedding model (`serving.task: embed`, vLLM's pooling runner) scales on the same demand, in
+inputs in flight: vLLM 0.32 exports `vllm:num_requests_running` and `vllm:num_requests_waiting` for
+the pooling runner too, one per input being embedded, and its target (`streams_per_replica /
+(1 + headroom)`) is where a replica embeds its planned prompt tokens per second. It has no KV-cache
+trigger: an encoder keeps no KV cache, so `vllm:kv_cache_usage_perc` stays 0.
+
 Anti-flap. The demand query is a `max_over_time(...[2m:15s])` subquery: a request that ages out of
 the queue at the 30 s limit still reads as demand for two minutes, so activation from zero cannot
 drop back before a replica exists. `cooldownPeriod` (KEDA's 1 -> 0) and the HPA's scale-down
@@ -181,10 +187,13 @@ def triggers(t: ScalingTarget) -> list[Manifest]:
             demand_query(model, t.base_replicas, per_replica, t.pods, t.orchestrator_terms),
             f"{per_replica:g}",
             activation=_activation(t),
-        ),
-        # sum(...) with AverageValue = average per replica, so the target reads as a fraction.
-        _prometheus("vllm-kv-cache", kv_query(model, t.base_replicas, t.pods), str(KV_CACHE_TARGET)),
+        )
     ]
+    if t.plan.task != "embed":  # an embedding engine keeps no KV cache (module docstring)
+        # sum(...) with AverageValue = average per replica, so the target reads as a fraction.
+        result.append(
+            _prometheus("vllm-kv-cache", kv_query(model, t.base_replicas, t.pods), str(KV_CACHE_TARGET))
+        )
     if t.office_hours is not None and t.office_hours_replicas > 0:
         result.append(
             {

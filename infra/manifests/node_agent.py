@@ -44,7 +44,7 @@ def agent_drain_s(tm: Timing, capacity: Capacity) -> int:
 
 def _agent_args(t: VllmTarget, tm: Timing, capacity: Capacity) -> list[str]:
     p = t.plan
-    return [
+    args = [
         "agent",
         "--orchestrator-url",
         f"ws://orchestrator.{NAMESPACE}.svc:{NODE_PORT}/v1/nodes/connect",
@@ -72,6 +72,11 @@ def _agent_args(t: VllmTarget, tm: Timing, capacity: Capacity) -> list[str]:
         "0.0.0.0",  # the kubelet probes the pod IP
         "--health-port",
         str(AGENT_HEALTH_PORT),
+    ]
+    if p.task == "embed":
+        return args  # an embedding engine keeps no KV cache: it publishes no KV events to forward
+    return [
+        *args,
         "--kv-events-endpoint",
         KV_EVENTS_ENDPOINT,
         "--kv-events-replay-endpoint",

@@ -1,5 +1,9 @@
 """One vLLM Deployment per model (two for the spot model, one more for a canary), its Service and PDBs.
 
+A generate model's engine runs vLLM's default runner (`auto`: `generate` for a text-generation
+architecture); an embed model's (`serving.task: embed`) runs `--runner pooling` and serves
+`/v1/embeddings` only (`_embed_args`).
+
 The pod's inputs and timing are `vllm_target.py`'s, its agent sidecar is `node_agent.py`'s.
 
 Every number comes from the planner (`ModelPlan`): `--tensor-parallel-size` and the
@@ -79,23 +83,10 @@ def pod_labels(model: str, capacity: Capacity, canary: bool = False) -> dict[str
 
 def _vllm_args(t: VllmTarget, tm: Timing) -> list[str]:
     p = t.plan
+    if p.task == "embed":
+        return _embed_args(t, tm)
     return [
-        "--model",
-        f"{MODEL_CACHE_MOUNT}/{p.name}/{t.revision}",
-        "--served-model-name",
-        p.name,
-        "--host",
-        "0.0.0.0",
-        "--port",
-        str(VLLM_PORT),
-        "--tensor-parallel-size",
-        str(p.gpus_per_replica),
-        "--max-model-len",
-        str(p.max_model_len),
-        "--max-num-seqs",
-        str(p.max_num_seqs),
-        "--gpu-memory-utilization",
-        str(GPU_MEMORY_UTILIZATION),
+        *_serve_args(t),
         "--block-size",
         str(t.block_size),
         "--shutdown-timeout",
@@ -116,6 +107,47 @@ def _vllm_args(t: VllmTarget, tm: Timing) -> list[str]:
             },
             separators=(",", ":"),
         ),
+    ]
+
+
+def _serve_args(t: VllmTarget) -> list[str]:
+    """What every engine is started with: the model revision, its name, and the planner's numbers."""
+    p = t.plan
+    return [
+        "--model",
+        f"{MODEL_CACHE_MOUNT}/{p.name}/{t.revision}",
+        "--served-model-name",
+        p.name,
+        "--host",
+        "0.0.0.0",
+        "--port",
+        str(VLLM_PORT),
+        "--tensor-parallel-size",
+        str(p.gpus_per_replica),
+        "--max-model-len",
+        str(p.max_model_len),
+        "--max-num-seqs",
+        str(p.max_num_seqs),
+        "--gpu-memory-utilization",
+        str(GPU_MEMORY_UTILIZATION),
+    ]
+
+
+def _embed_args(t: VllmTarget, tm: Timing) -> list[str]:
+    """An embedding model (`serving.task: embed`): vLLM's pooling runner, which serves `/v1/embeddings`
+    and no generation endpoint. vLLM's default `--convert auto` takes the architecture's own pooling
+    model (an XLM-RoBERTa or BERT encoder has one) and adapts a decoder for embeddings otherwise. No
+    generation-only flag: an encoder keeps no KV cache, so there is no block size, prefix cache or KV
+    event to configure, and an embedding's usage has no prompt-token details. Pooling requests go
+    through the same scheduler, so the orchestrator's priority classes apply."""
+    return [
+        *_serve_args(t),
+        "--shutdown-timeout",
+        str(tm.shutdown_timeout_s),
+        "--scheduling-policy",
+        "priority",
+        "--runner",
+        "pooling",
     ]
 
 

@@ -39,7 +39,8 @@ class Timing:
 
 
 def timing(plan: ModelPlan) -> Timing:
-    # The longest stream vLLM can produce: a full --max-model-len answer at the planned per-stream rate.
+    # The longest stream vLLM can produce: a full --max-model-len answer at the planned per-stream rate
+    # (an embedding model's: a --max-model-len input at the prompt rate each input gets at the target).
     # Idle pods do not wait for it (the preStop hooks end as soon as the agent has drained).
     stream = math.ceil(plan.max_model_len / plan.tokens_per_s_per_stream)
     shutdown = stream + 30

@@ -125,8 +125,10 @@ class AgentFleet:
         body: dict[str, Any],
         wants_usage: bool,
         priority_class: PriorityClass = PriorityClass.INTERACTIVE,
+        **intent: Any,
     ) -> dict[str, Any]:
-        """The gateway's `POST /internal/v1/dispatch` (url, data, headers) for one request."""
+        """The gateway's `POST /internal/v1/dispatch` (url, data, headers) for one request; `intent`:
+        more `DispatchRequest` fields (the endpoint, the budget)."""
         dreq = DispatchRequest(
             request_id=request_id,
             team_id=self.team_id,
@@ -134,6 +136,7 @@ class AgentFleet:
             body=body,
             client_wants_usage=wants_usage,
             priority_class=priority_class,
+            **intent,
         )
         return {
             "url": self.orch.url + DISPATCH_PATH,
@@ -141,8 +144,11 @@ class AgentFleet:
             "headers": {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"},
         }
 
-    async def dispatch(self, request_id: str, body: dict[str, Any], *, wants_usage: bool) -> Dispatched:
-        async with self.session.post(**self.dispatch_args(request_id, body, wants_usage)) as resp:
+    async def dispatch(
+        self, request_id: str, body: dict[str, Any], *, wants_usage: bool, **intent: Any
+    ) -> Dispatched:
+        args = self.dispatch_args(request_id, body, wants_usage, **intent)
+        async with self.session.post(**args) as resp:
             raw = await resp.read()
             ctype = resp.headers.get("Content-Type", "")
         if ctype.startswith("text/event-stream"):

@@ -8,6 +8,10 @@ enginesim `--dev-mode`: `/pause`, `/resume`), which the priority checks use to h
 (`slots.py`). The real one needs the vLLM venv's python in
 `LLMFLEET_VLLM_PYTHON` (see `tools/install-vllm.sh`); when it is missing or cannot `import vllm`
 the stage is skipped loudly, or FAILS when `LLMFLEET_REQUIRE_REAL_VLLM=1` (CI).
+
+`pooling_engine` is the same pair as pooling engines (`/v1/embeddings`), started once per session
+when a test asks for it: the real vLLM with `--runner pooling --convert embed` (the tiny Llama as an
+embedding model), enginesim with `--runner pooling --embedding-dim 128` (the model's hidden size).
 """
 
 from __future__ import annotations
@@ -197,10 +201,50 @@ def engine(request: pytest.FixtureRequest) -> EngineUnderTest:
     return server
 
 
+# The pooling engines (`/v1/embeddings`): vLLM serves the same tiny Llama converted to an embedding
+# model (`--runner pooling --convert embed`: last-token pooling, L2-normalised, one value per hidden
+# unit); enginesim is started with `--runner pooling` and that length.
+HIDDEN_SIZE = 128  # the tiny Llama's `hidden_size` (tools/build_tiny_llama.py)
+
+
+@pytest.fixture(scope="session")
+def enginesim_pooling_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineUnderTest]:
+    yield from serve_enginesim(
+        tmp_path_factory.mktemp("enginesim-pooling"),
+        "--runner",
+        "pooling",
+        "--embedding-dim",
+        str(HIDDEN_SIZE),
+    )
+
+
+@pytest.fixture(scope="session")
+def vllm_pooling_server(
+    tiny_llama: tuple[str, Path], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[EngineUnderTest]:
+    python, model_dir = tiny_llama
+    work = tmp_path_factory.mktemp("vllm-pooling")
+    yield from serve_vllm(python, model_dir, work, "64M", extra=("--runner", "pooling", "--convert", "embed"))
+
+
+@pytest.fixture(
+    scope="session",
+    params=[
+        "enginesim",
+        pytest.param("vllm", marks=[pytest.mark.realvllm, pytest.mark.timeout(VLLM_CAP_S + 120)]),
+    ],
+)
+def pooling_engine(request: pytest.FixtureRequest) -> EngineUnderTest:
+    """A pooling engine (`/v1/embeddings`), as `engine` is a generating one."""
+    server: EngineUnderTest = request.getfixturevalue(f"{request.param}_pooling_server")
+    return server
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> object:
     report = yield
-    engine = getattr(item, "funcargs", {}).get("engine")
+    funcargs = getattr(item, "funcargs", {})
+    engine = funcargs.get("engine") or funcargs.get("pooling_engine")
     if isinstance(engine, EngineUnderTest) and getattr(report, "failed", False):
         report.sections.append((f"{engine.kind} server log (tail)", log_tail(engine.process.log_path)))  # type: ignore[attr-defined]
     return report

@@ -39,6 +39,42 @@ def stream_chat(client: httpx.Client, url: str, body: dict[str, Any]) -> StreamR
     return StreamResult(resp.status_code, ctype, payloads)
 
 
+def stream_sse(client: httpx.Client, url: str, path: str, body: dict[str, Any]) -> StreamResult:
+    """POST `body` to `path` and read the event stream (any endpoint: `/v1/completions`...)."""
+    payloads: list[str] = []
+    with client.stream("POST", f"{url}{path}", json=body) as resp:
+        ctype = resp.headers.get("content-type", "")
+        if resp.status_code != 200 or not ctype.startswith("text/event-stream"):
+            resp.read()
+            return StreamResult(resp.status_code, ctype, [resp.text])
+        for line in resp.iter_lines():
+            if line.startswith("data:"):
+                payloads.append(line[5:].strip())
+    return StreamResult(resp.status_code, ctype, payloads)
+
+
+def error_of(resp: httpx.Response, status: int) -> dict[str, Any]:
+    """vLLM's error envelope of `resp` (asserting its status, content type and keys)."""
+    assert resp.status_code == status, resp.text
+    assert resp.headers["content-type"].startswith("application/json")
+    body = resp.json()
+    assert set(body) == {"error"}
+    err: dict[str, Any] = body["error"]
+    assert set(err) == {"message", "type", "param", "code"}
+    assert err["code"] == status
+    assert isinstance(err["message"], str)
+    assert err["message"]
+    return err
+
+
+def tokens_of(client: httpx.Client, engine_url: str, model: str, prompt: str) -> int:
+    """How many prompt tokens the engine's own tokenizer makes of `prompt` (`/tokenize`)."""
+    resp = client.post(f"{engine_url}/tokenize", json={"model": model, "prompt": prompt})
+    assert resp.status_code == 200, resp.text
+    count: int = resp.json()["count"]
+    return count
+
+
 def metric_values(client: httpx.Client, url: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
     text = client.get(f"{url}/metrics").text
     out: dict[tuple[str, frozenset[tuple[str, str]]], float] = {}

@@ -20,6 +20,7 @@ import openai
 import psutil
 import pytest
 
+from apps.cli.platform_config import MODEL_EMBED
 from apps.cli.procs import free_port
 from tests.e2e.devproc import wait_credentials
 
@@ -58,7 +59,7 @@ def _port_free(port: int) -> bool:
     return True
 
 
-def test_dev_serves_three_models_lists_four_nodes_and_stops_clean(tmp_path: Path) -> None:
+def test_dev_serves_four_models_lists_five_nodes_and_stops_clean(tmp_path: Path) -> None:
     data_dir = tmp_path / "dev"
     port = free_port()
     env = {k: v for k, v in os.environ.items() if k not in ("LLMFLEET_DATABASE_URL", "LLMFLEET_REDIS_URL")}
@@ -93,6 +94,11 @@ def test_dev_serves_three_models_lists_four_nodes_and_stops_clean(tmp_path: Path
             assert "".join(text).strip(), model
             assert usage is not None, model
             assert usage.completion_tokens == 8, model
+        done = client.completions.create(model=MODELS[0], prompt="Say", max_tokens=4)
+        assert done.usage is not None
+        assert done.usage.completion_tokens == 4
+        vectors = client.embeddings.create(model=MODEL_EMBED, input=["hello", "world"])
+        assert [len(d.embedding) for d in vectors.data] == [1024, 1024]  # bge-m3's dimensions
 
         req = urllib.request.Request(
             f"http://127.0.0.1:{port}/admin/nodes",
@@ -100,7 +106,7 @@ def test_dev_serves_three_models_lists_four_nodes_and_stops_clean(tmp_path: Path
         )
         with urllib.request.urlopen(req, timeout=10) as resp:
             nodes = json.loads(resp.read())["data"]
-        assert len(nodes) == 4
+        assert len(nodes) == 5
         assert {n["state"] for n in nodes} == {"ready"}
         by_model: dict[str, list[str]] = {}
         for n in nodes:
@@ -109,13 +115,14 @@ def test_dev_serves_three_models_lists_four_nodes_and_stops_clean(tmp_path: Path
         assert sorted(by_model["llama-3.1-8b-instruct"]) == ["cloud", "onprem"]
         assert by_model["qwen2.5-32b-instruct"] == ["cloud"]
         assert by_model["llama-3.3-70b-instruct-fp8"] == ["cloud"]
+        assert by_model[MODEL_EMBED] == ["cloud"]
 
         children = _descendants(proc.pid)
         pg_pid = int((data_dir / "pg" / "postmaster.pid").read_text().split()[0])
         children.append(psutil.Process(pg_pid))  # pg_ctl daemonizes it: not our descendant
         ports = _listening_ports(children) | {port}
         assert port in ports
-        assert len(ports) >= 1 + 1 + 4  # gateway, orchestrator, engines (at least)
+        assert len(ports) >= 1 + 1 + 5  # gateway, orchestrator, engines (at least)
 
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=STOP_DEADLINE_S) == 0

@@ -10,6 +10,7 @@ from apps.cli.platform import (
     MODEL_8B,
     MODEL_32B,
     MODEL_70B,
+    MODEL_EMBED,
     Credentials,
     LocalPlatform,
     PlatformConfig,
@@ -18,12 +19,18 @@ from apps.cli.platform import (
 from apps.core.spec import load_spec
 
 
-def test_dev_fleet_is_two_8b_one_onprem_one_32b_one_70b_all_in_the_dev_catalog() -> None:
+def test_dev_fleet_is_two_8b_one_onprem_one_32b_one_70b_one_embedder_all_in_the_dev_catalog() -> None:
     nodes = dev_nodes()
     assert sorted((n.model, n.location) for n in nodes) == sorted(
-        [(MODEL_8B, "onprem"), (MODEL_8B, "cloud"), (MODEL_32B, "cloud"), (MODEL_70B, "cloud")]
+        [
+            (MODEL_8B, "onprem"),
+            (MODEL_8B, "cloud"),
+            (MODEL_32B, "cloud"),
+            (MODEL_70B, "cloud"),
+            (MODEL_EMBED, "cloud"),
+        ]
     )
-    assert len({n.node_id for n in nodes}) == 4
+    assert len({n.node_id for n in nodes}) == 5
     assert {n.model for n in nodes} == set(load_spec("dev").models)
 
 

@@ -21,6 +21,9 @@ async def test_models_retrieve_and_unknown_routes(migrated_db_url: str, redis_ur
                 await client.models.retrieve("llama-3.3-70b-instruct-fp8")  # outside the allowlist
             assert hidden.value.code == "model_not_found"
             with pytest.raises(openai.NotFoundError) as unknown:
-                await client.embeddings.create(model=MODEL, input="hi")  # a route the gateway lacks
+                await client.images.generate(model=MODEL, prompt="hi")  # a route the gateway lacks
             assert unknown.value.code == "unknown_url"
-            assert "Invalid URL (POST /v1/embeddings)" in unknown.value.message
+            assert "Invalid URL (POST /v1/images/generations)" in unknown.value.message
+            with pytest.raises(openai.BadRequestError) as wrong:
+                await client.embeddings.create(model=MODEL, input="hi")  # a chat model embeds nothing
+            assert (wrong.value.code, wrong.value.param) == ("unsupported_model", "model")

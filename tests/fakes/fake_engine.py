@@ -113,6 +113,7 @@ class FakeEngine:
     async def start(self) -> str:
         app = web.Application()
         app.router.add_post("/v1/chat/completions", self._chat)
+        app.router.add_post("/v1/embeddings", self._embeddings)
         app.router.add_get("/metrics", self._metrics)
         app.router.add_post("/tokenize", self._tokenize)
         app.router.add_get("/health", self._health)
@@ -177,6 +178,33 @@ class FakeEngine:
             f"{kv_name}{labels} {self.kv}\n"
         )
         return web.Response(text=text, content_type="text/plain")
+
+    async def _embeddings(self, request: web.Request) -> web.Response:
+        """`x_fake`: `{"mode": "ok" | "no_usage" | "pretty" | "huge" | "http_error", "dims": 4}`: a
+        normal answer, one without usage, one written over several lines, one of `huge` bytes."""
+        body = await request.json()
+        self.requests.append(body)
+        fake: dict[str, Any] = body.get("x_fake") or {}
+        mode = fake.get("mode", "ok")
+        if mode == "http_error":
+            status = int(fake.get("status", 400))
+            return web.json_response(_error_body("nested", status, "bad input"), status=status)
+        dims = int(fake.get("dims", 4))
+        inputs = body["input"] if isinstance(body["input"], list) else [body["input"]]
+        data = [{"object": "embedding", "index": i, "embedding": [0.5] * dims} for i in range(len(inputs))]
+        answer: dict[str, Any] = {
+            "id": "embd-fake",
+            "object": "list",
+            "created": CREATED,
+            "model": self.model,
+        }
+        answer["data"] = data
+        if mode != "no_usage":
+            answer["usage"] = {"prompt_tokens": 3 * len(inputs), "total_tokens": 3 * len(inputs)}
+        if mode == "huge":
+            answer["padding"] = "x" * int(fake["huge"])
+        text = json.dumps(answer, indent=2 if mode == "pretty" else None)
+        return web.Response(text=text, content_type="application/json")
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()

@@ -104,11 +104,12 @@ def test_one_deployment_per_live_revision_with_disjoint_selectors() -> None:
     for dep in deps:
         by_model.setdefault(_model_of(dep), set()).add(dep["metadata"]["name"])
         assert _selects(dep["spec"]["selector"]["matchLabels"], dep["spec"]["template"]["metadata"]["labels"])
-    s8, s32, s70 = (f"vllm-{slug(m)}" for m in canary_spec().models)
+    s8, s32, s70, embedding = (f"vllm-{slug(m)}" for m in canary_spec().models)
     assert by_model == {
         SPOT_MODEL: {s8, f"{s8}-spot", f"{s8}-canary"},
         PLAIN_MODEL: {s32, f"{s32}-canary"},
         "llama-3.3-70b-instruct-fp8": {s70},
+        "bge-m3": {embedding},
     }
     assert _overlaps(of_kind(kube, "Deployment")) == []
     # The check sees an overlap: a canary whose pods carried the stable capacity label would be

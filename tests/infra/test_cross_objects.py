@@ -9,18 +9,32 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import re
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
 
+from apps.core.sizing.plan import plan_fleet
+from apps.core.sizing.pools import ON_DEMAND_POOL, pool_demand
 from apps.core.spec import load_spec
 from apps.gateway.cli import uvicorn_config
 from apps.gateway.settings import GatewaySettings
-from infra.manifests.common import AGENT_HEALTH_PORT, NAMESPACE, NODE_PORT, VLLM_PORT
+from infra.manifests.common import (
+    AGENT_HEALTH_PORT,
+    GPU_RESOURCE,
+    MODEL_CACHE_MOUNT,
+    MODEL_LABEL,
+    NAMESPACE,
+    NODE_PORT,
+    POOL_LABEL,
+    VLLM_PORT,
+    slug,
+)
 from infra.render import EKS_CLUSTER_SG
-from tests.infra.conftest import STACKS, depends_closure, rendered
+from tests.infra.conftest import STACKS, depends_closure, kube_objects, of_kind, rendered
+from tests.infra.test_netpol import PROMETHEUS, STRANGER, allowed
 
 DCGM_PORT = 9400  # dcgm-exporter's metrics port (chart values.yaml service.port)
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "infra"
@@ -349,3 +363,57 @@ def test_each_pods_agent_names_the_revision_its_engine_serves_and_model_sync_cop
         assert set(copied) == set(said), (model, copied)
         seen.add(model)
     assert seen == set(spec.models)
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_the_embedding_model_is_copied_served_scraped_scaled_and_placed(stack: str) -> None:
+    """Issue 31: the embedding model's objects fit each other and the rest as every model's do. Its
+    model-sync copies the registry revision its pooling engine loads, its Service and NetworkPolicy
+    reach its pods, its ScaledObject scales its Deployment on series a pooling engine exports, and its
+    pods land on a NodePool that admits them and whose GPU limit counts its replica maximum."""
+    spec = load_spec(stack)
+    (model,) = [n for n, m in spec.models.items() if m.serving.task == "embed"]
+    revision = spec.models[model].revision
+    kube = kube_objects(stack)
+    deployments = of_kind(kube, "Deployment")
+    (dep,) = [d for d in deployments if d["metadata"]["labels"].get(MODEL_LABEL) == slug(model)]
+    pod = dep["spec"]["template"]
+    containers = {c["name"]: c for c in pod["spec"]["containers"]}
+    (sync,) = pod["spec"]["initContainers"]
+    assert (_flag_values(sync["args"], "--model"), _flag_values(sync["args"], "--revision")) == (
+        [model],
+        [revision],
+    )
+    assert _flag_values(sync["args"], "--dest") == [MODEL_CACHE_MOUNT]
+    vllm = containers["vllm"]["args"]
+    assert _flag_values(vllm, "--model") == [f"{MODEL_CACHE_MOUNT}/{model}/{revision}"]
+    assert _flag_values(vllm, "--runner") == ["pooling"]
+    mounts = {m["name"]: m["mountPath"] for c in (sync, containers["vllm"]) for m in c["volumeMounts"]}
+    assert mounts["models"] == MODEL_CACHE_MOUNT  # the volume model-sync fills is the one vLLM reads
+    assert _flag_values(containers["agent"]["args"], "--model") == [model]
+
+    labels = pod["metadata"]["labels"]
+    (service,) = [s for s in of_kind(kube, "Service") if s["metadata"]["name"] == f"vllm-{slug(model)}"]
+    assert service["spec"]["selector"].items() <= labels.items()
+    assert allowed(kube, labels, VLLM_PORT, PROMETHEUS)
+    assert allowed(kube, labels, AGENT_HEALTH_PORT, PROMETHEUS)
+    assert not allowed(kube, labels, VLLM_PORT, STRANGER)
+
+    name = dep["metadata"]["name"]
+    (so,) = [o for o in of_kind(kube, "ScaledObject") if o["spec"]["scaleTargetRef"]["name"] == name]
+    queries = " ".join(t["metadata"]["query"] for t in so["spec"]["triggers"] if t["type"] == "prometheus")
+    # Both are exported by vLLM 0.32's pooling runner (one per input being embedded); no KV-cache use.
+    read = set(re.findall(r"vllm:[a-z_]+", queries))
+    assert read == {"vllm:num_requests_running", "vllm:num_requests_waiting"}
+
+    pools = {p["metadata"]["name"]: p for p in of_kind(kube, "NodePool")}
+    terms = pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    expressions = [e for t in terms["nodeSelectorTerms"] for e in t["matchExpressions"]]
+    wanted = {v for e in expressions if e["key"] == POOL_LABEL for v in e["values"]}
+    assert wanted == {ON_DEMAND_POOL} <= set(pools)
+    pool = pools[ON_DEMAND_POOL]["spec"]
+    for taint in pool["template"]["spec"]["taints"]:
+        assert _tolerates(pod["spec"]["tolerations"], taint), taint
+    (demand,) = [d for d in pool_demand(spec, plan_fleet(spec)) if d.pool == ON_DEMAND_POOL]
+    assert demand.per_model[model] == spec.models[model].serving.replicas.max  # one 1-GPU node each
+    assert pool["limits"][GPU_RESOURCE] == demand.gpus == sum(demand.per_model.values())

@@ -58,7 +58,7 @@ def test_main_builds_the_stack_named_in_pulumi_config() -> None:
         for r in mocks.resources
         if r["type"] == "kubernetes:apps/v1:Deployment"
     }
-    assert len(deployments) == 6  # 8B floor + spot burst, 32B, 70B, gateway, orchestrator
+    assert len(deployments) == 7  # 8B floor + spot burst, 32B, 70B, bge-m3, gateway, orchestrator
     # prod's 8B floor is 2 on-demand replicas (dev's is 1), once scaleModels is on: the config's
     # stack and settings were honoured
     assert deployments["vllm-llama-3-1-8b-instruct"]["spec"]["replicas"] == 2

@@ -75,6 +75,43 @@ def test_vllm_flags_equal_the_planner(kube: list[dict[str, Any]], plan: FleetPla
     assert seen == set(plan.models)
 
 
+# Flags that configure decoding, the KV cache or what only a generate engine reports.
+GENERATION_ONLY = {
+    "--block-size",
+    "--enable-prefix-caching",
+    "--enable-prompt-tokens-details",
+    "--kv-events-config",
+    "--speculative-config",
+    "--num-speculative-tokens",
+    "--enable-chunked-prefill",
+}
+
+
+def test_an_embed_models_engine_runs_the_pooling_runner_and_a_generate_models_does_not(
+    kube: list[dict[str, Any]], spec: StackSpec
+) -> None:
+    """An embed model's vLLM serves `/v1/embeddings` with `--runner pooling` and no generation-only
+    flag, its agent forwards no KV events; a generate model's runs vLLM's default runner with them."""
+    tasks: set[str] = set()
+    for dep, pod in _vllm_pods(kube):
+        model = _model_of(pod)
+        task = spec.models[model].serving.task
+        tasks.add(task)
+        args = next(c for c in pod["containers"] if c["name"] == "vllm")["args"]
+        agent = next(c for c in pod["containers"] if c["name"] == "agent")["args"]
+        runners = [args[i + 1] for i, a in enumerate(args[:-1]) if a == "--runner"]
+        if task == "embed":
+            assert runners == ["pooling"], dep["metadata"]["name"]
+            assert not GENERATION_ONLY & set(args), dep["metadata"]["name"]
+            assert not any(a.startswith("--kv-events") for a in agent), dep["metadata"]["name"]
+        else:
+            assert runners == [], dep["metadata"]["name"]  # vLLM's default: generate for these
+            assert "--kv-events-config" in args
+            assert "--kv-events-endpoint" in agent
+        assert _arg(args, "--scheduling-policy") == "priority"  # both schedulers take the classes
+    assert tasks == {"embed", "generate"}  # the stack has both: neither branch is vacuous
+
+
 def test_prod_matches_the_brief() -> None:
     kube = kube_objects("prod")
     flags = {}
@@ -126,7 +163,7 @@ def test_replica_bounds_and_keda_thresholds_come_from_the_spec(spec: StackSpec, 
     for so in of_kind(kube, "ScaledObject"):
         s = so["spec"]
         by_name = {t["name"]: t for t in s["triggers"]}
-        model = by_name["vllm-kv-cache"]["metadata"]["query"].split('"')[1]
+        model = by_name["demand"]["metadata"]["query"].split('"')[1]
         mp = plan.models[model]
         window = s["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]["scaleDown"]
         assert window["stabilizationWindowSeconds"] == scale_down_window_s(mp) >= startup_budget_s(mp)
@@ -135,8 +172,11 @@ def test_replica_bounds_and_keda_thresholds_come_from_the_spec(spec: StackSpec, 
         per_replica = streams_target(mp, spec.models[model].serving.headroom)
         assert by_name["demand"]["metadata"]["threshold"] == f"{per_replica:g}"
         assert by_name["demand"]["metadata"]["query"] == demand_query(model, base, per_replica)
-        assert by_name["vllm-kv-cache"]["metadata"]["threshold"] == str(KV_CACHE_TARGET)
-        assert by_name["vllm-kv-cache"]["metadata"]["query"] == kv_query(model, base)
+        if mp.task == "embed":  # no KV cache: vllm:kv_cache_usage_perc stays 0, nothing to scale on
+            assert "vllm-kv-cache" not in by_name
+        else:
+            assert by_name["vllm-kv-cache"]["metadata"]["threshold"] == str(KV_CACHE_TARGET)
+            assert by_name["vllm-kv-cache"]["metadata"]["query"] == kv_query(model, base)
         for trigger in s["triggers"]:
             assert all(isinstance(v, str) for v in trigger["metadata"].values()), trigger
             if trigger["type"] == "prometheus":
@@ -313,6 +353,7 @@ def test_dev_is_small() -> None:
     assert dev.models["llama-3.1-8b-instruct"].replicas == 1
     assert dev.models["qwen2.5-32b-instruct"].min_replicas == 0
     assert dev.models["llama-3.3-70b-instruct-fp8"].min_replicas == 0
+    assert (dev.models["bge-m3"].min_replicas, dev.models["bge-m3"].max_replicas) == (0, 1)
     spec = load_spec("dev")
     kube = serving_objects(spec, dev, OfficeHours(), "agent", "bucket", scale_models=True)
     bounds = _replica_bounds(kube, "llama-3.1-8b-instruct")

@@ -30,7 +30,8 @@ def _envelope(body: dict[str, object], code: str) -> None:
     [
         ("GET", "/v1/completions-typo", 404, "unknown_url"),
         ("GET", "/v2/models", 404, "unknown_url"),
-        ("POST", "/v1/embeddings", 404, "unknown_url"),
+        ("POST", "/v1/images/generations", 404, "unknown_url"),
+        ("GET", "/v1/embeddings", 405, "method_not_allowed"),
         ("GET", "/v1/chat/completions", 405, "method_not_allowed"),
         ("DELETE", "/v1/models", 405, "method_not_allowed"),
         ("PUT", "/admin/keys", 405, "method_not_allowed"),

@@ -119,34 +119,34 @@ async def test_refusal_close_codes_back_off_and_retry(tmp_path: Path, code: int)
 async def test_an_older_orchestrator_gets_a_lower_version_and_the_newest_is_tried_again_later(
     tmp_path: Path,
 ) -> None:
-    """One version down per 4001 (6 -> 5 -> 4 -> 3 -> 2 -> 1), the newest again on the next connection."""
+    """One version down per 4001 (7 -> 6 -> ... -> 1), the newest again on the next connection."""
     clock = RecordingClock()
     unsupported = ("close", proto.CLOSE_UNSUPPORTED_VERSION)
-    orch = FakeOrchestrator(script=[*[unsupported] * 5, "ack", "ack"])
+    orch = FakeOrchestrator(script=[*[unsupported] * 6, "ack", "ack"])
     deps = AgentDeps(clock=clock, rng=FixedRandom(0.5), gpu_probe=NoGpuProbe())
     async with running_agent(tmp_path, orch=orch, deps=deps, model_revision="rev-a") as run:
-        assert [r.version for r in orch.registrations] == [proto.PROTOCOL_VERSION, 5, 4, 3, 2, 1]
+        assert [r.version for r in orch.registrations] == [proto.PROTOCOL_VERSION, 6, 5, 4, 3, 2, 1]
         # A version 1-5 register carries no revision (an older orchestrator refuses unknown fields).
-        assert [r.models[0].revision for r in orch.registrations] == ["rev-a", "", "", "", "", ""]
+        assert [r.models[0].revision for r in orch.registrations] == ["rev-a", "rev-a", "", "", "", "", ""]
         for rid in ("v1a", "v1b"):
             await orch.send(run.assign(rid, 4))
         for rid in ("v1a", "v1b"):
             await run.result(rid)
         # Version 1 has no batched messages: every message of that connection held one frame.
-        assert {n for conn, n in orch.message_sizes if conn == 6} == {1}
+        assert {n for conn, n in orch.message_sizes if conn == 7} == {1}
         await orch.cut()
-        await orch.wait_connections(7)
-        assert orch.registrations[6].version == proto.PROTOCOL_VERSION
+        await orch.wait_connections(8)
+        assert orch.registrations[7].version == proto.PROTOCOL_VERSION
 
 
 async def test_a_version_2_orchestrator_gets_version_2(tmp_path: Path) -> None:
-    """An orchestrator from before the handover (versions 1-2) refuses 6, 5, 4 and 3: the agent speaks 2
+    """An orchestrator from before the handover (versions 1-2) refuses 7, 6, 5, 4 and 3: the agent speaks 2
     to it (and gets the engine's body built, as such an orchestrator sends it)."""
     unsupported = ("close", proto.CLOSE_UNSUPPORTED_VERSION)
-    orch = FakeOrchestrator(script=[*[unsupported] * 4, "ack"])
+    orch = FakeOrchestrator(script=[*[unsupported] * 5, "ack"])
     deps = AgentDeps(clock=RecordingClock(), rng=FixedRandom(0.5), gpu_probe=NoGpuProbe())
     async with running_agent(tmp_path, orch=orch, deps=deps) as run:
-        assert [r.version for r in orch.registrations] == [proto.PROTOCOL_VERSION, 5, 4, 3, 2]
+        assert [r.version for r in orch.registrations] == [proto.PROTOCOL_VERSION, 6, 5, 4, 3, 2]
         await orch.send(run.assign("v2", 4))
         done = await run.result("v2")
         assert isinstance(done, proto.Done)

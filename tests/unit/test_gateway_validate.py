@@ -11,7 +11,7 @@ from apps.core.protocol.engine import engine_body
 from apps.core.protocol.node import Assign
 from apps.core.spec import load_spec
 from apps.gateway.validate import (
-    ChatRequest,
+    InferenceRequest,
     check_ssrf,
     estimate_prompt_tokens,
     is_public_ip,
@@ -24,7 +24,7 @@ SPEC = load_spec("dev")
 MODEL = "llama-3.1-8b-instruct"
 
 
-def engine_sent(req: ChatRequest) -> dict[str, Any]:
+def engine_sent(req: InferenceRequest) -> dict[str, Any]:
     """The engine's body for `req`, as the agent builds it from what the gateway sends."""
     assign = Assign(
         request_id="r",

@@ -160,12 +160,22 @@ def test_an_encoded_frame_never_holds_a_raw_newline(path: Path) -> None:
 
 
 def test_the_orchestrator_accepts_every_version() -> None:
-    assert {1, 2, 3, 4, 5, 6} == proto.SUPPORTED_VERSIONS
+    assert {1, 2, 3, 4, 5, 6, 7} == proto.SUPPORTED_VERSIONS
     assert proto.BATCHING_VERSION == 2
     assert proto.HANDOVER_VERSION == 3
     assert proto.INTENT_VERSION == 4
     assert proto.KV_EVENTS_VERSION == 5
-    assert proto.PROTOCOL_VERSION == proto.REVISIONS_VERSION == 6
+    assert proto.REVISIONS_VERSION == 6
+    assert proto.PROTOCOL_VERSION == proto.ENDPOINTS_VERSION == 7
+
+
+def test_an_assign_with_an_endpoint_round_trips_and_a_chat_one_names_none() -> None:
+    embed = proto.Assign(request_id="r", model="m", body={"input": "x"}, endpoint="embeddings")
+    raw = proto.encode(embed)
+    assert json.loads(raw)["endpoint"] == "embeddings"
+    assert proto.decode_server_frame(raw) == embed
+    chat = proto.Assign(request_id="r", model="m", body={"messages": []})
+    assert "endpoint" not in json.loads(proto.encode(chat))
 
 
 def test_a_register_without_revisions_is_the_version_1_to_5_frame() -> None:

@@ -138,3 +138,39 @@ def test_resume_is_per_model() -> None:
     assert can_resume(dreq, {"m"})
     assert not can_resume(dreq, {"other"})
     assert not can_resume(dreq.model_copy(update={"n": 2}), None)  # the budget's n
+
+
+COMPLETION: dict[str, Any] = {"model": "m", "prompt": "Once upon", "stream": True, "max_tokens": 6}
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "extra", "ok"),
+    [
+        ("completions", {}, True),
+        ("completions", {"prompt": [1, 2, 3]}, False),  # token ids: no text to continue
+        ("completions", {"echo": True}, False),  # the prompt again on the second node
+        ("completions", {"suffix": "end"}, False),
+        ("completions", {"n": 2}, False),
+        ("completions", {"logprobs": 2}, False),
+        ("embeddings", {"input": "x"}, False),  # one answer: nothing streams
+        ("chat", {}, False),  # a chat body has messages
+    ],
+)
+def test_which_completions_resume(endpoint: str, extra: dict[str, Any], ok: bool) -> None:
+    assert resumable({**COMPLETION, **extra}, endpoint) is ok
+
+
+def text_ev(chunk_id: str, text: str, finish: str | None = None) -> str:
+    choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+    payload = {"id": chunk_id, "object": "text_completion", "created": 1, "model": "m", "choices": [choice]}
+    return sse_event(json.dumps(payload).encode()).decode()
+
+
+def test_a_completions_delivered_text_is_what_continues() -> None:
+    done = delivered([text_ev("cmpl-1", " a") + text_ev("cmpl-1", " time")])
+    assert (done.text, done.tokens, done.chunk_id, done.finished) == (" a time", 2, "cmpl-1", False)
+    assert continuation(Budget(20, 6), done) == Continuation(Budget(20, 4), " a time")
+    assert delivered([text_ev("cmpl-1", ".", "stop")]).finished
+    dreq = DispatchRequest(request_id="r", team_id=1, model="m", body=COMPLETION, endpoint="completions")
+    assert can_resume(dreq, {"m"})
+    assert not can_resume(dreq.model_copy(update={"endpoint": "embeddings"}), None)

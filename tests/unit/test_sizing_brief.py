@@ -50,9 +50,13 @@ def test_brief_fleet_from_prod_spec() -> None:
     assert (m8.replicas, m8.gpus_per_replica, m8.gpus) == (6, 1, 6)
     assert (m32.replicas, m32.gpus_per_replica, m32.gpus) == (4, 2, 8)
     assert (m70.replicas, m70.gpus_per_replica, m70.gpus) == (2, 4, 8)
-    assert (plan.gpus_peak, plan.gpus_onprem, plan.gpus_cloud) == (22, 8, 14)
-    assert plan.cost_per_hour_peak_usd == pytest.approx(35.0)
-    assert plan.cost_per_month_usd == pytest.approx(14_600.0)
+    # The brief's 22 GPUs for its three chat models, plus the embedding model's 2 (issue 31).
+    assert m8.gpus + m32.gpus + m70.gpus == 22
+    assert plan.models["bge-m3"].gpus == 2
+    assert (plan.gpus_peak, plan.gpus_onprem, plan.gpus_cloud) == (24, 8, 16)
+    assert plan.cost_per_hour_peak_usd == pytest.approx(40.0)
+    # The brief's average of 8 cloud GPUs plus the embedding model's always-on one: 9 x 2.5 x 730.
+    assert plan.cost_per_month_usd == pytest.approx(16_425.0)
     # vLLM flags of the brief's 8B Deployment come from the same numbers.
     assert (m8.max_model_len, m8.max_num_seqs) == (8192, 64)
     assert plan.warnings == []

@@ -10,7 +10,7 @@ import yaml
 from apps.core.errors import SpecError
 from apps.core.spec import STACKS_DIR, load_spec, parse_spec
 
-CATALOG = {"llama-3.1-8b-instruct", "qwen2.5-32b-instruct", "llama-3.3-70b-instruct-fp8"}
+CATALOG = {"llama-3.1-8b-instruct", "qwen2.5-32b-instruct", "llama-3.3-70b-instruct-fp8", "bge-m3"}
 
 
 @pytest.mark.parametrize("stack", ["dev", "prod"])
@@ -19,6 +19,7 @@ def test_shipped_stacks_load(stack: str) -> None:
     assert set(spec.models) == CATALOG
     m70 = spec.models["llama-3.3-70b-instruct-fp8"]
     assert (m70.layers, m70.kv_heads, m70.head_dim, m70.weight_dtype) == (80, 8, 128, "fp8")
+    assert [n for n, m in spec.models.items() if m.serving.task == "embed"] == ["bge-m3"]
     assert spec.slo.queue_limit_s == 30
 
 

@@ -2,6 +2,7 @@
 client -> the same fake directly, side by side in one run.
 
     .venv/bin/python -m tools.bench gateway [--streams 200] [--rounds 3] [--requests 3] [--workers 1,2]
+                                            [--guardrails]
 
 What runs (all on loopback, separate processes so CPU is attributable):
   * the fake orchestrator (`tools.bench.wire`, a child process): a raw asyncio protocol on uvloop
@@ -16,6 +17,11 @@ What runs (all on loopback, separate processes so CPU is attributable):
   * the load client (this process, uvloop, a raw asyncio protocol per client connection):
     `--streams` concurrent clients, each issuing `--requests` streaming requests in sequence on one
     keep-alive connection, starts spread over one request duration so arrivals are steady.
+
+With `--guardrails`, each gateway also serves a second team whose guardrail policy (docs/guardrails.md)
+screens every request (`ssn` block, `email` and `phone` redact, `dob` flag) and every answer (the same
+four detectors, redact): mode `<gateway>_guardrails`, the same process and port with that team's key,
+so the added TTFT and CPU of enabled checks are measured side by side with the unscreened team.
 
 Each round runs `direct`, then every gateway configuration, with the same client. Reported per
 mode: TTFT (request written -> first content chunk received) p50/p99/mean, the added TTFT
@@ -41,6 +47,8 @@ from psycopg_pool import AsyncConnectionPool
 
 from apps.cli.procs import llmfleet_argv
 from apps.core.db.migrate import migrate_sync
+from apps.core.guardrails.policy import parse_policy
+from apps.core.guardrails.store import GuardrailStore
 from apps.core.identity.keys import KeyStore
 from apps.core.ledger.teams import TeamStore
 from tools.bench.common import (
@@ -56,13 +64,22 @@ from tools.bench.common import (
 )
 from tools.bench.wire import one_round, request_bytes, start_fake_orchestrator
 
+GUARDED = ("ssn", "email", "phone", "dob")
+INPUT_ACTIONS = {"ssn": "block", "email": "redact", "phone": "redact", "dob": "flag"}
 
-async def _key(db_url: str, secret: str) -> str:
-    """A team with credits and one key without quotas."""
+
+async def _key(db_url: str, secret: str, name: str = "bench", guarded: bool = False) -> str:
+    """A team with credits and one key without quotas; `guarded`: the team has the bench's policy."""
     async with AsyncConnectionPool(db_url, min_size=1, max_size=2) as pool:
-        team = await TeamStore(pool).create_team("bench")
+        team = await TeamStore(pool).create_team(name)
         await TeamStore(pool).add_credits(team.id, 10**15)
         key, _ = await KeyStore(pool, secret.encode()).create(team=team.id)
+        if guarded:
+            policy = {
+                "input": [{"detector": d, "action": INPUT_ACTIONS[d]} for d in GUARDED],
+                "output": [{"detector": d, "action": "redact"} for d in GUARDED],
+            }
+            await GuardrailStore(pool).put(team.id, parse_policy(policy))
     return key
 
 
@@ -97,10 +114,13 @@ class Tally:
 
 
 async def _rounds(
-    args: argparse.Namespace, modes: dict[str, tuple[int, psutil.Process]], fake: psutil.Process, key: str
+    args: argparse.Namespace,
+    modes: dict[str, tuple[int, psutil.Process]],
+    fake: psutil.Process,
+    keys: dict[str, str],
 ) -> tuple[dict[str, Tally], list[float]]:
     raws = {
-        name: request_bytes(port, "/v1/chat/completions", key if name != "direct" else "direct", args.tokens)
+        name: request_bytes(port, "/v1/chat/completions", keys.get(name, "direct"), args.tokens)
         for name, (port, _proc) in modes.items()
     }
     warm = 20 * max(args.workers, default=1)
@@ -180,7 +200,13 @@ async def bench(args: argparse.Namespace) -> dict[str, object]:
             gateways = _start_gateways(supervisor, args, env, args.workers)
             modes = {"direct": (fake_port, psutil.Process(fake.pid))}
             modes |= {name: (port, psutil.Process(child.pid)) for name, (port, child) in gateways.items()}
-            tallies, load = await _rounds(args, modes, modes["direct"][1], key)
+            keys = {name: key for name in gateways}
+            if args.guardrails:
+                guarded = await _key(db_url, secret, "bench-guarded", guarded=True)
+                for name in gateways:
+                    modes[f"{name}_guardrails"] = modes[name]
+                    keys[f"{name}_guardrails"] = guarded
+            tallies, load = await _rounds(args, modes, modes["direct"][1], keys)
             return _summary(args, tallies, load)
         finally:
             supervisor.stop_all()
@@ -202,6 +228,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--workers", default="1,2", help="gateway worker counts, compared side by side")
     parser.add_argument("--baseline-tree", default="", help="also run the gateway from this source tree")
     parser.add_argument("--pg-pool-max", type=int, default=6, help="per gateway process")
+    parser.add_argument(
+        "--guardrails", action="store_true", help="also a team with a guardrail policy on each gateway"
+    )
     parser.add_argument("--pg", default=admin_pg_url())
     parser.add_argument("--redis", default="redis://127.0.0.1:6379/9")
     args = parser.parse_args(argv)

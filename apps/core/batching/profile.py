@@ -106,10 +106,15 @@ def profiles_for(spec: StackSpec) -> dict[str, EngineProfile]:
         step_at_target = 1.0 / rate
         fp8 = 2.0 if model.weight_dtype.lower() == "fp8" else 1.0
         flops_per_s = L40S_DENSE_BF16_FLOPS * PREFILL_EFFICIENCY * mp.gpus_per_replica * fp8
+        num_blocks = mp.kv_blocks_per_replica
+        if model.serving.task == "embed":
+            # vLLM keeps no KV cache for an encoder (the plan says 0 blocks); enginesim's scheduler still
+            # places a prompt in blocks while it embeds it: room for one of the longest (and the null block).
+            num_blocks = max(num_blocks, -(-mp.max_model_len // spec.sizing.block_size) + 1)
         out[name] = EngineProfile(
             name=name,
             root=_ROOTS.get(name, name),
-            num_blocks=mp.kv_blocks_per_replica,
+            num_blocks=num_blocks,
             block_size=spec.sizing.block_size,
             max_num_seqs=mp.max_num_seqs,
             max_model_len=mp.max_model_len,

@@ -34,7 +34,7 @@ node and settles the tokens produced so far.
 from __future__ import annotations
 
 import hmac
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -110,6 +110,10 @@ class DispatchRequest(BaseModel):
     # candidate that takes no production traffic); only an admin may ask (the gateway checks). None:
     # the model's rollout decides. An older orchestrator refuses the field: roll the orchestrators first.
     revision: str | None = Field(default=None, min_length=1, max_length=128)
+    # The API endpoint the client called (issue 31): `chat` (`/v1/chat/completions`), `completions`
+    # (`/v1/completions`) or `embeddings` (`/v1/embeddings`); the same admission, queue, reservation
+    # and settle for all three. An older orchestrator refuses the field: roll the orchestrators first.
+    endpoint: Literal["chat", "completions", "embeddings"] = "chat"
 
     @property
     def budget(self) -> Budget:

@@ -14,6 +14,11 @@ the per-chunk usage out of the forwarded bytes unless `wants_chunk_usage`); and 
 the delivered text as a final assistant message, `continue_final_message: true`,
 `add_generation_prompt: false`; and the team's prefix-cache scope as vLLM's `cache_salt` (the
 gateway never forwards a client's own), so cached prompt blocks are shared within a team only.
+
+Per endpoint (issue 31, `Assign.endpoint`): a completion (`/v1/completions`) is streamed like a chat
+completion; a resumed one continues its `prompt` (a single string) with the delivered text. An
+embedding request (`/v1/embeddings`) is not streamed and has no output budget: its body gets the
+model, the priority and the cache scope only.
 """
 
 from __future__ import annotations
@@ -23,24 +28,36 @@ from typing import Any
 from apps.core.protocol.node import INTENT_FIELDS, Assign
 from apps.core.sharing import VLLM_PRIORITY
 
+# The engine's path of each endpoint (`Assign.endpoint`; None: chat).
+ENGINE_PATHS = {
+    None: "/v1/chat/completions",
+    "completions": "/v1/completions",
+    "embeddings": "/v1/embeddings",
+}
+
 
 def engine_body(assign: Assign) -> dict[str, Any]:
     body = dict(assign.body)
     body["model"] = assign.model
+    if assign.priority_class is not None:
+        body["priority"] = VLLM_PRIORITY[assign.priority_class]
+    if assign.cache_scope is not None:
+        body["cache_salt"] = assign.cache_scope
+    if assign.endpoint == "embeddings":
+        return body
     budget = assign.budget
     if budget is not None and budget.max_tokens is not None:
         body["max_tokens"] = budget.max_tokens
         if "max_completion_tokens" in body:
             body["max_completion_tokens"] = budget.max_tokens
         body["n"] = budget.n
-    if assign.priority_class is not None:
-        body["priority"] = VLLM_PRIORITY[assign.priority_class]
-    if assign.cache_scope is not None:
-        body["cache_salt"] = assign.cache_scope
     if assign.continuation is not None:
-        body["messages"] = [*body["messages"], {"role": "assistant", "content": assign.continuation}]
-        body["add_generation_prompt"] = False
-        body["continue_final_message"] = True
+        if assign.endpoint == "completions":
+            body["prompt"] = f"{body['prompt']}{assign.continuation}"
+        else:
+            body["messages"] = [*body["messages"], {"role": "assistant", "content": assign.continuation}]
+            body["add_generation_prompt"] = False
+            body["continue_final_message"] = True
     body["stream"] = True
     options = body.get("stream_options")
     options = dict(options) if isinstance(options, dict) else {}

@@ -39,6 +39,12 @@ Version 6 adds the model revision (issue 30): each `register.models[]` entry nam
 its engine serves (`revision`, the stack's or the registry's); the orchestrator records it with
 every assignment, and the ledger row of each request names it. A version 1-5 frame has no such field.
 
+Version 7 adds the API endpoint (issue 31): `assign.endpoint` is `completions` (`/v1/completions`,
+streamed like chat) or `embeddings` (`/v1/embeddings`: one JSON answer, relayed as one chunk whose
+single event is the engine's whole body, then `done` with its usage); absent, a chat completion. A
+version 1-6 node never gets an assignment with an endpoint (`apps.orchestrator.routing.for_node`):
+the request goes to another node of the model.
+
 Version 4 moves the engine's body to the agent (issue 28): `assign` carries the client's body
 as the gateway forwarded it plus the request's intent (`budget`, `wants_chunk_usage`,
 `priority_class` and, for a resumed stream, `continuation`: the text the client has), and the
@@ -63,13 +69,14 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 from apps.core.budget import Budget
 from apps.core.sharing import PriorityClass
 
-PROTOCOL_VERSION = 6
-SUPPORTED_VERSIONS = frozenset({1, 2, 3, 4, 5, 6})
+PROTOCOL_VERSION = 7
+SUPPORTED_VERSIONS = frozenset({1, 2, 3, 4, 5, 6, 7})
 BATCHING_VERSION = 2  # from this version on a node's message may carry several frames
 HANDOVER_VERSION = 3  # from this version on a stopping orchestrator hands its sockets over
 INTENT_VERSION = 4  # from this version on `assign` carries intent and the agent builds the engine body
 KV_EVENTS_VERSION = 5  # from this version on a node forwards its engine's KV cache events
 REVISIONS_VERSION = 6  # from this version on a node names the model revision it serves
+ENDPOINTS_VERSION = 7  # from this version on `assign` may name another endpoint than chat
 
 # WebSocket close codes (4000-4999 are for applications).
 CLOSE_NORMAL = 1000
@@ -250,9 +257,11 @@ class Assign(_Frame):
     continuation: str | None = None  # a resumed stream: the assistant text the client has
     # Version 5: the team's prefix-cache scope (the engine's `cache_salt`; apps/core/scheduling/prefix.py).
     cache_scope: str | None = None
+    # Version 7: the API endpoint (None: `/v1/chat/completions`).
+    endpoint: Literal["completions", "embeddings"] | None = None
 
 
-INTENT_FIELDS = ("budget", "wants_chunk_usage", "priority_class", "continuation", "cache_scope")
+INTENT_FIELDS = ("budget", "wants_chunk_usage", "priority_class", "continuation", "cache_scope", "endpoint")
 
 
 class Cancel(_Frame):

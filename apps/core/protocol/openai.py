@@ -1,5 +1,5 @@
 """OpenAI-compatible wire pieces shared by every app: SSE framing, the usage chunk,
-the error envelope, and assembling a non-streaming `chat.completion` from chunks.
+the error envelope (assembling a non-streaming answer from chunks: `apps.core.protocol.assemble`).
 
 The relay path never decodes content chunks (docs/architecture.md D5): `SseSplitter` only
 finds event boundaries, and `is_usage_event` recognises vLLM's final usage chunk by
@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any
 
 DONE_PAYLOAD = b"[DONE]"
 SSE_DONE = b"data: [DONE]\n\n"
@@ -95,6 +94,23 @@ def parse_usage(payload: bytes) -> Usage | None:
     return Usage(prompt, completion)
 
 
+def one_line_answer(raw: bytes) -> tuple[bytes, int] | None:
+    """A one-answer body (an embeddings response) as one SSE event's payload and its
+    `usage.prompt_tokens`; None when it is not a JSON object with that count. The bytes are the
+    engine's own unless they hold a line break, which would end the event early (then compact JSON)."""
+    try:
+        obj = json.loads(raw)
+    except ValueError:
+        return None
+    usage = obj.get("usage") if isinstance(obj, dict) else None
+    prompt = usage.get("prompt_tokens") if isinstance(usage, dict) else None
+    if not isinstance(prompt, int) or isinstance(prompt, bool) or prompt < 0:
+        return None
+    if b"\n" in raw or b"\r" in raw:
+        raw = json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode()
+    return raw, prompt
+
+
 def cached_tokens(payload: bytes) -> int | None:
     """`usage.prompt_tokens_details.cached_tokens` of a usage chunk (vLLM with
     `--enable-prompt-tokens-details`), else None."""
@@ -106,53 +122,3 @@ def cached_tokens(payload: bytes) -> int | None:
     details = usage.get("prompt_tokens_details") if isinstance(usage, dict) else None
     cached = details.get("cached_tokens") if isinstance(details, dict) else None
     return cached if isinstance(cached, int) and cached >= 0 else None
-
-
-def assemble_completion(payloads: list[bytes]) -> dict[str, Any]:
-    """Fold streamed `chat.completion.chunk` payloads into one `chat.completion` body.
-
-    Used only for clients that asked for `stream: false`; the engine is always streamed
-    so that usage and cancellation work the same for both kinds of client.
-    """
-    base: dict[str, Any] = {}
-    choices: dict[int, dict[str, Any]] = {}
-    usage: dict[str, Any] | None = None
-    for payload in payloads:
-        if payload == DONE_PAYLOAD:
-            continue
-        chunk = json.loads(payload)
-        if "error" in chunk:
-            raise ValueError(chunk["error"].get("message", "upstream error"))
-        if not base:
-            base = {k: chunk[k] for k in ("id", "created", "model") if k in chunk}
-            if "system_fingerprint" in chunk:
-                base["system_fingerprint"] = chunk["system_fingerprint"]
-        if chunk.get("usage"):
-            usage = chunk["usage"]
-        for choice in chunk.get("choices") or []:
-            idx = choice.get("index", 0)
-            slot = choices.setdefault(
-                idx,
-                {
-                    "index": idx,
-                    # `refusal` is required by OpenAI's schema of a message; vLLM sends it null.
-                    "message": {"role": "assistant", "content": "", "refusal": None},
-                    "logprobs": None,
-                    "finish_reason": None,
-                },
-            )
-            delta = choice.get("delta") or {}
-            if delta.get("content"):
-                slot["message"]["content"] += delta["content"]
-            if delta.get("tool_calls"):
-                slot["message"].setdefault("tool_calls", []).extend(delta["tool_calls"])
-            if choice.get("finish_reason") is not None:
-                slot["finish_reason"] = choice["finish_reason"]
-    body: dict[str, Any] = {
-        "object": "chat.completion",
-        **base,
-        "choices": [choices[i] for i in sorted(choices)],
-    }
-    if usage is not None:
-        body["usage"] = usage
-    return body

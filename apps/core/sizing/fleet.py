@@ -57,7 +57,8 @@ def tokens_per_hour(tokens_per_s: float) -> float:
 def cost_per_million_tokens(
     gpus: float, price_per_gpu_hour: float, tokens_per_s: float, utilisation: float = 1.0
 ) -> float:
-    """USD per million output tokens of `gpus` producing `tokens_per_s` at full load, at `utilisation`."""
+    """USD per million tokens of `gpus` handling `tokens_per_s` at full load, at `utilisation` (output
+    tokens of a generate model, prompt tokens of an embed model)."""
     if tokens_per_s <= 0:
         raise SpecError(f"tokens_per_s must be greater than 0, got {tokens_per_s}", param="tokens_per_s")
     if not 0 < utilisation <= 1:

@@ -6,6 +6,10 @@ KV bytes per token = 2 (K and V) x layers x kv_heads x head_dim x dtype bytes; t
 budget is `memory x utilisation - weights - activations`; it is cut into blocks of
 `block_size` tokens across all layers, `num_blocks = budget // (block_bytes)`; and
 `kv_cache_usage_perc = used / (num_blocks - 1)` because one block is vLLM's null block.
+
+These rules are for decoders. An encoder served for embeddings (`serving.task: embed`) keeps no
+KV cache in vLLM 0.32 (its attention layers contribute no KV-cache group): the plan does not call
+them for it (`apps.core.sizing.embed`), so no encoder is given KV blocks it would never allocate.
 """
 
 from __future__ import annotations
