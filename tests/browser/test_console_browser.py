@@ -61,8 +61,13 @@ def sdk(platform: LocalPlatform, key: str) -> openai.OpenAI:
     return openai.OpenAI(base_url=platform.gateway_url + "/v1", api_key=key, max_retries=0)
 
 
-def chat(client: openai.OpenAI) -> None:
-    client.chat.completions.create(model=MODEL_8B, messages=[{"role": "user", "content": "hi"}], max_tokens=5)
+def chat(platform: LocalPlatform, key: str) -> None:
+    """One chat request with `key`; the client is closed after it (an unclosed one's socket would be
+    collected, with a ResourceWarning, in whichever later test the garbage collector runs)."""
+    with sdk(platform, key) as client:
+        client.chat.completions.create(
+            model=MODEL_8B, messages=[{"role": "user", "content": "hi"}], max_tokens=5
+        )
 
 
 def admin_api(platform: LocalPlatform, path: str, body: dict[str, object]) -> dict[str, object]:
@@ -105,9 +110,8 @@ def test_team_sees_usage_creates_and_revokes_a_key(
     platform: LocalPlatform, chrome: webdriver.Chrome, artifacts: Path
 ) -> None:
     assert platform.credentials is not None
-    demo = sdk(platform, platform.credentials.api_key)
     for _ in range(3):
-        chat(demo)
+        chat(platform, platform.credentials.api_key)
     links = console_links(platform.gateway_url, platform.issuer, DEMO_TEAM)
     chrome.get(platform.gateway_url + "/console/signin")
     chrome.save_screenshot(str(artifacts / "signin.png"))
@@ -133,7 +137,7 @@ def test_team_sees_usage_creates_and_revokes_a_key(
     secret = text(chrome, "#new-key")
     assert secret.startswith("sk-lf-")
     chrome.save_screenshot(str(artifacts / "key-created.png"))
-    chat(sdk(platform, secret))
+    chat(platform, secret)
 
     row = next(
         r for r in chrome.find_elements(By.CSS_SELECTOR, "#keys-table tbody tr") if "browser-key" in r.text
@@ -143,7 +147,7 @@ def test_team_sees_usage_creates_and_revokes_a_key(
 
     def refused() -> bool:
         try:
-            chat(sdk(platform, secret))
+            chat(platform, secret)
         except openai.AuthenticationError:
             return True
         return False
@@ -180,7 +184,7 @@ def test_second_team_cannot_see_or_act_on_the_first(
         f"/console/team/keys/{demo_keys[0]['id']}/revoke",
     )
     assert "has no key" in until("the refusal", lambda: chrome.find_elements(By.ID, "error"))[0].text
-    chat(sdk(platform, platform.credentials.api_key))  # the demo key still works
+    chat(platform, platform.credentials.api_key)  # the demo key still works
 
 
 def test_admin_adds_credits_and_drains_a_node(

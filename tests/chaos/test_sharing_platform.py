@@ -29,9 +29,9 @@ def test_batch_and_interactive_keys_complete_end_to_end(make_platform: PlatformF
         assert board.status_code == 200
         assert MODEL_8B in {m["model"] for m in board.json()["data"]}
     for key in (batch_key, creds.api_key):
-        client = openai.OpenAI(base_url=creds.base_url, api_key=key, max_retries=0)
-        stream = client.chat.completions.create(
-            model=MODEL_8B, messages=[{"role": "user", "content": "hi"}], max_tokens=8, stream=True
-        )
-        text = "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices)
+        with openai.OpenAI(base_url=creds.base_url, api_key=key, max_retries=0) as client:
+            stream = client.chat.completions.create(
+                model=MODEL_8B, messages=[{"role": "user", "content": "hi"}], max_tokens=8, stream=True
+            )
+            text = "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices)
         assert text

@@ -76,7 +76,9 @@ def test_dev_serves_four_models_lists_five_nodes_and_stops_clean(tmp_path: Path)
         assert creds["OPENAI_BASE_URL"] == f"http://127.0.0.1:{port}/v1"
         assert oct((data_dir / "credentials.env").stat().st_mode & 0o777) == "0o600"
 
-        client = openai.OpenAI(base_url=creds["OPENAI_BASE_URL"], api_key=creds["OPENAI_API_KEY"])
+        client = openai.OpenAI(
+            base_url=creds["OPENAI_BASE_URL"], api_key=creds["OPENAI_API_KEY"], max_retries=0
+        )
         for model in MODELS:
             stream = client.chat.completions.create(
                 model=model,
@@ -99,6 +101,7 @@ def test_dev_serves_four_models_lists_five_nodes_and_stops_clean(tmp_path: Path)
         assert done.usage.completion_tokens == 4
         vectors = client.embeddings.create(model=MODEL_EMBED, input=["hello", "world"])
         assert [len(d.embedding) for d in vectors.data] == [1024, 1024]  # bge-m3's dimensions
+        client.close()  # its pooled socket would otherwise be collected, with a warning, in a later test
 
         req = urllib.request.Request(
             f"http://127.0.0.1:{port}/admin/nodes",

@@ -34,10 +34,11 @@ def _pids(dev_pid: int, prefix: str) -> set[int]:
 
 
 def _answer(creds: dict[str, str]) -> str:
-    client = openai.OpenAI(base_url=creds["OPENAI_BASE_URL"], api_key=creds["OPENAI_API_KEY"], max_retries=0)
-    out = client.chat.completions.create(
-        model="llama-3.1-8b-instruct", messages=[{"role": "user", "content": "hi"}], max_tokens=4
-    )
+    base, key = creds["OPENAI_BASE_URL"], creds["OPENAI_API_KEY"]
+    with openai.OpenAI(base_url=base, api_key=key, max_retries=0) as client:  # closed: no socket left to GC
+        out = client.chat.completions.create(
+            model="llama-3.1-8b-instruct", messages=[{"role": "user", "content": "hi"}], max_tokens=4
+        )
     return out.choices[0].message.content or ""
 
 

@@ -177,8 +177,10 @@ async def test_a_model_version_ships_evaluated_canaried_rolled_back_promoted_and
             await record_golden(client, STABLE, suite)
         evaluate = ["model", "eval", "--model", MODEL, "--suite", str(suite), "--stack", "dev", *registry]
         evaluate += ["--base-url", env.base_url + "/v1", "--api-key", admin]
-        assert (await llmfleet(*evaluate, "--revision", CANARY))[0] == 0
-        assert (await llmfleet(*evaluate, "--revision", BAD))[0] == 1
+        passed = await llmfleet(*evaluate, "--revision", CANARY)
+        assert passed[0] == 0, passed[1:]
+        failed = await llmfleet(*evaluate, "--revision", BAD)
+        assert failed[0] == 1, failed[1:]
         code, _, err = await llmfleet(
             "model", "canary", "--model", MODEL, "--revision", BAD, "--weight", "10", *gate
         )
