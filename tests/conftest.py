@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import psycopg
 import pytest
 import redis
 
@@ -63,6 +64,36 @@ def pg_admin_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         return EmbeddedPostgres(Path(tmp_path_factory.mktemp("pg")))
 
     yield from _server_url("LLMFLEET_TEST_PG_URL", 5432, DEFAULT_PG, embed)
+
+
+def _has_pgvector(url: str) -> bool:
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute("SELECT count(*) FROM pg_available_extensions WHERE name = 'vector'").fetchone()
+    return bool(row and row[0])
+
+
+@pytest.fixture(scope="session")
+def vector_pg_admin_url(pg_admin_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A PostgreSQL server with pgvector (the response cache's semantic match): the test server when it
+    has the extension, else an embedded pgserver (which ships it), started for the session."""
+    if _has_pgvector(pg_admin_url):
+        yield pg_admin_url
+        return
+    embedded = EmbeddedPostgres(Path(tmp_path_factory.mktemp("pgvector")))
+    try:
+        yield embedded.start()
+    finally:
+        embedded.stop()
+
+
+@pytest.fixture
+def vector_db_url(vector_pg_admin_url: str) -> Iterator[str]:
+    """A migrated scratch database on a server with pgvector."""
+    from apps.core.db.migrate import migrate_sync
+
+    with scratch_database(vector_pg_admin_url, "llmfleet_vec") as url:
+        migrate_sync(url)
+        yield url
 
 
 @pytest.fixture(scope="session")

@@ -30,6 +30,8 @@ from apps.core.ledger.teams import TeamStore
 from apps.core.nodes.store import NodeStore
 from apps.core.quota.admission import QuotaStore
 from apps.core.quota.refusals import RefusalStore
+from apps.core.respcache.policies import CachePolicyStore
+from apps.core.respcache.store import CacheStore
 from apps.core.rollouts import RolloutStore
 from apps.core.spec import load_spec
 from apps.gateway.app import create_app
@@ -38,7 +40,7 @@ from apps.gateway.dispatcher import HttpDispatcher
 from apps.gateway.settings import GatewaySettings
 from apps.gateway.wiring import StoreHealth
 from tests.fakes.static_resolver import StaticResolver
-from tests.fleet import Fleet, FleetSetup, RecordingDispatcher, running_fleet
+from tests.fleet import REVISION, Fleet, FleetSetup, RecordingDispatcher, running_fleet
 
 SECRET = b"test-secret-key"
 
@@ -117,6 +119,10 @@ def _deps(
         refusals=RefusalStore(redis, SYSTEM.now),
         board=RedisQueueBoard(redis),
         guardrails=GuardrailStore(pool),
+        cache_policies=CachePolicyStore(pool),
+        # The fleet's nodes say they serve `REVISION` (the stack's revisions are the real weights'); the
+        # stable revision is read from the rollouts at every lookup (a test changes it).
+        cache_store=CacheStore(pool, SECRET, {name: REVISION for name in spec.models}, revision_ttl_s=0.0),
     )
 
 

@@ -5,6 +5,7 @@ apps only ever see a `postgresql://` and a `redis://`/`unix://` URL.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,7 +28,11 @@ class EmbeddedPostgres:
 
     def start(self) -> str:
         try:  # heavy, and the `embedded` extra: imported only when embedded mode is used
-            import pgserver
+            with warnings.catch_warnings():
+                # platformdirs warns at pgserver's import where XDG_RUNTIME_DIR is unset (a container, CI):
+                # it falls back to /tmp/runtime-<uid>, which is what pgserver needs.
+                warnings.filterwarnings("ignore", message="XDG_RUNTIME_DIR is not set")
+                import pgserver
         except ImportError:
             raise missing_extra("pgserver") from None
 

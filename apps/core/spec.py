@@ -55,6 +55,9 @@ class Prices(_Strict):
     prompt_per_million_microcredits: NonNegInt
     completion_per_million_microcredits: NonNegInt
     cached_prompt_per_million_microcredits: NonNegInt | None = None  # None: CACHED_INPUT_FRACTION of prompt
+    # An answer replayed by the response cache (docs/response-cache.md): its prompt and completion tokens
+    # at this price (None: the cached prompt price). No GPU runs for it.
+    cache_hit_per_million_microcredits: NonNegInt | None = None
 
     @model_validator(mode="after")
     def _cached_not_dearer(self) -> Prices:
@@ -69,6 +72,13 @@ class Prices(_Strict):
         if self.cached_prompt_per_million_microcredits is not None:
             return self.cached_prompt_per_million_microcredits
         return int(self.prompt_per_million_microcredits * CACHED_INPUT_FRACTION)
+
+    @property
+    def cache_hit(self) -> int:
+        """The price per million tokens (prompt and completion) of an answer from the response cache."""
+        if self.cache_hit_per_million_microcredits is not None:
+            return self.cache_hit_per_million_microcredits
+        return self.cached_prompt
 
 
 class ReplicaBounds(_Strict):

@@ -25,6 +25,7 @@ from apps.core.errors import (
 from apps.core.metrics_access import metrics_refusal
 from apps.gateway.admin_routes import AdminApi
 from apps.gateway.auth import authenticate
+from apps.gateway.cache_routes import CacheAdminApi
 from apps.gateway.chat import ChatHandler
 from apps.gateway.console import console_mount
 from apps.gateway.deps import GatewayDeps
@@ -162,6 +163,7 @@ def create_app(settings: GatewaySettings, deps: GatewayDeps) -> GatewayApp:
         *PublicApi(settings, deps).routes(),
         *AdminApi(settings, deps).routes(),
         *GuardrailAdminApi(settings, deps, deps.guardrails).routes(),
+        *CacheAdminApi(settings, deps).routes(),
         console_mount(settings, deps),
     ]
     handlers = {LlmfleetError: on_error, HTTPException: on_http_error, psycopg.DataError: on_data_error}

@@ -40,6 +40,7 @@ from apps.core.protocol.dispatch import MODEL_REVISION_HEADER, QUEUE_WAIT_HEADER
 from apps.core.quota.admission import Verdict
 from apps.core.spec import StackSpec
 from apps.gateway.auth import authenticate, require_team
+from apps.gateway.caching import ResponseCaching
 from apps.gateway.collect import Timeouts, collect
 from apps.gateway.deps import GatewayDeps
 from apps.gateway.errors import error_response
@@ -58,7 +59,7 @@ from apps.gateway.guard import GuardCall
 from apps.gateway.metrics import GatewayMetrics
 from apps.gateway.ports import DispatchUnavailable, Upstream
 from apps.gateway.relay import RelayOutcome, RelayResponse
-from apps.gateway.screening import ScreenedUpstream, Screening
+from apps.gateway.screening import Screening
 from apps.gateway.settings import GatewaySettings
 from apps.gateway.speculation import Speculation
 from apps.gateway.validate import (
@@ -92,6 +93,7 @@ class ChatHandler:
         self._speculation = Speculation()
         guard = GuardCall(settings, deps)
         self._screening = Screening(deps.guardrails, GuardrailMetrics(deps.registry), guard)
+        self._caching = ResponseCaching(settings, deps)
 
     async def handle(self, request: Request, endpoint: Endpoint = "chat") -> Response:
         client_id, chosen = request_id_for(request)
@@ -129,6 +131,14 @@ class ChatHandler:
             body, chat = screened, VALIDATORS[endpoint](screened, self._d.spec, caps)
         await self._screening.guard_input(ex.policy, endpoint, chat.body, principal, ex)
         await check_ssrf(body, self._d.resolver, self._s.ssrf_resolve_timeout_s)
+        ex.cache = await self._caching.look(chat, principal, ex)
+        if ex.cache is not None and ex.cache.found is not None:
+            await self._admit(principal, ex, 0)  # a hit takes no tokens: no GPU works for it
+            response = await self._caching.answer(ex.cache, chat, principal, ex)
+            await self._finish(ex, cancel_reservation=True)
+            self._m.requests.labels(chat.model, "200").inc()
+            self._log(ex, ended="cache_hit")
+            return response
         subject, limits = principal.subject, principal.limits
         checks_at = time.monotonic()
         overlapped = self._speculation.begin(subject, limits)
@@ -180,6 +190,7 @@ class ChatHandler:
                 estimated_prompt_tokens=chat.estimated_prompt_tokens,
                 max_tokens=chat.worst_case_completion_tokens,  # n x the effective max_tokens
                 quota_subject=principal.subject,  # the settle counts tokens_per_day for it (JWTs too)
+                **({"cache": "miss"} if ex.cache is not None else {}),
             )
         except DuplicateRequestId:
             raise
@@ -233,7 +244,7 @@ class ChatHandler:
         deadlines = Deadlines(
             queue_wait_s=self._s.queue_wait_s, first_token_s=self._s.first_token_s, idle_s=self._s.idle_s
         )
-        dreq = dispatch_request(chat, principal, team_id, ex, deadlines)
+        dreq = self._caching.dispatching(ex.cache, dispatch_request(chat, principal, team_id, ex, deadlines))
         admitted_at = time.monotonic()
         try:
             async with asyncio.timeout(self._s.queue_wait_s + self._s.first_token_s):
@@ -255,6 +266,7 @@ class ChatHandler:
         if upstream.status != 200:
             return await self._upstream_error(upstream, ex)
         upstream = self._screening.screen_output(upstream, ex.policy, chat.endpoint, team_id)
+        upstream = self._caching.capture(ex.cache, upstream, chat.wants_usage)
         self._m.active_streams.inc()  # `_after_relay` ends it (`stream_ended`)
         headers = {"x-request-id": ex.client_id, **ex.headers}
         ex.revision = upstream.headers.get(MODEL_REVISION_HEADER, "")
@@ -297,8 +309,9 @@ class ChatHandler:
             try:
                 body = await collect(upstream, outcome, receive, timeouts, endpoint)
             except UpstreamFailed:
-                if isinstance(upstream, ScreenedUpstream) and upstream.blocked is not None:
-                    raise GuardrailBlocked(upstream.blocked) from None  # only what ran is billed
+                blocked = getattr(upstream, "blocked", None)  # a screened upstream's (under a capture too)
+                if blocked is not None:
+                    raise GuardrailBlocked(blocked) from None  # only what ran is billed
                 raise
             if body is None:
                 return Response(status_code=499)  # nobody is listening; the server drops it
@@ -329,10 +342,11 @@ class ChatHandler:
             self._m.ttft.labels(ex.model).observe(ttft)
         if ex.revision:
             self._m.revision_ended(ex.model, ex.revision, outcome.ended, ttft)
+        # The team's id, never its name: the admin console and dashboards map ids to names.
+        team = str(ex.principal.team_id) if ex.principal and ex.principal.team_id is not None else "-"
         self._m.stream_ended(
             model=ex.model,
-            # The team's id, never its name: the admin console and dashboards map ids to names.
-            team=str(ex.principal.team_id) if ex.principal and ex.principal.team_id is not None else "-",
+            team=team,
             ttft_s=ttft,
             output_s=None if outcome.first_byte_at is None else ended_at - outcome.first_byte_at,
             completion_tokens=outcome.completion_tokens,
@@ -341,6 +355,7 @@ class ChatHandler:
         )
         if outcome.completion_tokens is not None:
             self._m.output_tokens.labels(ex.model).inc(outcome.completion_tokens)
+        self._caching.remember(ex.cache, team, ex.revision, outcome.ended)
         if outcome.direct_chunks:
             self._m.relayed_chunks.labels("direct").inc(outcome.direct_chunks)
         if outcome.asgi_chunks:

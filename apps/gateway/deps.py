@@ -14,6 +14,8 @@ from apps.core.identity.console_sessions import ConsoleSessions
 from apps.core.identity.jwt_verify import JwtVerifier
 from apps.core.ledger.api import Ledger
 from apps.core.ledger.rollups import UsageRollups
+from apps.core.respcache.policies import CachePolicyStore
+from apps.core.respcache.store import CacheStore
 from apps.core.spec import StackSpec
 from apps.gateway.ports import (
     Dispatcher,
@@ -55,6 +57,10 @@ class GatewayDeps:
     slo: SloSource | None = None  # the admin view's SLO status (None: Prometheus not configured)
     board: QueueBoard | None = None  # `GET /admin/queues` (None: it answers 503)
     guardrails: GuardrailPolicies | None = None  # team guardrail policies (None: no checks, admin routes 503)
+    cache_policies: CachePolicyStore | None = (
+        None  # response cache policies (None: no cache, admin routes 503)
+    )
+    cache_store: CacheStore | None = None  # the response cache's entries (with `cache_policies`)
     registry: CollectorRegistry = field(default_factory=CollectorRegistry)
     clock: Callable[[], datetime] = SYSTEM.now  # apps.core.clock
     lifecycle: Lifecycle = field(default_factory=Lifecycle)

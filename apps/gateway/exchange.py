@@ -10,6 +10,7 @@ import json
 import re
 import uuid
 from dataclasses import dataclass, field
+from typing import Any
 
 from starlette.requests import Request
 
@@ -154,6 +155,7 @@ class Exchange:
     pending: tuple[asyncio.Future[None], ...] = ()  # admission and reservation running concurrently
     ledger_refusal: LlmfleetError | None = None  # the ledger's refusal (402...), counted if it is the answer
     policy: CompiledPolicy | None = None  # the team's guardrail policy (`apps.gateway.screening`)
+    cache: Any = None  # the request's `apps.gateway.caching.CacheTurn` (None: the cache is not asked)
 
 
 def dispatch_request(

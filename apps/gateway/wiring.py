@@ -21,6 +21,8 @@ from apps.core.ledger.teams import TeamStore
 from apps.core.nodes.store import NodeStore
 from apps.core.quota.admission import QuotaStore
 from apps.core.quota.refusals import RefusalStore
+from apps.core.respcache.policies import CachePolicyStore
+from apps.core.respcache.store import CacheStore
 from apps.core.spec import load_spec
 from apps.gateway.deps import GatewayDeps
 from apps.gateway.dispatcher import HttpDispatcher
@@ -145,5 +147,7 @@ async def build_deps(settings: GatewaySettings) -> GatewayDeps:
         slo=slo,
         board=RedisQueueBoard(redis),
         guardrails=GuardrailStore(pool),
+        cache_policies=CachePolicyStore(pool),
+        cache_store=CacheStore(pool, secret, {name: m.revision for name, m in spec.models.items()}),
         closers=[dispatcher.aclose, close_redis, pool.close, node_pool.close, *([slo.aclose] if slo else [])],
     )

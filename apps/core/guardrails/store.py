@@ -10,9 +10,7 @@ share one query. Only the policy is stored; no content ever is.
 
 from __future__ import annotations
 
-import asyncio
 import time
-from collections import OrderedDict
 from collections.abc import Callable
 
 import psycopg.errors
@@ -23,6 +21,7 @@ from apps.core.errors import InvalidRequest, NotFound, Unavailable
 from apps.core.guardrails.api import StoredPolicy
 from apps.core.guardrails.policy import CompiledPolicy, GuardrailPolicy, compile_policy, parse_policy
 from apps.core.stores import postgres_boundary
+from apps.core.ttlcache import TtlCache
 
 
 def _team_not_found(team_id: int) -> NotFound:
@@ -50,12 +49,9 @@ class GuardrailStore:
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self._pool = pool
-        self._ttl = cache_ttl_s
-        self._max = max_entries
-        self._mono = monotonic
-        self._cache: OrderedDict[int, tuple[float, CompiledPolicy | None]] = OrderedDict()
-        self._loading: dict[int, asyncio.Future[CompiledPolicy | None]] = {}
-        self._writes = 0  # a load that began before a write on this replica does not fill the cache
+        self._cache: TtlCache[int, CompiledPolicy | None] = TtlCache(
+            self._load, ttl_s=cache_ttl_s, max_entries=max_entries, monotonic=monotonic
+        )
         self.db_lookups = 0
 
     @postgres_boundary()
@@ -108,44 +104,11 @@ class GuardrailStore:
         return bool(row[1])
 
     def _forget(self, team_id: int) -> None:
-        self._writes += 1
-        self._cache.pop(team_id, None)
-        self._loading.pop(team_id, None)
+        self._cache.forget(team_id)
 
     async def compiled(self, team_id: int) -> CompiledPolicy | None:
         """The team's policy, compiled, for the request path (None: no guardrails), cached."""
-        hit = self._cache.get(team_id)
-        if hit is not None and hit[0] > self._mono():
-            return hit[1]
-        return await asyncio.shield(self._lookup(team_id))
-
-    def _lookup(self, team_id: int) -> asyncio.Future[CompiledPolicy | None]:
-        running = self._loading.get(team_id)
-        if running is not None and not running.done():
-            return running
-        started, writes = self._mono(), self._writes
-
-        async def load() -> CompiledPolicy | None:
-            compiled = await self._load(team_id)
-            if writes != self._writes:
-                return compiled  # a write on this replica since: do not cache what may predate it
-            self._cache[team_id] = (started + self._ttl, compiled)
-            self._cache.move_to_end(team_id)
-            while len(self._cache) > self._max:
-                self._cache.popitem(last=False)
-            return compiled
-
-        task = asyncio.ensure_future(load())
-        self._loading[team_id] = task
-
-        def finished(done: asyncio.Future[CompiledPolicy | None]) -> None:
-            if self._loading.get(team_id) is done:
-                del self._loading[team_id]
-            if not done.cancelled():
-                done.exception()  # retrieved: each waiter raises it
-
-        task.add_done_callback(finished)
-        return task
+        return await self._cache.get(team_id)
 
     @postgres_boundary()
     async def _load(self, team_id: int) -> CompiledPolicy | None:

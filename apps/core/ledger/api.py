@@ -74,9 +74,12 @@ class Ledger(Protocol):
         estimated_prompt_tokens: int,
         max_tokens: int,
         quota_subject: str | None = None,
+        cache: str | None = None,
     ) -> Reservation:
         """Insert a `reserved` row; `InsufficientBalance` (402) if balance - open reservations < estimate.
-        `quota_subject`: whose daily token quota the settle counts (`SettleResult.tokens_subject`)."""
+        `quota_subject`: whose daily token quota the settle counts (`SettleResult.tokens_subject`).
+        `cache`: the response cache's part (docs/response-cache.md): `hit` (every token at the model's
+        cache price, settled by the gateway at once), `miss` (looked up, not found), None (not asked)."""
         ...
 
     async def settle(

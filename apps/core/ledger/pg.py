@@ -51,8 +51,8 @@ WITH claimed AS (
 ), inserted AS (
     INSERT INTO usage_ledger (request_id, team_id, key_id, model, prompt_price_per_million,
                               completion_price_per_million, cached_price_per_million,
-                              estimated_cost_microcredits, quota_subject)
-    SELECT %(rid)s, id, %(key)s, %(model)s, %(pp)s, %(cp)s, %(kp)s, %(est)s, %(subject)s FROM claimed
+                              estimated_cost_microcredits, quota_subject, cache)
+    SELECT %(rid)s, id, %(key)s, %(model)s, %(pp)s, %(cp)s, %(kp)s, %(est)s, %(subject)s, %(cache)s FROM claimed
     RETURNING 1
 )
 SELECT t.balance_microcredits, t.reserved_microcredits, (SELECT count(*) FROM inserted)
@@ -124,16 +124,24 @@ class PgLedger:
         self._pool = pool
         self._prices = dict(prices or {})
 
-    def estimate(self, model: str, estimated_prompt_tokens: int, max_tokens: int) -> int:
+    def _prices_of(self, model: str, cache: str | None) -> tuple[int, int, int]:
+        """(prompt, completion, cached prompt) prices per million: a cache hit's tokens all at its price."""
         prices = self._prices.get(model)
         if prices is None:
             raise NotFound(f"The model `{model}` does not exist.", param="model")
-        return cost_microcredits(
-            estimated_prompt_tokens,
-            max_tokens,
+        if cache == "hit":
+            return prices.cache_hit, prices.cache_hit, prices.cache_hit
+        return (
             prices.prompt_per_million_microcredits,
             prices.completion_per_million_microcredits,
+            prices.cached_prompt,
         )
+
+    def estimate(
+        self, model: str, estimated_prompt_tokens: int, max_tokens: int, cache: str | None = None
+    ) -> int:
+        prompt, completion, _ = self._prices_of(model, cache)
+        return cost_microcredits(estimated_prompt_tokens, max_tokens, prompt, completion)
 
     @postgres_boundary(unique_violation=DuplicateRequestId)
     async def reserve(
@@ -146,9 +154,10 @@ class PgLedger:
         estimated_prompt_tokens: int,
         max_tokens: int,
         quota_subject: str | None = None,
+        cache: str | None = None,
     ) -> Reservation:
-        estimate = self.estimate(model, estimated_prompt_tokens, max_tokens)
-        prices = self._prices[model]
+        estimate = self.estimate(model, estimated_prompt_tokens, max_tokens, cache)
+        prompt, completion, cached = self._prices_of(model, cache)
         params = {
             "team": team_id,
             "est": estimate,
@@ -156,9 +165,10 @@ class PgLedger:
             "key": key_id,
             "subject": quota_subject,
             "model": model,
-            "pp": prices.prompt_per_million_microcredits,
-            "cp": prices.completion_per_million_microcredits,
-            "kp": prices.cached_prompt,
+            "pp": prompt,
+            "cp": completion,
+            "kp": cached,
+            "cache": cache,
         }
         async with self._pool.connection() as conn:
             # One statement, one round trip: the UPDATE's condition is re-checked under the team's row
