@@ -12,6 +12,7 @@ from apps.core.identity.principal import Principal
 from apps.core.quota.admission import Limits, TeamLimits
 from apps.core.sharing import DEFAULT_WEIGHT
 from apps.gateway.deps import GatewayDeps
+from apps.gateway.inputs import only_params, parse_id, shown
 from apps.gateway.settings import GatewaySettings
 
 
@@ -80,6 +81,18 @@ async def require_admin(request: Request, deps: GatewayDeps, settings: GatewaySe
     if not principal.is_admin:
         raise PermissionDenied("The admin API needs a JWT with the admin role.", code="admin_required")
     return principal
+
+
+async def admin_team_path(request: Request, deps: GatewayDeps, settings: GatewaySettings) -> int:
+    """An admin route on `/admin/teams/{team_id}/...` without query parameters: after the admin check,
+    the path's team id (404 `team_not_found` for one that cannot name a team)."""
+    await require_admin(request, deps, settings)
+    only_params(request.query_params, ())
+    raw = str(request.path_params["team_id"])
+    team_id = parse_id(raw)
+    if team_id is None:
+        raise NotFound(f"team {shown(raw, 20)} does not exist", param="team_id", code="team_not_found")
+    return team_id
 
 
 def require_team(principal: Principal) -> int:

@@ -17,13 +17,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from apps.core.errors import ForwardedError, NotFound, Unavailable
+from apps.core.errors import ForwardedError, Unavailable
 from apps.core.respcache.policies import CachePolicyStore
 from apps.core.respcache.policy import parse_cache_policy
 from apps.core.respcache.store import CacheStore
-from apps.gateway.auth import require_admin
+from apps.gateway.auth import admin_team_path
 from apps.gateway.deps import GatewayDeps
-from apps.gateway.inputs import only_params, parse_id, shown
 from apps.gateway.settings import GatewaySettings
 from apps.gateway.validate import parse_json_object
 
@@ -45,12 +44,7 @@ class CacheAdminApi:
         ]
 
     async def _team(self, request: Request) -> tuple[int, CachePolicyStore, CacheStore]:
-        await require_admin(request, self.deps, self.settings)
-        only_params(request.query_params, ())
-        raw = str(request.path_params["team_id"])
-        team_id = parse_id(raw)
-        if team_id is None:
-            raise NotFound(f"team {shown(raw, 20)} does not exist", param="team_id", code="team_not_found")
+        team_id = await admin_team_path(request, self.deps, self.settings)
         if self.deps.cache_policies is None or self.deps.cache_store is None:
             raise Unavailable("The response cache is not configured.", code="cache_not_configured")
         return team_id, self.deps.cache_policies, self.deps.cache_store

@@ -21,18 +21,18 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from apps.core.errors import StoreUnavailable
+from apps.core.errors import StoreUnavailable, Unavailable
 from apps.core.identity.principal import Principal
 from apps.core.protocol.dispatch import MODEL_REVISION_HEADER, DispatchRequest
 from apps.core.protocol.openai import SseSplitter, sse_event
 from apps.core.respcache.entry import CapturedAnswer
-from apps.core.respcache.keys import MatchKeys, bypass_reason, match_keys
+from apps.core.respcache.keys import MatchKeys, bypass_reason, canonical_json, match_keys
 from apps.core.respcache.metrics import CacheMetrics
 from apps.core.respcache.policies import CachePolicyStore
 from apps.core.respcache.policy import CachePolicy
@@ -42,7 +42,7 @@ from apps.core.sizing.plan import plan_model
 from apps.core.spec import StackSpec
 from apps.gateway.exchange import Exchange
 from apps.gateway.fleet_call import FleetCall
-from apps.gateway.ports import Upstream
+from apps.gateway.ports import Upstream, WrappedUpstream
 from apps.gateway.settings import GatewaySettings
 from apps.gateway.validate import InferenceRequest
 from apps.gateway.validate_prompts import validate_embeddings
@@ -89,22 +89,14 @@ class CacheTurn:
         return self.policy.embedding_model if self.vector is not None else None
 
 
-class CapturingUpstream:
+class CapturingUpstream(WrappedUpstream):
     """Relays a miss's answer and keeps a copy (`CapturedAnswer`). The fleet is asked for usage (the
     entry's token counts); its usage chunk reaches the client only if the client asked for it."""
 
     def __init__(self, inner: Upstream, capture: CapturedAnswer, pass_usage: bool) -> None:
-        self._inner = inner
-        self.status: int = inner.status
-        self.headers: Mapping[str, str] = inner.headers
+        super().__init__(inner)
         self._capture = capture
         self._pass_usage = pass_usage
-
-    async def read_body(self) -> bytes:
-        return await self._inner.read_body()
-
-    async def aclose(self) -> None:
-        await self._inner.aclose()
 
     async def chunks(self) -> AsyncIterator[bytes]:
         splitter = SseSplitter()
@@ -129,11 +121,11 @@ class ResponseCaching:
         self._gpu_s = gpu_seconds_per_token(deps.spec)
         self._writes: set[asyncio.Task[None]] = set()
 
-    async def look(self, req: InferenceRequest, principal: Principal, ex: Exchange) -> CacheTurn | None:
+    async def plan(self, req: InferenceRequest, principal: Principal, ex: Exchange) -> CacheTurn | None:
+        """The request's turn when its team's policy names the model and it is cacheable (None: the
+        cache is not asked). Cheap: the policy, the team's key and the stable revision are cached."""
         if self._policies is None or self._store is None or principal.team_id is None:
             return None
-        team = str(principal.team_id)
-        started = time.monotonic()
         try:
             policy = await self._policies.policy(principal.team_id)
             model_cache = policy.models.get(req.model) if policy is not None else None
@@ -141,49 +133,49 @@ class ResponseCaching:
                 return None
             if bypass_reason(req.endpoint, req.body, policy) is not None:
                 ex.headers[CACHE_HEADER] = "bypass"
-                self.metrics.requests.labels(team, req.model, "bypass").inc()
+                self.metrics.requests.labels(str(principal.team_id), req.model, "bypass").inc()
                 return None
-            turn = await self._find(
-                req, principal.team_id, ex, policy, model_cache.semantic_threshold, principal
-            )
-        except StoreUnavailable:
-            self.metrics.requests.labels(team, req.model, "error").inc()
+            revision = ex.pinned or await self._store.stable_revision(req.model) or ""
+            key = await self._store.key(principal.team_id)
+        except Unavailable:  # the store down, or a stored policy that no longer validates: uncached
+            self.metrics.requests.labels(str(principal.team_id), req.model, "error").inc()
+            return None
+        screening = b"" if ex.policy is None else canonical_json(ex.policy.policy.as_json())
+        keys = match_keys(req.endpoint, req.body, key.hmac_key, screening)
+        scope = Scope(principal.team_id, req.model, revision)
+        return CacheTurn(policy, scope, key, keys, req.endpoint, model_cache.semantic_threshold)
+
+    async def find(self, turn: CacheTurn, principal: Principal, ex: Exchange) -> CacheTurn | None:
+        """The lookup, after the request was admitted: exact, then semantic where the team set a
+        threshold. The same turn (`found` set on a hit), or None when the cache could not be asked."""
+        assert self._store is not None
+        started = time.monotonic()
+        try:
+            turn.found = await self._store.exact(turn.scope, turn.key, turn.keys.exact)
+            semantic = await self._semantic(turn) if turn.found is None else None
+            if semantic is not None:
+                embedder, query, threshold = semantic
+                turn.vector = await self._embed(embedder, query, principal, ex)
+                if turn.vector is not None:
+                    turn.found = await self._store.semantic(
+                        turn.scope, turn.key, turn.keys.context, embedder, turn.vector, threshold
+                    )
+        except Unavailable:  # the store down, or a stored policy that no longer validates: uncached
+            self.metrics.requests.labels(str(turn.scope.team_id), turn.scope.model, "error").inc()
+            ex.headers.pop(CACHE_HEADER, None)
             return None
         match = "semantic" if turn.vector is not None else "exact"
-        self.metrics.lookup.labels(req.model, match).observe(time.monotonic() - started)
+        self.metrics.lookup.labels(turn.scope.model, match).observe(time.monotonic() - started)
         ex.headers[CACHE_HEADER] = "hit" if turn.found is not None else "miss"
         return turn
 
-    async def _find(
-        self,
-        req: InferenceRequest,
-        team_id: int,
-        ex: Exchange,
-        policy: CachePolicy,
-        threshold: float | None,
-        principal: Principal,
-    ) -> CacheTurn:
+    async def _semantic(self, turn: CacheTurn) -> tuple[str, str, float] | None:
+        """(embedding model, question, threshold) when a semantic match is to be tried."""
         assert self._store is not None
-        revision = ex.pinned or await self._store.stable_revision(req.model) or ""
-        key = await self._store.key(team_id)
-        keys = match_keys(req.endpoint, req.body, key.hmac_key)
-        turn = CacheTurn(policy, Scope(team_id, req.model, revision), key, keys, req.endpoint, threshold)
-        turn.found = await self._store.exact(turn.scope, key, keys.exact)
-        if (
-            turn.found is not None
-            or threshold is None
-            or keys.query is None
-            or policy.embedding_model is None
-        ):
-            return turn
-        if not await self._store.semantic_available():
-            return turn
-        turn.vector = await self._embed(policy.embedding_model, keys.query, principal, ex)
-        if turn.vector is not None:
-            turn.found = await self._store.semantic(
-                turn.scope, key, keys.context, policy.embedding_model, turn.vector, threshold
-            )
-        return turn
+        embedder, query, threshold = turn.policy.embedding_model, turn.keys.query, turn.threshold
+        if embedder is None or query is None or threshold is None:
+            return None
+        return (embedder, query, threshold) if await self._store.semantic_available() else None
 
     async def _embed(self, model: str, text: str, principal: Principal, ex: Exchange) -> list[float] | None:
         """The question's embedding from the fleet (None: it could not be had; the exact match stands)."""

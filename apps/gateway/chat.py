@@ -25,11 +25,8 @@ from starlette.types import Receive
 
 from apps.core.aio import shielded
 from apps.core.errors import (
-    DuplicateRequestId,
     LlmfleetError,
     PermissionDenied,
-    RateLimited,
-    StoreUnavailable,
     Unavailable,
     UpstreamFailed,
 )
@@ -37,7 +34,6 @@ from apps.core.guardrails.decisions import GuardrailBlocked
 from apps.core.guardrails.metrics import GuardrailMetrics
 from apps.core.identity.principal import Principal
 from apps.core.protocol.dispatch import MODEL_REVISION_HEADER, QUEUE_WAIT_HEADER, Deadlines
-from apps.core.quota.admission import Verdict
 from apps.core.spec import StackSpec
 from apps.gateway.auth import authenticate, require_team
 from apps.gateway.caching import ResponseCaching
@@ -46,22 +42,20 @@ from apps.gateway.deps import GatewayDeps
 from apps.gateway.errors import error_response
 from apps.gateway.exchange import (
     NOTHING_RAN,
-    REFUSALS,
     Exchange,
     dispatch_request,
     header_seconds,
-    ratelimit_headers,
     request_id_for,
     scoped_request_id,
     upstream_error,
 )
 from apps.gateway.guard import GuardCall
+from apps.gateway.holds import Holds
 from apps.gateway.metrics import GatewayMetrics
 from apps.gateway.ports import DispatchUnavailable, Upstream
 from apps.gateway.relay import RelayOutcome, RelayResponse
 from apps.gateway.screening import Screening
 from apps.gateway.settings import GatewaySettings
-from apps.gateway.speculation import Speculation
 from apps.gateway.validate import (
     Endpoint,
     InferenceRequest,
@@ -90,7 +84,7 @@ class ChatHandler:
         self._s = settings
         self._d = deps
         self._m = metrics
-        self._speculation = Speculation()
+        self._holds = Holds(settings, deps, metrics)
         guard = GuardCall(settings, deps)
         self._screening = Screening(deps.guardrails, GuardrailMetrics(deps.registry), guard)
         self._caching = ResponseCaching(settings, deps)
@@ -101,15 +95,17 @@ class ChatHandler:
         try:
             return await self._handle(request, ex, endpoint)
         except LlmfleetError as exc:
-            await self._finish(ex, cancel_reservation=True)
+            await self._holds.finish(ex, cancel_reservation=True)
             ex.status = exc.status
             self._m.requests.labels(ex.model, str(exc.status)).inc()
             self._m.refused(ex.model, exc.status, exc.code)
-            await self._count_refusal(ex, exc)
+            await self._holds.count_refusal(ex, exc)
             self._log(ex, error=exc.code)
             return error_response(exc, {"x-request-id": ex.client_id, **ex.headers})
         except BaseException:
-            await shielded(self._finish(ex, cancel_reservation=True), self._s.cleanup_timeout_s, "finish")
+            await shielded(
+                self._holds.finish(ex, cancel_reservation=True), self._s.cleanup_timeout_s, "finish"
+            )
             raise
 
     async def _handle(self, request: Request, ex: Exchange, endpoint: Endpoint) -> Response:
@@ -131,112 +127,28 @@ class ChatHandler:
             body, chat = screened, VALIDATORS[endpoint](screened, self._d.spec, caps)
         await self._screening.guard_input(ex.policy, endpoint, chat.body, principal, ex)
         await check_ssrf(body, self._d.resolver, self._s.ssrf_resolve_timeout_s)
-        ex.cache = await self._caching.look(chat, principal, ex)
+        ex.cache = await self._caching.plan(chat, principal, ex)
+        if ex.cache is not None:
+            return await self._cached(chat, principal, team_id, ex, request.receive)
+        await self._holds.admit_and_reserve(chat, principal, team_id, ex)
+        return await self._dispatch(chat, principal, team_id, ex, request.receive)
+
+    async def _cached(
+        self, chat: InferenceRequest, principal: Principal, team_id: int, ex: Exchange, receive: Receive
+    ) -> Response:
+        """A request the response cache may answer: admitted first (a key at its limits never costs a
+        lookup), then looked up; a hit is answered here and gives its admitted tokens back (no GPU works
+        for it), a miss is reserved and dispatched like any request."""
+        await self._holds.admit(principal, ex, chat.worst_case_tokens)
+        ex.cache = await self._caching.find(ex.cache, principal, ex)
         if ex.cache is not None and ex.cache.found is not None:
-            await self._admit(principal, ex, 0)  # a hit takes no tokens: no GPU works for it
             response = await self._caching.answer(ex.cache, chat, principal, ex)
-            await self._finish(ex, cancel_reservation=True)
+            await self._holds.finish(ex, cancel_reservation=True)
             self._m.requests.labels(chat.model, "200").inc()
             self._log(ex, ended="cache_hit")
             return response
-        subject, limits = principal.subject, principal.limits
-        checks_at = time.monotonic()
-        overlapped = self._speculation.begin(subject, limits)
-        try:
-            if overlapped:
-                await self._admit_and_reserve(chat, principal, team_id, ex)
-            else:
-                await self._admit(principal, ex, chat.worst_case_tokens)
-                await self._reserve(chat, principal, team_id, ex)
-        except LlmfleetError as exc:
-            if exc is ex.ledger_refusal:  # not when the admission refused too: one reason per request
-                self._m.rejections.labels(exc.code or "ledger").inc()
-            raise
-        finally:
-            if overlapped:
-                self._speculation.end(subject, limits)
-            mode = "overlapped" if overlapped else "in_order"
-            self._m.checks.labels(mode).observe(time.monotonic() - checks_at)
-        return await self._dispatch(chat, principal, team_id, ex, request.receive)
-
-    async def _admit_and_reserve(
-        self, chat: InferenceRequest, principal: Principal, team_id: int, ex: Exchange
-    ) -> None:
-        """Both checks at once; both always run to completion (what each took is in `ex`, so the
-        cleanup can give it back). When both refuse, the admission's refusal is the answer."""
-        # The reservation is the slower leg (a PostgreSQL commit): its task starts first, so its
-        # statement is on the wire before the admission's Python work runs.
-        reserve = asyncio.ensure_future(self._reserve(chat, principal, team_id, ex))
-        admit = asyncio.ensure_future(self._admit(principal, ex, chat.worst_case_tokens))
-        ex.pending = (admit, reserve)
-        await asyncio.wait(ex.pending)  # cancelled here: `_finish` waits for both first
-        ex.pending = ()
-        errors = [task.exception() for task in (admit, reserve)]
-        if errors[0] is not None and ex.reserved:
-            self._m.overlap_wasted.inc()
-        for error in errors:
-            if error is not None:
-                raise error
-
-    async def _reserve(
-        self, chat: InferenceRequest, principal: Principal, team_id: int, ex: Exchange
-    ) -> None:
-        try:
-            await self._d.ledger.reserve(
-                request_id=ex.request_id,
-                team_id=team_id,
-                key_id=principal.key_id,
-                model=chat.model,
-                estimated_prompt_tokens=chat.estimated_prompt_tokens,
-                max_tokens=chat.worst_case_completion_tokens,  # n x the effective max_tokens
-                quota_subject=principal.subject,  # the settle counts tokens_per_day for it (JWTs too)
-                **({"cache": "miss"} if ex.cache is not None else {}),
-            )
-        except DuplicateRequestId:
-            raise
-        except StoreUnavailable:
-            self._m.pg_errors.inc()
-            raise Unavailable(
-                "The ledger is unavailable.", code="ledger_unavailable", retry_after=5
-            ) from None
-        except LlmfleetError as exc:
-            ex.ledger_refusal = exc
-            raise
-        ex.reserved = True
-        self._m.reservations_open.inc()
-
-    async def _admit(self, principal: Principal, ex: Exchange, worst_case_tokens: int) -> None:
-        try:
-            adm = await self._d.quota.admit(
-                principal.subject, ex.request_id, principal.limits, self._d.clock(), worst_case_tokens
-            )
-        except StoreUnavailable:
-            self._m.redis_errors.inc()
-            if self._s.redis_fail_open:
-                return
-            self._m.rejections.labels("redis_unavailable").inc()
-            raise Unavailable(
-                "Quota store unavailable; request refused (fail closed).",
-                code="redis_unavailable",
-                retry_after=5,
-            ) from None
-        self._speculation.record(principal.subject, adm)
-        if adm.verdict is Verdict.DUPLICATE:
-            raise DuplicateRequestId()
-        ex.headers.update(ratelimit_headers(adm))
-        if not adm.admitted:
-            reason, message = REFUSALS[adm.verdict]
-            team = adm.limits.team
-            limit = {
-                Verdict.MAX_STREAMS: adm.limits.max_streams,
-                Verdict.RPM: adm.limits.rpm,
-                Verdict.TOKENS_PER_DAY: adm.limits.tokens_per_day,
-                Verdict.TEAM_MAX_STREAMS: team.max_streams if team else None,
-                Verdict.TEAM_TOKENS_PER_MINUTE: team.tokens_per_minute if team else None,
-            }[adm.verdict]
-            self._m.rejections.labels(reason).inc()
-            raise RateLimited(message.format(limit), code=reason, retry_after=max(adm.retry_after_s, 1.0))
-        ex.slot_held = True
+        await self._holds.reserve_counted(chat, principal, team_id, ex)
+        return await self._dispatch(chat, principal, team_id, ex, receive)
 
     async def _dispatch(
         self, chat: InferenceRequest, principal: Principal, team_id: int, ex: Exchange, receive: Receive
@@ -329,7 +241,7 @@ class ChatHandler:
         # eat the cleanup budget and leak the slot; then close upstream so the orchestrator cancels
         # the request on the node and settles what was produced (it owns settlement from here on).
         try:
-            await self._finish(ex, cancel_reservation=False)
+            await self._holds.finish(ex, cancel_reservation=False)
         finally:
             await upstream.aclose()
         if ex.reserved:
@@ -362,44 +274,6 @@ class ChatHandler:
             self._m.relayed_chunks.labels("asgi").inc(outcome.asgi_chunks)
         self._m.netio.served(fastpath.UVICORN_CHUNK, fast=outcome.direct_chunks, fallback=outcome.asgi_chunks)
         self._log(ex, ended=outcome.ended, completion_tokens=outcome.completion_tokens)
-
-    async def _finish(self, ex: Exchange, *, cancel_reservation: bool) -> None:
-        """Release what this request still holds; idempotent."""
-        if ex.pending:
-            await asyncio.wait(ex.pending)  # an admission or reservation still landing
-            ex.pending = ()
-        if ex.slot_held and ex.principal is not None:
-            ex.slot_held = False
-            forget = cancel_reservation and not ex.handed_over  # no settle will count these tokens
-            try:
-                await self._d.quota.release(
-                    ex.principal.subject, ex.request_id, forget_tokens=forget, team_id=ex.principal.team_id
-                )
-            except StoreUnavailable:
-                # The slot's lease expires on its own; count it and move on.
-                self._m.redis_errors.inc()
-        if ex.reserved and cancel_reservation:
-            ex.reserved = False
-            self._m.reservations_open.dec()
-            try:
-                await self._d.ledger.cancel(ex.request_id)
-            except StoreUnavailable:
-                self._m.pg_errors.inc()
-
-    async def _count_refusal(self, ex: Exchange, exc: LlmfleetError) -> None:
-        """A 429 or 503 of a known team, for the console; never delays the answer by more than a
-        moment and never when the store that counts is the one that failed."""
-        team_id = ex.principal.team_id if ex.principal is not None else None
-        if self._d.refusals is None or team_id is None or exc.status not in (429, 503):
-            return
-        if exc.code == "redis_unavailable":
-            return
-        try:
-            async with asyncio.timeout(self._s.refusal_count_timeout_s):
-                key_id = ex.principal.key_id if ex.principal is not None else None
-                await self._d.refusals.count(team_id, key_id, exc.status, exc.code or "unknown")
-        except (TimeoutError, StoreUnavailable):
-            self._m.redis_errors.inc()
 
     def _log(self, ex: Exchange, **extra: Any) -> None:
         log.info(

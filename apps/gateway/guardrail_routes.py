@@ -14,12 +14,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from apps.core.errors import InvalidRequest, NotFound, Unavailable
+from apps.core.errors import InvalidRequest, Unavailable
 from apps.core.guardrails.api import GuardrailPolicies
 from apps.core.guardrails.policy import parse_policy
-from apps.gateway.auth import require_admin
+from apps.gateway.auth import admin_team_path
 from apps.gateway.deps import GatewayDeps
-from apps.gateway.inputs import only_params, parse_id, shown
 from apps.gateway.settings import GatewaySettings
 from apps.gateway.validate import parse_json_object
 
@@ -46,12 +45,7 @@ class GuardrailAdminApi:
 
     async def _team(self, request: Request) -> tuple[int, GuardrailPolicies]:
         """After the admin check: the team id of the path and the store."""
-        await require_admin(request, self.deps, self.settings)
-        only_params(request.query_params, ())
-        raw = str(request.path_params["team_id"])
-        team_id = parse_id(raw)
-        if team_id is None:
-            raise NotFound(f"team {shown(raw, 20)} does not exist", param="team_id", code="team_not_found")
+        team_id = await admin_team_path(request, self.deps, self.settings)
         if self.policies is None:
             raise Unavailable("Guardrail policies are not configured.", code="guardrails_not_configured")
         return team_id, self.policies

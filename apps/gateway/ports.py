@@ -31,6 +31,25 @@ class Upstream(Protocol):
         ...
 
 
+class WrappedUpstream:
+    """An upstream whose chunks a gateway layer rewrites (the guardrails' output checks, the response
+    cache's capture): the status, the headers, a body read and the close are the inner upstream's."""
+
+    def __init__(self, inner: Upstream) -> None:
+        self._inner = inner
+        self.status: int = inner.status
+        self.headers: Mapping[str, str] = inner.headers
+
+    def chunks(self) -> AsyncIterator[bytes]:
+        return self._inner.chunks()
+
+    async def read_body(self) -> bytes:
+        return await self._inner.read_body()
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
 class DispatchUnavailable(Exception):
     """No orchestrator replica could be reached: nothing ran."""
 

@@ -19,7 +19,7 @@ tokens that ran. Embedding answers carry no text to scan. Every decision is coun
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any
 
 import psycopg
@@ -36,30 +36,22 @@ from apps.core.identity.principal import Principal
 from apps.core.protocol.openai import DONE_PAYLOAD, SSE_DONE, SseSplitter, sse_event
 from apps.gateway.exchange import Exchange
 from apps.gateway.guard import GuardCall
-from apps.gateway.ports import Upstream
+from apps.gateway.ports import Upstream, WrappedUpstream
 
 Count = Callable[[Iterable[Decision]], None]
 
 
-class ScreenedUpstream:
+class ScreenedUpstream(WrappedUpstream):
     """An upstream whose answer text passes the policy's output checks (see the module doc)."""
 
     def __init__(self, inner: Upstream, checks: tuple[Check, ...], endpoint: str, count: Count) -> None:
-        self._inner = inner
-        self.status: int = inner.status
-        self.headers: Mapping[str, str] = inner.headers
+        super().__init__(inner)
         self._checks = checks
         self._text_key = "text" if endpoint == "completions" else "content"
         self._count = count
         self._scanners: dict[int, OutputScanner] = {}
         self._last: dict[str, Any] = {}  # the last chunk's id, object, created, model (for a flush)
         self.blocked: Decision | None = None
-
-    async def read_body(self) -> bytes:
-        return await self._inner.read_body()
-
-    async def aclose(self) -> None:
-        await self._inner.aclose()
 
     async def chunks(self) -> AsyncIterator[bytes]:
         splitter = SseSplitter()

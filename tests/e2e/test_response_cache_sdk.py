@@ -226,3 +226,33 @@ async def test_a_new_model_revision_misses_and_a_purge_forgets(vector_db_url: st
                 assert purged.json() == {"team_id": team, "deleted": 1}
             _, header = await streamed(client, ask(QUESTION))
             assert header == "miss"
+
+
+async def test_a_completion_is_cached_too_and_a_new_guardrail_policy_misses(
+    vector_db_url: str, redis_url: str
+) -> None:
+    async with gateway_env(vector_db_url, redis_url, serve=True) as env:
+        team, key = await env.team_with_key("completions", rpm=100)
+        assert (await enable(env, team, {"models": {MODEL: {}}})).status_code == 200
+        async with sdk(env, key) as client:
+            first = await client.completions.with_raw_response.create(
+                model=MODEL, prompt="Once upon a time", **GREEDY
+            )
+            assert first.headers["x-llmfleet-cache"] == "miss"
+            await entries(env, team, 1)
+            again = await client.completions.with_raw_response.create(
+                model=MODEL, prompt="Once upon a time", stream=True, **GREEDY
+            )
+            assert again.headers["x-llmfleet-cache"] == "hit"  # stored from a whole answer, replayed as a stream
+            texts = [c.choices[0].text async for c in again.parse() if c.choices]
+            assert "".join(texts) == first.parse().choices[0].text
+            # The team's output checks change: an answer stored under the old ones is never replayed.
+            async with httpx.AsyncClient(base_url=env.base_url, headers=env.admin_headers()) as admin:
+                policy = {"output": [{"detector": "email", "action": "redact"}]}
+                assert (await admin.put(f"/admin/teams/{team}/guardrails", json=policy)).status_code == 200
+            ran = await engine_requests(env)
+            after = await client.completions.with_raw_response.create(
+                model=MODEL, prompt="Once upon a time", **GREEDY
+            )
+            assert after.headers["x-llmfleet-cache"] == "miss"
+            assert await engine_requests(env) == ran + 1

@@ -3,25 +3,12 @@ implementation in `store`): the admin routes save and read a policy, the request
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from datetime import datetime
-from typing import Any, Protocol
+from typing import Protocol
 
 from apps.core.guardrails.policy import CompiledPolicy, GuardrailPolicy
+from apps.core.teamdocs import StoredDocument
 
-
-@dataclass(frozen=True)
-class StoredPolicy:
-    team_id: int
-    policy: GuardrailPolicy
-    updated_at: datetime
-
-    def as_json(self) -> dict[str, Any]:
-        return {
-            "team_id": self.team_id,
-            "policy": self.policy.as_json(),
-            "updated_at": self.updated_at.isoformat(),
-        }
+StoredPolicy = StoredDocument[GuardrailPolicy]
 
 
 class GuardrailPolicies(Protocol):

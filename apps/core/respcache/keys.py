@@ -69,9 +69,12 @@ def bypass_reason(endpoint: str, body: dict[str, Any], policy: CachePolicy) -> s
     return None
 
 
+def canonical_json(value: object) -> bytes:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
 def _canonical(body: dict[str, Any]) -> bytes:
-    kept = {k: v for k, v in body.items() if k not in ANSWER_NEUTRAL and v is not None}
-    return json.dumps(kept, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+    return canonical_json({k: v for k, v in body.items() if k not in ANSWER_NEUTRAL and v is not None})
 
 
 def _query(endpoint: str, body: dict[str, Any]) -> tuple[str | None, dict[str, Any]]:
@@ -93,9 +96,13 @@ def _query(endpoint: str, body: dict[str, Any]) -> tuple[str | None, dict[str, A
     return content, {**body, "messages": [*messages[:-1], {**last, "content": QUERY_MARK}]}
 
 
-def match_keys(endpoint: str, body: dict[str, Any], hmac_key: bytes) -> MatchKeys:
+def match_keys(endpoint: str, body: dict[str, Any], hmac_key: bytes, screening: bytes = b"") -> MatchKeys:
+    """`screening`: what the team's output guardrails are (their policy, canonical): an answer stored under
+    one policy is never replayed under another, which might redact or block it."""
+
     def mac(data: bytes) -> bytes:
-        return hmac.new(hmac_key, endpoint.encode() + b"\n" + data, hashlib.sha256).digest()
+        scope = endpoint.encode() + b"\n" + hashlib.sha256(screening).digest() + b"\n"
+        return hmac.new(hmac_key, scope + data, hashlib.sha256).digest()
 
     query, context = _query(endpoint, body)
     return MatchKeys(exact=mac(_canonical(body)), context=mac(_canonical(context)), query=query)
