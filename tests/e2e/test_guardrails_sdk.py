@@ -6,11 +6,15 @@ is counted."""
 
 from __future__ import annotations
 
+import re
+from typing import Any
+
 import httpx
 import openai
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
+from tests.fleet import FleetSetup
 from tests.gateway_env import GatewayEnv, gateway_env
 
 pytestmark = pytest.mark.timeout(120)
@@ -128,3 +132,63 @@ async def test_the_guard_model_is_asked_first_and_billed_to_the_team(
         rows = await _guard_rows(env, opened)
         assert [r[0].endswith(":guard") for r in rows] == [True, False]
         assert {r[1] for r in rows} == {"settled"}
+
+
+async def drain(client: openai.AsyncOpenAI, request: dict[str, Any]) -> None:
+    async for _ in await client.chat.completions.create(stream=True, **request):
+        pass
+
+
+async def test_a_streamed_answer_is_redacted_across_chunk_boundaries_and_blocked_mid_stream(
+    migrated_db_url: str, redis_url: str
+) -> None:
+    """The engine's own answer, streamed through the whole platform one token per chunk: a team pattern
+    that spans three of its chunks is redacted (the scanner holds back only what could still match), and
+    a `block` ends the stream with the error event, billing only what ran."""
+    request = {
+        "model": MODEL,
+        "messages": user("tell me a story"),
+        "max_tokens": 12,
+        "seed": 7,
+        "temperature": 0,
+    }
+    # 50 ms a token: the blocked request's 400 tokens would take 20 s, its cancel a few milliseconds.
+    async with gateway_env(migrated_db_url, redis_url, serve=True, fleet=FleetSetup(speed=0.02)) as env:
+        team, key = await env.team_with_key("stream", rpm=100)
+        async with sdk(env, key) as client:
+            plain = [c async for c in await client.chat.completions.create(stream=True, **request)]
+            pieces = [c.choices[0].delta.content for c in plain if c.choices and c.choices[0].delta.content]
+            assert len(pieces) >= 8  # one word per chunk (enginesim: one token each)
+            phrase = "".join(pieces[3:6]).strip()  # three chunks' worth: two boundaries inside the match
+            pattern = " ".join(re.escape(w) for w in phrase.split())  # bounded: a literal phrase
+            policy = {
+                "output": [{"detector": "record", "action": "redact"}],
+                "patterns": [{"name": "record", "pattern": pattern}],
+            }
+            async with httpx.AsyncClient(base_url=env.base_url, headers=env.admin_headers()) as admin:
+                assert (await admin.put(f"/admin/teams/{team}/guardrails", json=policy)).status_code == 200
+            screened = [c async for c in await client.chat.completions.create(stream=True, **request)]
+            text = "".join(c.choices[0].delta.content or "" for c in screened if c.choices)
+            assert text == "".join(pieces).replace(phrase, "[REDACTED:RECORD]")
+            assert phrase not in text
+            labels = {"team": str(team), "direction": "output", "check": "record", "action": "redact"}
+            assert (
+                env.deps.registry.get_sample_value("llmfleet_gateway_guardrail_decisions_total", labels) == 1
+            )
+
+            policy["output"] = [{"detector": "record", "action": "block"}]
+            async with httpx.AsyncClient(base_url=env.base_url, headers=env.admin_headers()) as admin:
+                assert (await admin.put(f"/admin/teams/{team}/guardrails", json=policy)).status_code == 200
+            longer = {**request, "max_tokens": 400}  # the same first words (same seed), then many more
+            with pytest.raises(openai.APIError) as blocked:
+                await drain(client, longer)
+            assert (blocked.value.code, blocked.value.body["param"]) == ("guardrail_blocked", "choices.0")
+            assert phrase not in blocked.value.message
+        await env.settled()
+        async with env.pool.connection() as conn:
+            cur = await conn.execute(
+                "SELECT completion_tokens FROM usage_ledger WHERE team_id = %s ORDER BY id", (team,)
+            )
+            counts = [int(r[0]) for r in await cur.fetchall()]
+        assert counts[:2] == [12, 12]
+        assert counts[2] < 400  # the blocked stream was stopped on its node: only what ran is billed
