@@ -229,9 +229,10 @@ async def test_a_new_model_revision_misses_and_a_purge_forgets(vector_db_url: st
 
 
 async def test_a_completion_is_cached_too_and_a_new_guardrail_policy_misses(
-    vector_db_url: str, redis_url: str
+    migrated_db_url: str, redis_url: str
 ) -> None:
-    async with gateway_env(vector_db_url, redis_url, serve=True) as env:
+    """On the test server as it is (Debian's PostgreSQL has no pgvector): exact matches need none."""
+    async with gateway_env(migrated_db_url, redis_url, serve=True) as env:
         team, key = await env.team_with_key("completions", rpm=100)
         assert (await enable(env, team, {"models": {MODEL: {}}})).status_code == 200
         async with sdk(env, key) as client:
@@ -243,7 +244,8 @@ async def test_a_completion_is_cached_too_and_a_new_guardrail_policy_misses(
             again = await client.completions.with_raw_response.create(
                 model=MODEL, prompt="Once upon a time", stream=True, **GREEDY
             )
-            assert again.headers["x-llmfleet-cache"] == "hit"  # stored from a whole answer, replayed as a stream
+            # Stored from a whole answer, replayed as a stream.
+            assert again.headers["x-llmfleet-cache"] == "hit"
             texts = [c.choices[0].text async for c in again.parse() if c.choices]
             assert "".join(texts) == first.parse().choices[0].text
             # The team's output checks change: an answer stored under the old ones is never replayed.

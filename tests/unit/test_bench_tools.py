@@ -33,7 +33,16 @@ def test_no_tool_imports_tests(path: Path) -> None:
 def test_every_benchmark_module_exists_and_is_listed() -> None:
     modules = {p.stem for p in (ROOT / "tools" / "bench").glob("*.py")}
     assert set(BENCHMARKS) <= modules
-    helpers = {"__init__", "__main__", "common", "wire", "platform_report", "vllm_nodes"}
+    helpers = {
+        "__init__",
+        "__main__",
+        "common",
+        "wire",
+        "platform_report",
+        "vllm_nodes",
+        "cache_client",
+        "cache_report",
+    }
     assert modules - set(BENCHMARKS) == helpers
 
 

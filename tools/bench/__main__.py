@@ -16,6 +16,7 @@ BENCHMARKS: dict[str, str] = {
     "console": "the console's full-year team page on 1,000,000 ledger rows vs the raw-ledger query",
     "prefix": "least-loaded vs prefix-aware picks: multi-turn, shared system prompt, random (TTFT, hit rate)",
     "fairqueue": "the orchestrator's fair queue vs the FIFO it replaced: CPU per request at 200 and 1,000 queued",
+    "cache": "the response cache: a hit vs the same request's miss; a miss's lookup off / exact / semantic",
 }
 
 

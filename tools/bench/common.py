@@ -33,6 +33,7 @@ __all__ = [
     "loop_factory",
     "machine",
     "pct",
+    "publish",
     "self_cpu_seconds",
     "tree",
     "tree_cpu_seconds",
@@ -107,6 +108,13 @@ def machine() -> dict[str, str]:
         "python": pyplatform.python_version(),
         "load_avg_1m": f"{os.getloadavg()[0]:.2f}",
     }
+
+
+def publish(text: str, out: Path | None) -> None:
+    """A benchmark's page: printed, and also written to `out` when given (`--out FILE`)."""
+    if out is not None:
+        out.write_text(text)
+    print(text)
 
 
 def repo_root() -> Path:
