@@ -55,8 +55,7 @@ class Prices(_Strict):
     prompt_per_million_microcredits: NonNegInt
     completion_per_million_microcredits: NonNegInt
     cached_prompt_per_million_microcredits: NonNegInt | None = None  # None: CACHED_INPUT_FRACTION of prompt
-    # An answer replayed by the response cache (docs/response-cache.md): its prompt and completion tokens
-    # at this price (None: the cached prompt price). No GPU runs for it.
+    # A response cache hit's tokens, prompt and completion (None: the cached prompt price; docs/response-cache.md)
     cache_hit_per_million_microcredits: NonNegInt | None = None
 
     @model_validator(mode="after")
