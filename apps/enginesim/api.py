@@ -82,7 +82,6 @@ def _plan_chat(state: SimState, body: Any) -> chat.ChatJob:
         max_model_len=state.profile.max_model_len,
         mean_answer_tokens=state.profile.mean_answer_tokens,
         server_seed=state.seed,
-        priority_scheduling=state.engine.scheduler.by_priority,
     )
 
 

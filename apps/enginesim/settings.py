@@ -56,9 +56,9 @@ class EngineSimSettings(BaseSettings):
         None, description="vLLM's `--max-num-batched-tokens`: the token budget of one step"
     )
     stack: str = Field("prod", description="the stack whose catalog the profiles come from")
-    # vLLM's `--scheduling-policy`: `fcfs` (its default) refuses a non-zero request `priority`.
+    # vLLM's `--scheduling-policy`: `fcfs` (its default) accepts a request `priority` and ignores it.
     scheduling_policy: Literal["fcfs", "priority"] = Field(
-        "fcfs", description="vLLM's `--scheduling-policy` (fcfs refuses a non-zero priority)"
+        "fcfs", description="vLLM's `--scheduling-policy` (fcfs accepts a priority and ignores it)"
     )
     loading_s: float = Field(0.0, description="simulated model loading time (port bound, refusing)")
     faults: Faults = Field(Faults(), description="injected faults, as JSON (apps/enginesim/faults.py)")
