@@ -165,8 +165,9 @@ class ResponseCaching:
             ex.headers.pop(CACHE_HEADER, None)
             return None
         match = "semantic" if turn.vector is not None else "exact"
-        self.metrics.lookup.labels(turn.scope.model, match).observe(time.monotonic() - started)
-        ex.headers[CACHE_HEADER] = "hit" if turn.found is not None else "miss"
+        result = "hit" if turn.found is not None else "miss"
+        self.metrics.lookup.labels(turn.scope.model, match, result).observe(time.monotonic() - started)
+        ex.headers[CACHE_HEADER] = result
         return turn
 
     async def _semantic(self, turn: CacheTurn) -> tuple[str, str, float] | None:

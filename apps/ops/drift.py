@@ -1,5 +1,9 @@
 """Ledger drift: settled completion tokens in the ledger vs `vllm:generation_tokens` in Prometheus.
 
+The ledger side leaves out the response cache's hits (`usage_ledger.cache = 'hit'`): they are billed
+tokens no engine generated (the answer was replayed by the gateway), so counting them would be drift
+of exactly the cache's hits.
+
 The Prometheus side is the exact increase of every replica's counter over the window, computed
 from the stored samples (not `increase()`, which extrapolates to the window's edges): the last
 sample at or before the start is the baseline (0 for a replica that started inside the window:
@@ -62,6 +66,7 @@ def ledger_tokens(
     sql = (
         "SELECT COALESCE(SUM(completion_tokens), 0), count(*) FROM usage_ledger"
         " WHERE status = 'settled' AND finalized_at >= %s AND finalized_at < %s"
+        " AND cache IS DISTINCT FROM 'hit'"  # replayed by the gateway: no engine generated them
     )
     params: list[object] = [start, end]
     if model:

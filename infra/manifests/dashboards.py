@@ -30,6 +30,12 @@ MN = 'model_name=~"$model"'
 T = 'team=~"$team"'
 RI = "$__rate_interval"
 _REV_REQ = "llmfleet_gateway_revision_requests_total"
+_CACHE_REQ = "llmfleet_gateway_cache_requests_total"
+_CACHE_SAVED = "llmfleet_gateway_cache_saved_gpu_seconds_total"
+_SAVED_DESC = (
+    "The hits' completion tokens x the model's planning figure (a replica's GPUs / its decode tokens/s in the "
+    "stack spec): an estimate, not a measurement; the console shows the same per team from the ledger."
+)
 
 
 @dataclass(frozen=True)
@@ -45,6 +51,30 @@ def _p(
     title: str, *queries: tuple[str, str], unit: str = "short", kind: str = "timeseries", desc: str = ""
 ) -> Panel:
     return Panel(title, tuple(queries), unit, kind, desc)
+
+
+def _cache_panels(per: str, by: str, legend: str, selector: str, window: str) -> list[Panel]:
+    """The response cache's hit rate and GPU time saved per `per`, summed `by` those labels."""
+    asked = f'{_CACHE_REQ}{{{selector},result=~"exact_hit|semantic_hit|miss"}}'
+    hits = f'{_CACHE_REQ}{{{selector},result=~"exact_hit|semantic_hit"}}'
+    return [
+        _p(
+            f"Response cache hit rate per {per}",
+            (
+                f"(sum by ({by}) (rate({hits}[{window}])) or sum by ({by}) (rate({asked}[{window}])) * 0) / "
+                f"clamp_min(sum by ({by}) (rate({asked}[{window}])), 1e-9)",
+                legend,
+            ),
+            unit="percentunit",
+            desc="hits / (hits + misses) of the requests the cache was asked for (its team's policy names the "
+            "model, the request is cacheable); bypassed requests and failed lookups are in neither.",
+        ),
+        _p(
+            f"GPU time saved by the response cache per {per} (GPU-seconds per second)",
+            (f"sum by ({by}) (rate({_CACHE_SAVED}{{{selector}}}[{window}]))", legend),
+            desc=_SAVED_DESC,
+        ),
+    ]
 
 
 def overview_panels(spec: StackSpec) -> list[Panel]:
@@ -139,6 +169,24 @@ def overview_panels(spec: StackSpec) -> list[Panel]:
             desc="hit: the node taken held part of the conversation; miss: another node did; none: no node did "
             "(docs/prefix-routing.md).",
         ),
+        *_cache_panels("model", "model", "{{model}}", M, "5m"),
+        _p(
+            "GPU hours saved by the response cache (time range)",
+            (f"sum(increase({_CACHE_SAVED}{{{M}}}[$__range])) / 3600", "GPU hours"),
+            kind="stat",
+            desc=_SAVED_DESC,
+        ),
+        _p(
+            "Response cache lookup p95 on misses",
+            (
+                "histogram_quantile(0.95, sum by (le, model, match) "
+                f'(rate(llmfleet_gateway_cache_lookup_seconds_bucket{{{M},result="miss"}}[5m])))',
+                "{{model}} {{match}}",
+            ),
+            unit="s",
+            desc="What the cache adds to a request the fleet then answers. exact: the exact match alone; "
+            "semantic: the question also embedded by the fleet and matched by similarity (docs/observability.md).",
+        ),
         _p("Preemptions per second", (f"llmfleet:preemptions:rate5m{{{MN}}}", "{{model_name}}")),
         _p(
             "Running and waiting requests",
@@ -198,6 +246,7 @@ def team_panels(spec: StackSpec) -> list[Panel]:
             ),
             unit="reqps",
         ),
+        *_cache_panels("team", "team, model", "{{team}} {{model}}", f"{T},{M}", RI),
         _p(
             "Output tokens per model",
             (f"sum by (model) (rate(llmfleet_gateway_output_tokens_total{{{M}}}[{RI}]))", "{{model}}"),

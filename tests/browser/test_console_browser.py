@@ -21,6 +21,7 @@ from selenium.webdriver.support.wait import WebDriverWait
 
 from apps.cli.console_links import console_links
 from apps.cli.platform import DEMO_TEAM, MODEL_8B, LocalPlatform
+from tests.chaos.helpers import http_json
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(240)]
 T = TypeVar("T")
@@ -70,15 +71,13 @@ def chat(platform: LocalPlatform, key: str) -> None:
         )
 
 
-def admin_api(platform: LocalPlatform, path: str, body: dict[str, object]) -> dict[str, object]:
-    req = urllib.request.Request(
-        platform.gateway_url + path,
-        data=json.dumps(body).encode(),
-        headers={"Authorization": f"Bearer {platform.admin_token}", "Content-Type": "application/json"},
-    )
-    with urllib.request.urlopen(req, timeout=10) as resp:
-        data: dict[str, object] = json.loads(resp.read())
-        return data
+def admin_api(
+    platform: LocalPlatform, path: str, body: dict[str, object] | None, method: str = "POST"
+) -> dict[str, object]:
+    data: dict[str, object] = http_json(platform.gateway_url + path, method, body, platform.admin_token, 10)[
+        1
+    ]
+    return data
 
 
 def usage_requests(driver: webdriver.Chrome) -> int:
@@ -324,3 +323,63 @@ def test_another_site_cannot_sign_the_browser_in(
         server.server_close()
     chrome.get(platform.gateway_url + "/console/team")
     assert chrome.current_url.endswith("/console/signin")  # not signed in as the attacker
+
+
+def cached_chat(client: openai.OpenAI, question: str) -> str:
+    """One greedy request (the cache answers temperature 0 only, by default); its `x-llmfleet-cache`."""
+    raw = client.chat.completions.with_raw_response.create(
+        model=MODEL_8B, messages=[{"role": "user", "content": question}], max_tokens=5, temperature=0
+    )
+    return str(raw.headers.get("x-llmfleet-cache", ""))
+
+
+def cache_cells(driver: webdriver.Chrome, row_id: str) -> dict[str, str]:
+    """The cache panel's row `row_id`, its cells by class (`cache-hits` -> `hits`, ...)."""
+    row = driver.find_element(By.CSS_SELECTOR, f"#cache-table tr[id='{row_id}']")
+    return {
+        str(td.get_attribute("class")).removeprefix("cache-"): td.text
+        for td in row.find_elements(By.TAG_NAME, "td")
+    }
+
+
+def test_the_cache_panel_shows_real_hits_and_misses(
+    platform: LocalPlatform, chrome: webdriver.Chrome, artifacts: Path
+) -> None:
+    team = admin_api(platform, "/admin/teams", {"name": "cachers", "credits": 100})
+    secret = str(admin_api(platform, "/admin/keys", {"team": "cachers", "name": "cache-key"})["key"])
+    admin_api(platform, f"/admin/teams/{team['id']}/cache", {"models": {MODEL_8B: {}}}, method="PUT")
+    stats = f"/admin/teams/{team['id']}/cache/stats"
+    with sdk(platform, secret) as client:
+        assert cached_chat(client, "Why is the sky blue?") == "miss"
+        until("the answer stored", lambda: admin_api(platform, stats, None, method="GET")["entries"] == 1)
+        assert cached_chat(client, "Why is the sky blue?") == "hit"
+        assert cached_chat(client, "Why is the sky blue?") == "hit"
+        assert cached_chat(client, "Why is the sea salty?") == "miss"
+    signed_in(chrome, platform.gateway_url + "/console/signin")
+    chrome.find_element(By.ID, "token").send_keys(platform.issuer.mint("cache-user", team="cachers"))
+    submit_and_wait(chrome, By.ID, "signin")
+    assert text(chrome, "#team-name") == "cachers"
+
+    def settled() -> dict[str, str] | None:  # the misses are settled by the orchestrator after their answer
+        chrome.get(platform.gateway_url + "/console/team")
+        if not chrome.find_elements(By.ID, "cache-table"):
+            return None
+        total = cache_cells(chrome, "cache-total")
+        return total if total["misses"] == "2" else None
+
+    total = until("the cache panel with both misses", settled)
+    row = cache_cells(chrome, f"cache-{MODEL_8B}")
+    assert (total["label"], row["label"]) == ("Total", MODEL_8B)
+    for cells in (total, row):
+        assert (cells["hits"], cells["misses"], cells["rate"]) == ("2", "2", "50.0%")
+        assert float(cells["credits"]) > 0  # a hit's cost is rounded up to a whole microcredit
+        assert int(cells["tokens"]) > 0
+        assert cells["gpu"].endswith(" GPU-s")
+        assert float(cells["gpu"].split()[0]) > 0
+    assert "an estimate, not a measurement" in text(chrome, "#cache-note")
+    chrome.find_element(By.ID, "cache").screenshot(str(artifacts / "team-cache.png"))
+
+    signed_in(chrome, console_links(platform.gateway_url, platform.issuer, DEMO_TEAM).admin)
+    cells = cache_cells(chrome, f"cache-{team['id']}")
+    assert (cells["label"], cells["hits"], cells["misses"], cells["rate"]) == ("cachers", "2", "2", "50.0%")
+    chrome.find_element(By.ID, "cache").screenshot(str(artifacts / "admin-cache.png"))

@@ -117,10 +117,18 @@ def http_text(url: str, timeout_s: float = 5.0) -> str:
 def http_post_json(
     url: str, body: dict[str, Any], token: str = "", timeout_s: float = 5.0
 ) -> tuple[int, Any]:
+    return http_json(url, "POST", body, token, timeout_s)
+
+
+def http_json(
+    url: str, method: str, body: Any = None, token: str = "", timeout_s: float = 5.0
+) -> tuple[int, Any]:
+    """(status, JSON answer) of a request with a JSON body (None: none), e.g. to the admin API."""
     headers = {"Content-Type": "application/json"}
     if token:
         headers["Authorization"] = f"Bearer {token}"
-    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers=headers, method="POST")
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, headers=headers, method=method)
     with urllib.request.urlopen(req, timeout=timeout_s) as resp:
         return resp.status, json.loads(resp.read() or b"null")
 

@@ -16,9 +16,10 @@ from psycopg_pool import AsyncConnectionPool
 from apps.core.db.migrate import MIGRATIONS_DIR, migrate_sync
 from apps.core.identity.keys import KeyStore
 from apps.core.ledger.pg import PgLedger
-from apps.core.ledger.rollups import DailyUsage, UsageRollups
+from apps.core.ledger.rollups import CacheUse, DailyUsage, UsageRollups
 from apps.core.ledger.teams import TeamStore
 from apps.core.spec import load_spec
+from tests.fleet import EMBED_MODEL
 
 DAY0 = date(2026, 1, 1)
 SPAN_DAYS = 40
@@ -36,7 +37,8 @@ def _ledger(pool: AsyncConnectionPool) -> PgLedger:
 
 
 async def _random_ledger(pool: AsyncConnectionPool, rng: random.Random, rows: int) -> list[int]:
-    """Teams with keys; rows reserved, back-dated, then settled, cancelled or left open."""
+    """Teams with keys; rows reserved, back-dated, then settled, cancelled or left open. Some are the
+    response cache's (0017): hits, misses, and semantic lookups (`<id>:cache-embed` on the embedding model)."""
     teams, keys = TeamStore(pool), KeyStore(pool, b"k")
     ledger = _ledger(pool)
     models = list(load_spec("dev").models)
@@ -47,10 +49,13 @@ async def _random_ledger(pool: AsyncConnectionPool, rng: random.Random, rows: in
         team_keys[team.id] = [None] + [(await keys.create(team=team.id))[1].id for _ in range(2)]
     for _ in range(rows):
         team_id = rng.choice(list(team_keys))
-        rid = uuid.uuid4().hex
+        cache = rng.choice([None, None, "hit", "miss", "lookup"])
+        rid = uuid.uuid4().hex + (":cache-embed" if cache == "lookup" else "")
         await ledger.reserve(
             request_id=rid, team_id=team_id, key_id=rng.choice(team_keys[team_id]),
-            model=rng.choice(models), estimated_prompt_tokens=rng.randint(1, 50), max_tokens=rng.randint(1, 50),
+            model=EMBED_MODEL if cache == "lookup" else rng.choice(models),
+            estimated_prompt_tokens=rng.randint(1, 50), max_tokens=rng.randint(1, 50),
+            **({"cache": cache} if cache in ("hit", "miss") else {}),
         )  # fmt: skip
         # Near day boundaries on purpose: a second before/after UTC midnight.
         at = datetime.combine(DAY0, datetime.min.time(), UTC) + timedelta(
@@ -148,10 +153,10 @@ async def test_migration_backfills_rows_settled_before_it(fresh_db_url: str, tmp
     before = tmp_path / "before"
     before.mkdir()
     for path in MIGRATIONS_DIR.glob("*.sql"):
-        # Every migration but the rollups' own (0005, and 0012 which extends its table): today's code
-        # writes the rows, and it needs the columns of the later migrations (0006's key caps and quota
-        # subject, 0011's cached tokens on the ledger).
-        if not path.name.startswith(("0005", "0012")):
+        # Every migration but the rollups' own (0005, and 0012 and 0018 which extend its table): today's
+        # code writes the rows, and it needs the columns of the later migrations (0006's key caps and quota
+        # subject, 0011's cached tokens and 0017's cache use on the ledger).
+        if not path.name.startswith(("0005", "0012", "0018")):
             shutil.copy(path, before / path.name)
     migrate_sync(fresh_db_url, before)
     async with AsyncConnectionPool(fresh_db_url, min_size=1, max_size=2, kwargs={"autocommit": True}) as p:
@@ -163,3 +168,71 @@ async def test_migration_backfills_rows_settled_before_it(fresh_db_url: str, tmp
             raw = _fold(await _raw(p, team_id, start, end), None)
             got = _rolled(await UsageRollups(p).daily(team_id, start, end))
             assert got == raw
+            # 0018's backfill: the cache's rows settled before it.
+            assert await UsageRollups(p).cache_use(team_id, start, end) == await _raw_cache(
+                p, team_id, start, end, None
+            )
+
+
+# The response cache's part of the rollup (migration 0018: the console's cache panel).
+
+
+async def _raw_cache(
+    pool: AsyncConnectionPool, team_id: int, start: date, end: date, key_id: int | None
+) -> list[CacheUse]:
+    async with pool.connection() as conn:
+        cur = await conn.execute(
+            "SELECT team_id, model, count(*) FILTER (WHERE cache = 'hit'), count(*) FILTER (WHERE cache = 'miss'),"
+            " COALESCE(SUM(completion_tokens) FILTER (WHERE cache = 'hit'), 0),"
+            " COALESCE(SUM(cost_microcredits) FILTER (WHERE cache = 'hit'), 0),"
+            " count(*) FILTER (WHERE request_id LIKE '%%:cache-embed'),"
+            " COALESCE(SUM(cost_microcredits) FILTER (WHERE request_id LIKE '%%:cache-embed'), 0)"
+            " FROM usage_ledger WHERE team_id = %s AND status = 'settled' AND created_at >= %s AND created_at < %s"
+            " AND (cache IS NOT NULL OR request_id LIKE '%%:cache-embed')"
+            " AND (%s::bigint IS NULL OR key_id IS NOT DISTINCT FROM NULLIF(%s::bigint, 0))"
+            " GROUP BY 1, 2 ORDER BY 1, 2",
+            (
+                team_id,
+                datetime.combine(start, datetime.min.time(), UTC),
+                datetime.combine(end, datetime.min.time(), UTC),
+                key_id,
+                key_id,
+            ),
+        )
+        return [CacheUse(int(r[0]), str(r[1]), *(int(v) for v in r[2:])) for r in await cur.fetchall()]
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+async def test_the_cache_rollup_equals_the_raw_ledger_and_0018_applies_twice(
+    pool: AsyncConnectionPool, seed: int
+) -> None:
+    rng = random.Random(seed)
+    team_ids = await _random_ledger(pool, rng, 160)
+    rollups = UsageRollups(pool)
+
+    async def check() -> None:
+        for _ in range(10):
+            team_id = rng.choice(team_ids)
+            a, b = sorted(rng.sample(range(SPAN_DAYS + 2), 2))
+            start, end = DAY0 + timedelta(days=a - 1), DAY0 + timedelta(days=b)
+            key_id = rng.choice([None, 0, *(k.id for k in await KeyStore(pool, b"k").list_keys(team_id))])
+            got = await rollups.cache_use(team_id, start, end, key_id=key_id)
+            assert got == await _raw_cache(pool, team_id, start, end, key_id)
+        whole = await rollups.cache_use(None, DAY0, DAY0 + timedelta(days=SPAN_DAYS))
+        assert {r.team_id for r in whole} == set(team_ids)
+        assert sum(r.hits for r in whole) > 0
+        assert sum(r.lookups for r in whole) > 0
+
+    await check()
+    # The columns at zero (as before 0018): applying the migration again, twice, brings back the same values.
+    async with pool.connection() as conn:
+        await conn.execute(
+            "UPDATE usage_daily SET cache_hits = 0, cache_misses = 0, cache_hit_completion_tokens = 0,"
+            " cache_hit_cost_microcredits = 0, cache_lookups = 0, cache_lookup_cost_microcredits = 0"
+        )
+        assert await rollups.cache_use(None, DAY0, DAY0 + timedelta(days=SPAN_DAYS)) == []
+        for _ in range(2):
+            await conn.execute(
+                (MIGRATIONS_DIR / "0018_usage_daily_cache.sql").read_text(encoding="utf-8").encode()
+            )
+    await check()

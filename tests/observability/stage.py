@@ -4,7 +4,8 @@ One run per test module: the whole platform (two orchestrators, the `llmfleet de
 engines with agents, a gateway) on real PostgreSQL and Redis, `LocalPrometheus` (the class behind
 `llmfleet dev --prometheus`) with the stack's rules, and a load from `loadgen`: 8B streams for the
 latency cross-check, 32B and 70B streams, abandoned 8B streams (client disconnects), and the 70B
-engine SIGKILLed mid-stream then started again (its agent too; Prometheus reloads its targets).
+engine SIGKILLed mid-stream then started again (its agent too; Prometheus reloads its targets); then
+response cache hits and misses (`cache_traffic.py`).
 
 Cluster-only exporters (DCGM, Karpenter, kube-state-metrics) cannot run here: `cluster_page()`
 serves a static stand-in with their real metric and label names so that the cost rules and
@@ -23,13 +24,16 @@ import time
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from apps.cli.platform import MODEL_8B, MODEL_32B, MODEL_70B, LocalPlatform
 from apps.cli.prometheus import LocalPrometheus
 from apps.loadgen.config import LoadConfig
 from apps.loadgen.report import LoadReport
 from apps.loadgen.runner import run_load
+
+if TYPE_CHECKING:
+    from tests.observability.cache_traffic import CacheTraffic
 
 LOAD_S = 40.0
 MAX_STREAMS = 20  # the demo key's; the steady runs hold 18 streams
@@ -85,6 +89,7 @@ class Stage:
     ended: float
     reports: dict[str, LoadReport]
     steady_at: float  # the steady runs are in Prometheus, the burst has not started
+    cache: CacheTraffic  # the response cache's hits and misses after the load (the demo team, 8B)
 
     @property
     def url(self) -> str:

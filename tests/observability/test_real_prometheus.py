@@ -15,11 +15,15 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg_pool import AsyncConnectionPool
 
 from apps.cli.platform import DEMO_TEAM, MODEL_8B, LocalPlatform, PlatformConfig, dev_nodes
 from apps.cli.prometheus import LocalPrometheus
+from apps.core.ledger.rollups import UsageRollups
 from apps.core.sizing.plan import plan_fleet
 from apps.core.spec import load_spec
+from apps.gateway.caching import gpu_seconds_per_token
+from apps.gateway.console.cache import panel
 from apps.gateway.slo import PrometheusSlo, SloStatus
 from apps.ops.drift import measure
 from apps.ops.promapi import Prometheus
@@ -29,6 +33,7 @@ from infra.manifests.alerts import recording_rules
 from infra.manifests.dashboards import dashboards, panel_queries
 from tests.chaos.helpers import ledger_totals, wait_until
 from tests.conftest import platform_stores
+from tests.observability.cache_traffic import cache_traffic
 from tests.observability.stage import (
     MAX_STREAMS,
     TTFT_COUNT,
@@ -77,13 +82,14 @@ def _platform(db_url: str, redis_url: str, tmp_path_factory: pytest.TempPathFact
         prom.start()
         started = dt.datetime.now(dt.UTC).timestamp()
         reports, steady_at = asyncio.run(load(platform, prom))
+        cache = cache_traffic(platform, prom.url)
         wait_until(lambda: ledger_totals(db_url).reserved == 0, 60, "every reservation settled or cancelled")
         wait_scraped(prom.url, platform)
         # The burst's refusal series appear at the end of the load: wait until Prometheus holds two
         # samples of them and the rule group has evaluated (rate() needs two).
         wait_until(lambda: query(prom.url, "llmfleet:refusals:rate5m"), 60, "the refusal rule has data")
         ended = dt.datetime.now(dt.UTC).timestamp()
-        yield Stage(platform, prom, db_url, started, ended, reports, steady_at)
+        yield Stage(platform, prom, db_url, started, ended, reports, steady_at, cache)
     finally:
         platform.stop()
         cluster.shutdown()
@@ -91,7 +97,10 @@ def _platform(db_url: str, redis_url: str, tmp_path_factory: pytest.TempPathFact
 
 
 def _substitute(expr: str) -> str:
-    return expr.replace("$model", ".*").replace("$team", ".*").replace("$__rate_interval", "1m")
+    subs = {"$model": ".*", "$team": ".*", "$__rate_interval": "1m", "$__range": "1h"}
+    for variable, value in subs.items():
+        expr = expr.replace(variable, value)
+    return expr
 
 
 def test_the_load_ran_with_disconnects_and_a_killed_engine(stage: Stage) -> None:
@@ -182,7 +191,8 @@ def test_engine_tokens_in_prometheus_equal_the_ledger(stage: Stage) -> None:
         print(
             f"  {model}: ledger {m.ledger_tokens} engines {m.engine_tokens:.0f} ({m.ledger_requests} settled)"
         )
-    assert drift.ledger_tokens == totals.completion_tokens
+    # The response cache's hits are billed tokens no engine generated: the drift job leaves them out.
+    assert drift.ledger_tokens == totals.completion_tokens - _cache_hits(stage.database_url)[1]
     assert drift.replicas == 6  # five engines (bge-m3 counts its zero generated tokens) and the restarted 70B
     steady = measure(prom, stage.database_url, start, end, "qwen2.5-32b-instruct")
     assert steady.ledger_tokens > 0
@@ -195,6 +205,59 @@ def test_engine_tokens_in_prometheus_equal_the_ledger(stage: Stage) -> None:
     )
     assert abs(drift.engine_tokens - drift.ledger_tokens) <= unreceived
     assert drift.ratio < 0.001  # the brief's threshold, with the disconnects and the killed engine
+
+
+def _cache_hits(database_url: str) -> tuple[int, int]:
+    """(hits, their completion tokens) in the ledger."""
+    with psycopg.connect(database_url) as conn:
+        row = conn.execute(
+            "SELECT count(*), COALESCE(SUM(completion_tokens), 0) FROM usage_ledger"
+            " WHERE status = 'settled' AND cache = 'hit'"
+        ).fetchone()
+    assert row is not None
+    return int(row[0]), int(row[1])
+
+
+def _value(stage: Stage, expr: str) -> float:
+    result = query(stage.url, expr)
+    assert len(result) == 1, (expr, result)
+    return float(result[0]["value"][1])
+
+
+def test_the_cache_panels_read_the_stages_hits_and_the_console_agrees(stage: Stage) -> None:
+    """The stage's hits and misses as the dashboards read them, against the ledger; and the console's
+    GPU time saved (the ledger's hit tokens at the planning figure) equal to the gateway's counter."""
+    spec = load_spec("dev")
+    traffic = stage.cache
+    hits, hit_tokens = _cache_hits(stage.database_url)
+    assert hits == traffic.hits
+    team = f'team="{traffic.team_id}",model="{MODEL_8B}"'
+    requests = "llmfleet_gateway_cache_requests_total"
+    assert _value(stage, f'sum({requests}{{{team},result="exact_hit"}})') == traffic.hits
+    assert _value(stage, f'sum({requests}{{{team},result="miss"}})') == traffic.misses
+    saved = _value(stage, f"sum(llmfleet_gateway_cache_saved_gpu_seconds_total{{{team}}})")
+    assert saved == pytest.approx(hit_tokens * gpu_seconds_per_token(spec)[MODEL_8B])
+
+    async def console_gpu_seconds() -> float:
+        async with AsyncConnectionPool(stage.database_url, min_size=1, max_size=1) as pool:
+            today = dt.datetime.now(dt.UTC).date()
+            rows = await UsageRollups(pool).cache_use(
+                traffic.team_id, today - dt.timedelta(days=1), today + dt.timedelta(days=1)
+            )
+        return panel(
+            "Model", rows, today, today, gpu_seconds_per_token(spec), lambda r: (r.model, r.model)
+        ).total.gpu_seconds
+
+    assert asyncio.run(console_gpu_seconds()) == pytest.approx(saved)
+    boards = dashboards(spec)
+    panels = {title: expr for board in boards.values() for title, expr in panel_queries(board)}
+    rate = query(stage.url, _substitute(panels["Response cache hit rate per model"]))
+    by_model = {r["metric"]["model"]: float(r["value"][1]) for r in rate}
+    assert 0 < by_model[MODEL_8B] <= 1, rate  # hits and misses both moved in the last 5 minutes
+    assert _value(stage, _substitute(panels["GPU hours saved by the response cache (time range)"])) > 0
+    lookup = query(stage.url, _substitute(panels["Response cache lookup p95 on misses"]))
+    assert {(r["metric"]["model"], r["metric"]["match"]) for r in lookup} == {(MODEL_8B, "exact")}
+    assert all(0 < float(r["value"][1]) < 5 for r in lookup), lookup
 
 
 def _ops(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:

@@ -1,4 +1,5 @@
-"""Usage rollups for the console: daily per team/model/key totals, recent requests, key last use.
+"""Usage rollups for the console: daily per team/model/key totals (the response cache's part too),
+recent requests, key last use.
 
 `usage_daily` (migration 0005) is maintained by a trigger on the ledger row's
 `reserved -> settled` update, in the settle's own transaction, so for any whole-UTC-day
@@ -49,6 +50,23 @@ class DailyUsage:
 
 
 @dataclass(frozen=True)
+class CacheUse:
+    """The response cache's part of one team's usage of one model over some UTC days (migration 0018).
+    `hits`: requests answered from the cache (billed at the model's cache price); `misses`: requests it
+    was asked for and the fleet answered; `lookups`: semantic lookups' question embeddings, on the
+    embedding model's row. Settled requests only, like every rollup."""
+
+    team_id: int
+    model: str
+    hits: int
+    misses: int
+    hit_completion_tokens: int
+    hit_cost_microcredits: int
+    lookups: int = 0
+    lookup_cost_microcredits: int = 0
+
+
+@dataclass(frozen=True)
 class RecentRequest:
     request_id: str
     created_at: datetime
@@ -76,6 +94,30 @@ class UsageRollups:
     def __init__(self, pool: AsyncConnectionPool) -> None:
         self._pool = pool
 
+    async def _grouped(
+        self,
+        select: str,
+        team_id: int | None,
+        start: date,
+        end: date,
+        key_id: int | None,
+        model: str | None,
+        also: str = "",
+    ) -> list[Any]:
+        """`SELECT <select> FROM usage_daily` over the scope's UTC days `[start, end)` (and `also`, a
+        constant condition), grouped and ordered by the first two columns."""
+        where, params = _scope(team_id, key_id)
+        if model is not None:
+            where += " AND model = %s"
+            params.append(model)
+        query = (
+            f"SELECT {select} FROM usage_daily WHERE {where} AND day >= %s AND day < %s {also} "  # noqa: S608 (constants)
+            "GROUP BY 1, 2 ORDER BY 1, 2"
+        )
+        async with self._pool.connection() as conn:
+            cur = await conn.execute(query.encode(), (*params, start, end))
+            return list(await cur.fetchall())
+
     async def daily(
         self,
         team_id: int | None,
@@ -86,21 +128,32 @@ class UsageRollups:
         model: str | None = None,
     ) -> list[DailyUsage]:
         """Per UTC day and model in `[start, end)` (days), summed over keys unless `key_id` is given."""
-        where, params = _scope(team_id, key_id)
-        if model is not None:
-            where += " AND model = %s"
-            params.append(model)
-        query = (
-            "SELECT day, model, SUM(requests), SUM(prompt_tokens), SUM(completion_tokens), "  # noqa: S608 (constant)
-            f"SUM(cost_microcredits), SUM(cached_prompt_tokens) FROM usage_daily WHERE {where} AND day >= %s AND day < %s "
-            "GROUP BY 1, 2 ORDER BY 1, 2"
-        )
-        async with self._pool.connection() as conn:
-            cur = await conn.execute(query.encode(), (*params, start, end))
-            rows = await cur.fetchall()
+        rows = await self._grouped(
+            "day, model, SUM(requests), SUM(prompt_tokens), SUM(completion_tokens), SUM(cost_microcredits), "
+            "SUM(cached_prompt_tokens)",
+            team_id, start, end, key_id, model,
+        )  # fmt: skip
         return [
             DailyUsage(r[0], str(r[1]), int(r[2]), int(r[3]), int(r[4]), int(r[5]), int(r[6])) for r in rows
         ]
+
+    async def cache_use(
+        self,
+        team_id: int | None,
+        start: date,
+        end: date,
+        *,
+        key_id: int | None = None,
+        model: str | None = None,
+    ) -> list[CacheUse]:
+        """Per team and model over the UTC days `[start, end)`, the rows the cache took part in."""
+        rows = await self._grouped(
+            "team_id, model, SUM(cache_hits), SUM(cache_misses), SUM(cache_hit_completion_tokens), "
+            "SUM(cache_hit_cost_microcredits), SUM(cache_lookups), SUM(cache_lookup_cost_microcredits)",
+            team_id, start, end, key_id, model,
+            also="AND (cache_hits > 0 OR cache_misses > 0 OR cache_lookups > 0)",
+        )  # fmt: skip
+        return [CacheUse(int(r[0]), str(r[1]), *(int(v) for v in r[2:])) for r in rows]
 
     async def key_last_used(self, team_id: int | None) -> dict[int, datetime]:
         where, params = _scope(team_id, None)

@@ -5,8 +5,9 @@
   temperature, tools...), `error` (the cache could not be asked: the request went on uncached);
 - `llmfleet_gateway_cache_saved_gpu_seconds_total{team, model}`: the GPU time the hits did not take, at the
   stack's planning figures (a replica's GPUs over its decode rate, per completion token);
-- `llmfleet_gateway_cache_lookup_seconds{model, match}`: what a lookup added before the request went on
-  (`exact`; `semantic`: with the question's embedding from the fleet);
+- `llmfleet_gateway_cache_lookup_seconds{model, match, result}`: what a lookup added before the request went
+  on (`match`: `exact`; `semantic`, with the question's embedding from the fleet; `result`: `hit` or `miss`:
+  a miss's is the time the cache adds to a request the fleet then answers);
 - `llmfleet_gateway_cache_writes_total{model, outcome}`: a miss's answer `stored`, `skipped` (incomplete,
   too long, another revision answered) or `error`.
 """
@@ -34,8 +35,8 @@ class CacheMetrics:
         )
         self.lookup = Histogram(
             "llmfleet_gateway_cache_lookup_seconds",
-            "Time a response cache lookup added to a request, by model and match (exact, semantic)",
-            ["model", "match"],
+            "Time a response cache lookup added to a request, by model, match (exact, semantic) and result (hit, miss)",
+            ["model", "match", "result"],
             buckets=LOOKUP_BUCKETS,
             registry=registry,
         )

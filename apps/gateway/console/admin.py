@@ -19,6 +19,7 @@ from apps.core.envnames import env_name
 from apps.core.errors import LlmfleetError
 from apps.core.sizing.plan import plan_fleet
 from apps.gateway.admin_routes import amount_microcredits, valid_node_id
+from apps.gateway.console.cache import CacheReport
 from apps.gateway.console.forms import Problem, clean_text, first
 from apps.gateway.console.session import Session
 from apps.gateway.console.views import Console, csv_response, to_signin
@@ -60,6 +61,7 @@ class AdminView:
     def __init__(self, console: Console) -> None:
         self.console = console
         self.deps = console.deps
+        self.cache = CacheReport(console.deps, lambda: console.usage)
         # model -> (max_num_seqs, replicas, peak streams), from the planner
         self.plan = {
             n: (m.max_num_seqs, m.replicas, m.peak_streams)
@@ -94,6 +96,7 @@ class AdminView:
             "last_used": await self.console.usage.key_last_used(None),
             "nodes": nodes,
             "capacity": capacity(self.plan, nodes),
+            "cache": await self.cache.teams({t.id: t.name for t in teams}),
             **extra,
         }
         return self.console.render(request, "admin.html", ctx, status, session)

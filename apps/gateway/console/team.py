@@ -19,6 +19,7 @@ from apps.core.errors import LlmfleetError, StoreUnavailable
 from apps.core.ledger.rollups import DailyUsage, burn_rate, days_left
 from apps.core.quota.refusals import RefusalCount
 from apps.core.sharing import PriorityClass
+from apps.gateway.console.cache import CacheReport
 from apps.gateway.console.forms import (
     Problem,
     UsageQuery,
@@ -76,6 +77,7 @@ class TeamView:
     def __init__(self, console: Console) -> None:
         self.console = console
         self.deps = console.deps
+        self.cache = CacheReport(console.deps, lambda: console.usage)
 
     def routes(self) -> list[Route]:
         return [
@@ -121,6 +123,7 @@ class TeamView:
             "models": sorted(self.deps.spec.models),
             "rows": _usage_rows(rows),
             "chart": chart_data(query, rows) if query else None,
+            "cache": await self.cache.team(team.id, query, session.key_id) if query else None,
             "keys": keys,
             "last_used": await usage.key_last_used(team.id),
             "recent": await usage.recent(team.id, key_id=session.key_id),

@@ -16,6 +16,7 @@ from starlette.templating import Jinja2Templates
 
 from apps.core.identity.console_sessions import ConsoleSessions
 from apps.core.ledger.rollups import UsageRollups
+from apps.gateway.console.cache import gpu_time
 from apps.gateway.console.forms import Problem, first, read_form
 from apps.gateway.console.session import COOKIE, Session, SessionCodec
 from apps.gateway.deps import GatewayDeps
@@ -53,6 +54,7 @@ class Console:
     def build(cls, settings: GatewaySettings, deps: GatewayDeps) -> Console:
         templates = Jinja2Templates(directory=str(HERE / "templates"))
         templates.env.filters["credits"] = credits
+        templates.env.filters["gpu_time"] = gpu_time
         return cls(settings, deps, SessionCodec(settings.secret_key.encode()), templates)
 
     @property
