@@ -40,6 +40,7 @@ from apps.core.respcache.sealing import TeamKey
 from apps.core.respcache.store import CacheStore, Found, Scope
 from apps.core.sizing.plan import plan_model
 from apps.core.spec import StackSpec
+from apps.gateway.deps import GatewayDeps
 from apps.gateway.exchange import Exchange
 from apps.gateway.fleet_call import FleetCall
 from apps.gateway.ports import Upstream, WrappedUpstream
@@ -64,7 +65,7 @@ def gpu_seconds_per_token(spec: StackSpec) -> dict[str, float]:
             continue
         try:
             gpus = plan_model(spec, name, model).gpus_per_replica
-        except Exception:
+        except Exception:  # a test stack the planner cannot size: a figure for a dashboard, never an error
             gpus = 1
         out[name] = gpus / rate
     return out
@@ -111,7 +112,7 @@ class CapturingUpstream(WrappedUpstream):
 
 
 class ResponseCaching:
-    def __init__(self, settings: GatewaySettings, deps: Any) -> None:
+    def __init__(self, settings: GatewaySettings, deps: GatewayDeps) -> None:
         self._spec: StackSpec = deps.spec
         self._policies: CachePolicyStore | None = deps.cache_policies
         self._store: CacheStore | None = deps.cache_store
