@@ -156,11 +156,13 @@ def create_app(settings: GatewaySettings, deps: GatewayDeps) -> GatewayApp:
         try:
             yield
         finally:
+            await public.chat.settle_writes()  # the response cache's last writes, before the pool closes
             for close in deps.closers:
                 await close()
 
+    public = PublicApi(settings, deps)
     routes = [
-        *PublicApi(settings, deps).routes(),
+        *public.routes(),
         *AdminApi(settings, deps).routes(),
         *GuardrailAdminApi(settings, deps, deps.guardrails).routes(),
         *CacheAdminApi(settings, deps).routes(),

@@ -275,6 +275,14 @@ class ChatHandler:
         self._m.netio.served(fastpath.UVICORN_CHUNK, fast=outcome.direct_chunks, fallback=outcome.asgi_chunks)
         self._log(ex, ended=outcome.ended, completion_tokens=outcome.completion_tokens)
 
+    async def settle_writes(self) -> None:
+        """At shutdown: the response cache's writes in flight end (within the cleanup budget) or are dropped."""
+        try:
+            async with asyncio.timeout(self._s.cleanup_timeout_s):
+                await self._caching.drain()
+        except TimeoutError:
+            log.warning("response cache writes still running at shutdown: dropped")
+
     def _log(self, ex: Exchange, **extra: Any) -> None:
         log.info(
             "request",
