@@ -10,6 +10,7 @@ saved); one that no longer validates is a 503 naming the team, until an admin sa
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
@@ -22,6 +23,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from apps.core.errors import NotFound
 from apps.core.stores import postgres_boundary
+from apps.core.ttlcache import TtlCache
 
 
 class Document(Protocol):
@@ -109,3 +111,51 @@ class TeamDocuments(Generic[D]):
             cur = await conn.execute(query, (team_id,))
             row = await cur.fetchone()
         return None if row is None else self._validate(team_id, row[0])
+
+
+V = TypeVar("V")
+
+
+class CachedTeamDocuments(TeamDocuments[D], Generic[D, V]):
+    """`TeamDocuments` whose request-path read (`cached`) goes through a per-process `TtlCache` of each team's
+    document prepared for use (`prepare`: compiled patterns, or the document as it is). A write on this process
+    drops the team's entry at once; other processes see it within `ttl_s`."""
+
+    def __init__(
+        self,
+        pool: AsyncConnectionPool,
+        table: str,
+        validate: Callable[[int, object], D],
+        prepare: Callable[[D], V],
+        *,
+        ttl_s: float = 4.0,
+        max_entries: int = 10_000,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        super().__init__(pool, table, validate)
+        self._prepare = prepare
+        self._cache: TtlCache[int, V | None] = TtlCache(
+            self._prepared, ttl_s=ttl_s, max_entries=max_entries, monotonic=monotonic
+        )
+        self.db_lookups = 0
+
+    async def put(self, team_id: int, document: D) -> StoredDocument[D]:
+        try:
+            return await super().put(team_id, document)
+        finally:
+            self._cache.forget(team_id)
+
+    async def delete(self, team_id: int) -> bool:
+        try:
+            return await super().delete(team_id)
+        finally:
+            self._cache.forget(team_id)
+
+    async def cached(self, team_id: int) -> V | None:
+        """The team's document prepared, for the request path (None: it has none), cached."""
+        return await self._cache.get(team_id)
+
+    async def _prepared(self, team_id: int) -> V | None:
+        self.db_lookups += 1
+        document = await self.load(team_id)
+        return None if document is None else self._prepare(document)

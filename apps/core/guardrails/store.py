@@ -16,10 +16,8 @@ from collections.abc import Callable
 from psycopg_pool import AsyncConnectionPool
 
 from apps.core.errors import InvalidRequest, Unavailable
-from apps.core.guardrails.api import StoredPolicy
 from apps.core.guardrails.policy import CompiledPolicy, GuardrailPolicy, compile_policy, parse_policy
-from apps.core.teamdocs import TeamDocuments
-from apps.core.ttlcache import TtlCache
+from apps.core.teamdocs import CachedTeamDocuments
 
 
 def _stored(team_id: int, document: object) -> GuardrailPolicy:
@@ -33,7 +31,7 @@ def _stored(team_id: int, document: object) -> GuardrailPolicy:
         ) from None
 
 
-class GuardrailStore:
+class GuardrailStore(CachedTeamDocuments[GuardrailPolicy, CompiledPolicy]):
     def __init__(
         self,
         pool: AsyncConnectionPool,
@@ -42,35 +40,16 @@ class GuardrailStore:
         max_entries: int = 10_000,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
-        self._docs: TeamDocuments[GuardrailPolicy] = TeamDocuments(pool, "guardrail_policies", _stored)
-        self._cache: TtlCache[int, CompiledPolicy | None] = TtlCache(
-            self._load, ttl_s=cache_ttl_s, max_entries=max_entries, monotonic=monotonic
+        super().__init__(
+            pool,
+            "guardrail_policies",
+            _stored,
+            compile_policy,
+            ttl_s=cache_ttl_s,
+            max_entries=max_entries,
+            monotonic=monotonic,
         )
-        self.db_lookups = 0
-
-    async def get(self, team_id: int) -> StoredPolicy | None:
-        """The team's policy (None: it has none); `NotFound` for a team that does not exist."""
-        return await self._docs.get(team_id)
-
-    async def put(self, team_id: int, policy: GuardrailPolicy) -> StoredPolicy:
-        """Save (replace) the team's policy; `NotFound` for a team that does not exist."""
-        try:
-            return await self._docs.put(team_id, policy)
-        finally:
-            self._cache.forget(team_id)
-
-    async def delete(self, team_id: int) -> bool:
-        """Remove the team's policy (False: it had none); `NotFound` for a team that does not exist."""
-        try:
-            return await self._docs.delete(team_id)
-        finally:
-            self._cache.forget(team_id)
 
     async def compiled(self, team_id: int) -> CompiledPolicy | None:
         """The team's policy, compiled, for the request path (None: no guardrails), cached."""
-        return await self._cache.get(team_id)
-
-    async def _load(self, team_id: int) -> CompiledPolicy | None:
-        self.db_lookups += 1
-        policy = await self._docs.load(team_id)
-        return None if policy is None else compile_policy(policy)
+        return await self.cached(team_id)

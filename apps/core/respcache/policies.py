@@ -13,8 +13,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from apps.core.errors import Unavailable
 from apps.core.respcache.policy import CachePolicy
-from apps.core.teamdocs import StoredDocument, TeamDocuments
-from apps.core.ttlcache import TtlCache
+from apps.core.teamdocs import CachedTeamDocuments, StoredDocument
 
 StoredCachePolicy = StoredDocument[CachePolicy]
 
@@ -29,7 +28,7 @@ def _stored(team_id: int, document: object) -> CachePolicy:
         ) from None
 
 
-class CachePolicyStore:
+class CachePolicyStore(CachedTeamDocuments[CachePolicy, CachePolicy]):
     def __init__(
         self,
         pool: AsyncConnectionPool,
@@ -37,28 +36,16 @@ class CachePolicyStore:
         cache_ttl_s: float = 4.0,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
-        self._docs: TeamDocuments[CachePolicy] = TeamDocuments(pool, "response_cache_policies", _stored)
-        self._cache: TtlCache[int, CachePolicy | None] = TtlCache(
-            self._docs.load, ttl_s=cache_ttl_s, monotonic=monotonic
+        super().__init__(
+            pool,
+            "response_cache_policies",
+            _stored,
+            lambda policy: policy,
+            ttl_s=cache_ttl_s,
+            monotonic=monotonic,
         )
 
-    async def get(self, team_id: int) -> StoredCachePolicy | None:
-        """The team's policy (None: the cache is off); `NotFound` for a team that does not exist."""
-        return await self._docs.get(team_id)
-
-    async def put(self, team_id: int, policy: CachePolicy) -> StoredCachePolicy:
-        try:
-            return await self._docs.put(team_id, policy)
-        finally:
-            self._cache.forget(team_id)
-
-    async def delete(self, team_id: int) -> bool:
-        """Turn the team's cache off (its entries stay sealed until purged or expired, never served)."""
-        try:
-            return await self._docs.delete(team_id)
-        finally:
-            self._cache.forget(team_id)
-
     async def policy(self, team_id: int) -> CachePolicy | None:
-        """The request path's read (None: the cache is off for the team), cached."""
-        return await self._cache.get(team_id)
+        """The request path's read (None: the cache is off for the team), cached. `delete` turns the cache
+        off; the team's entries stay sealed until they are purged or expire, never served."""
+        return await self.cached(team_id)
