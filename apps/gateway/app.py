@@ -153,9 +153,12 @@ async def on_data_error(request: Request, exc: Exception) -> Response:
 def create_app(settings: GatewaySettings, deps: GatewayDeps) -> GatewayApp:
     @asynccontextmanager
     async def lifespan(app: GatewayApp) -> AsyncIterator[None]:
+        janitor = asyncio.create_task(public.chat.cache_janitor())  # expired response cache entries
         try:
             yield
         finally:
+            janitor.cancel()
+            await asyncio.gather(janitor, return_exceptions=True)
             await public.chat.settle_writes()  # the response cache's last writes, before the pool closes
             for close in deps.closers:
                 await close()

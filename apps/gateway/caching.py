@@ -53,6 +53,8 @@ log = logging.getLogger("llmfleet.gateway.cache")
 CACHE_HEADER = "x-llmfleet-cache"
 EMBED_SUFFIX = ":cache-embed"  # the question's embedding: the request's id and this, in the ledger
 ID_PREFIX = {"chat": "chatcmpl-", "completions": "cmpl-"}
+JANITOR_INTERVAL_S = 60.0
+EXPIRE_BATCH = 1000
 
 
 def gpu_seconds_per_token(spec: StackSpec) -> dict[str, float]:
@@ -265,6 +267,20 @@ class ResponseCaching:
             self.metrics.writes.labels(turn.scope.model, "error").inc()
             return
         self.metrics.writes.labels(turn.scope.model, "stored").inc()
+
+    async def janitor(self) -> None:
+        """Forever (a task of the app's lifespan): every `JANITOR_INTERVAL_S`, delete expired entries of
+        every team, a batch at a time. Several gateway processes may run it at once: each batch is one
+        statement, and an entry deleted twice is deleted once."""
+        if self._store is None:
+            return
+        while True:
+            try:
+                while await self._store.expire(EXPIRE_BATCH) >= EXPIRE_BATCH:
+                    pass  # a full batch: more may be waiting
+            except StoreUnavailable:
+                log.warning("response cache janitor: the store is unavailable; next try in a minute")
+            await asyncio.sleep(JANITOR_INTERVAL_S)  # a period, not a wait for a state
 
     async def drain(self) -> None:
         """Wait for the writes in flight (shutdown, tests)."""

@@ -38,6 +38,7 @@ from apps.core.spec import StackSpec
 from apps.gateway.auth import authenticate, require_team
 from apps.gateway.caching import ResponseCaching
 from apps.gateway.collect import Timeouts, collect
+from apps.gateway.decision_counts import DecisionCounter
 from apps.gateway.deps import GatewayDeps
 from apps.gateway.errors import error_response
 from apps.gateway.exchange import (
@@ -87,6 +88,7 @@ class ChatHandler:
         self._holds = Holds(settings, deps, metrics)
         guard = GuardCall(settings, deps)
         self._screening = Screening(deps.guardrails, GuardrailMetrics(deps.registry), guard)
+        self._decisions = DecisionCounter(settings, deps, metrics)
         self._caching = ResponseCaching(settings, deps)
 
     async def handle(self, request: Request, endpoint: Endpoint = "chat") -> Response:
@@ -100,12 +102,14 @@ class ChatHandler:
             self._m.requests.labels(ex.model, str(exc.status)).inc()
             self._m.refused(ex.model, exc.status, exc.code)
             await self._holds.count_refusal(ex, exc)
+            await self._decisions.flush(ex)  # a block's, or those of a request refused after a redaction
             self._log(ex, error=exc.code)
             return error_response(exc, {"x-request-id": ex.client_id, **ex.headers})
         except BaseException:
             await shielded(
                 self._holds.finish(ex, cancel_reservation=True), self._s.cleanup_timeout_s, "finish"
             )
+            await shielded(self._decisions.flush(ex), self._s.cleanup_timeout_s, "count_decisions")
             raise
 
     async def _handle(self, request: Request, ex: Exchange, endpoint: Endpoint) -> Response:
@@ -122,7 +126,7 @@ class ChatHandler:
             raise PermissionDenied(f"This key may not use the model `{chat.model}`.", param="model")
         ex.pinned = pinned_revision(request.headers.get(MODEL_REVISION_HEADER), principal)
         ex.policy = await self._screening.policy(team_id)
-        screened = self._screening.screen_input(ex.policy, endpoint, chat.body, team_id)
+        screened = self._screening.screen_input(ex.policy, endpoint, chat.body, team_id, ex)
         if screened is not chat.body:  # redacted: validated again, so the estimate covers what is sent
             body, chat = screened, VALIDATORS[endpoint](screened, self._d.spec, caps)
         await self._screening.guard_input(ex.policy, endpoint, chat.body, principal, ex)
@@ -144,6 +148,7 @@ class ChatHandler:
         if ex.cache is not None and ex.cache.found is not None:
             response = await self._caching.answer(ex.cache, chat, principal, ex)
             await self._holds.finish(ex, cancel_reservation=True)
+            await self._decisions.flush(ex)
             self._m.requests.labels(chat.model, "200").inc()
             self._log(ex, ended="cache_hit")
             return response
@@ -177,7 +182,7 @@ class ChatHandler:
             self._m.queue_wait.labels(chat.model).observe(queued)
         if upstream.status != 200:
             return await self._upstream_error(upstream, ex)
-        upstream = self._screening.screen_output(upstream, ex.policy, chat.endpoint, team_id)
+        upstream = self._screening.screen_output(upstream, ex.policy, chat.endpoint, team_id, ex)
         upstream = self._caching.capture(ex.cache, upstream, chat.wants_usage)
         self._m.active_streams.inc()  # `_after_relay` ends it (`stream_ended`)
         headers = {"x-request-id": ex.client_id, **ex.headers}
@@ -268,12 +273,16 @@ class ChatHandler:
         if outcome.completion_tokens is not None:
             self._m.output_tokens.labels(ex.model).inc(outcome.completion_tokens)
         self._caching.remember(ex.cache, team, ex.revision, outcome.ended)
+        await self._decisions.flush(ex)  # the answer has been sent (a stream) or is about to be
         if outcome.direct_chunks:
             self._m.relayed_chunks.labels("direct").inc(outcome.direct_chunks)
         if outcome.asgi_chunks:
             self._m.relayed_chunks.labels("asgi").inc(outcome.asgi_chunks)
         self._m.netio.served(fastpath.UVICORN_CHUNK, fast=outcome.direct_chunks, fallback=outcome.asgi_chunks)
         self._log(ex, ended=outcome.ended, completion_tokens=outcome.completion_tokens)
+
+    async def cache_janitor(self) -> None:
+        await self._caching.janitor()
 
     async def settle_writes(self) -> None:
         """At shutdown: the response cache's writes in flight end (within the cleanup budget) or are dropped."""

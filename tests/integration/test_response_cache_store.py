@@ -118,25 +118,52 @@ async def test_a_semantic_match_is_the_nearest_entry_above_the_threshold(env: En
     assert (await env.store.stats(team)).hits == 1
 
 
-async def test_expired_entries_are_never_served_and_the_size_bound_drops_the_oldest(env: Env) -> None:
+async def test_expired_entries_are_never_served_and_the_janitor_deletes_them(env: Env) -> None:
+    a, b = (await env.teams.create_team("ea")).id, (await env.teams.create_team("eb")).id
+    for team in (a, b):
+        await env.put(Scope(team, MODEL, "r1"), "old", b"old")
+        await env.put(Scope(team, MODEL, "r1"), "new", b"new")
+    async with env.pool.connection() as conn:
+        await conn.execute(
+            "UPDATE response_cache SET expires_at = now() - interval '1 second' WHERE exact_key = 'old'"
+        )
+    assert await env.exact(Scope(a, MODEL, "r1"), b"old") is None  # expired: never served
+    assert await env.store.expire(limit=1) == 1  # a batch at a time
+    assert await env.store.expire() == 1
+    assert await env.store.expire() == 0
+    assert await env.exact(Scope(a, MODEL, "r1"), b"new") == "new"
+    async with env.pool.connection() as conn:
+        cur = await conn.execute(
+            "SELECT k.stored_bytes = (SELECT sum(bytes) FROM response_cache c WHERE c.team_id = k.team_id)"
+            " FROM response_cache_keys k WHERE k.team_id IN (%s, %s)",
+            (a, b),
+        )
+        assert [r[0] for r in await cur.fetchall()] == [True, True]  # the totals follow the janitor
+
+
+async def test_the_size_bound_drops_the_oldest_entries_down_to_nine_tenths(env: Env) -> None:
     team = (await env.teams.create_team("bound")).id
     scope = Scope(team, MODEL, "r1")
-    await env.put(scope, "old", b"old")
-    async with env.pool.connection() as conn:
-        await conn.execute("UPDATE response_cache SET expires_at = now() - interval '1 second'")
-    assert await env.exact(scope, b"old") is None
     await env.put(scope, "first", b"1")
-    assert (await env.store.stats(team)).entries == 1  # the expired one went with the insert
     async with env.pool.connection() as conn:
         cur = await conn.execute("SELECT bytes FROM response_cache WHERE team_id = %s", (team,))
         row = await cur.fetchone()
     assert row is not None
     size = int(row[0])
-    await env.put(scope, "second", b"2", max_bytes=2 * size + size // 2)
-    await env.put(scope, "third", b"3", max_bytes=2 * size + size // 2)
+    bound = 2 * size + size // 2  # room for two entries and a half
+    await env.put(scope, "second", b"2", max_bytes=bound)
+    assert (await env.store.stats(team)).entries == 2  # under the bound: nothing evicted
+    await env.put(scope, "second again", b"2", max_bytes=bound)  # a replaced entry counts once
+    assert (await env.store.stats(team)).entries == 2
+    await env.put(scope, "third", b"3", max_bytes=bound)
     assert await env.exact(scope, b"1") is None  # the oldest, beyond the bound
-    assert await env.exact(scope, b"2") == "second"
+    assert await env.exact(scope, b"2") == "second again"
     assert await env.exact(scope, b"3") == "third"
+    async with env.pool.connection() as conn:
+        cur = await conn.execute("SELECT stored_bytes FROM response_cache_keys WHERE team_id = %s", (team,))
+        stored = await cur.fetchone()
+    assert stored is not None
+    assert int(stored[0]) == (await env.store.stats(team)).bytes  # counted exactly at the eviction
 
 
 async def test_a_purge_deletes_the_entries_and_the_teams_key(env: Env) -> None:

@@ -163,3 +163,24 @@ async def test_a_whole_answer_from_the_looked_up_revision_is_stored_in_the_backg
     await draining
     assert store.puts == [Scope(3, MODEL, "r1")]
     assert counted(registry, "miss") == 3
+
+
+async def test_the_janitor_deletes_expired_entries_a_batch_at_a_time_until_a_short_batch() -> None:
+    cache, store, _ = caching(ON)
+    batches = [1000, 1000, 3]
+    calls: list[int] = []
+    third = asyncio.Event()
+
+    async def expire(limit: int = 1000) -> int:
+        calls.append(limit)
+        if len(calls) == 3:
+            third.set()
+        return batches[len(calls) - 1] if len(calls) <= len(batches) else 0
+
+    store.expire = expire  # type: ignore[attr-defined]
+    janitor = asyncio.ensure_future(cache.janitor())
+    await third.wait()
+    await asyncio.sleep(0)  # one loop turn: a fourth batch would start now if the third had been full
+    janitor.cancel()
+    await asyncio.gather(janitor, return_exceptions=True)
+    assert calls == [1000, 1000, 1000]  # two full batches, then a short one: the next comes in a minute

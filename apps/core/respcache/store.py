@@ -6,8 +6,9 @@ model, revision and context key; no approximate index: the per-team size bound k
 Every read and write names the team: no statement can return or touch another team's row, and an entry
 moved to another team's row does not open (its associated data name the team). An entry that does not
 open (its team's key was purged meanwhile) is deleted and counts as a miss. Expired entries are never
-returned and are deleted as the team's newer entries arrive; each insert then drops the team's oldest
-entries beyond its `max_bytes`.
+returned; `expire` deletes them (the gateways' janitor, every minute). Each write keeps the team's running
+total of stored bytes; one that takes it over `max_bytes` drops the team's oldest entries down to 90% of it
+(so the full ranking runs once per tenth of the bound's churn, not at every write).
 """
 
 from __future__ import annotations
@@ -85,15 +86,43 @@ ON CONFLICT (team_id, model, revision, exact_key) DO UPDATE SET
     completion_tokens = EXCLUDED.completion_tokens, created_at = now(), expires_at = EXCLUDED.expires_at
 """
 
-# The team's expired entries, and its oldest ones beyond its size bound (newest kept first).
-_EVICT = """
-DELETE FROM response_cache WHERE id IN (
-    SELECT id FROM (
-        SELECT id, expires_at, sum(bytes) OVER (ORDER BY created_at DESC, id DESC) AS kept
-        FROM response_cache WHERE team_id = %(team)s
-    ) ranked WHERE kept > %(max)s OR expires_at <= now()
-)
+# After a write: the team's running total of stored bytes (the write's own bytes in, the replaced entry's out).
+_ACCOUNT = """
+UPDATE response_cache_keys SET stored_bytes = stored_bytes + %(bytes)s - %(replaced)s
+WHERE team_id = %(team)s RETURNING stored_bytes
 """
+
+# Over the bound: the team's oldest entries go until the newest ones left hold at most `target` bytes, and the
+# running total is set to what is left, counted exactly (it corrects any drift of concurrent writes).
+_EVICT = """
+WITH ranked AS (
+    SELECT id, sum(bytes) OVER (ORDER BY created_at DESC, id DESC) AS kept
+    FROM response_cache WHERE team_id = %(team)s
+), gone AS (
+    DELETE FROM response_cache r USING ranked WHERE r.id = ranked.id AND ranked.kept > %(target)s
+    RETURNING r.bytes
+)
+UPDATE response_cache_keys SET stored_bytes =
+    (SELECT coalesce(sum(bytes), 0) FROM response_cache WHERE team_id = %(team)s)
+    - (SELECT coalesce(sum(bytes), 0) FROM gone)
+WHERE team_id = %(team)s
+"""
+
+# Expired entries of every team, oldest expiry first, in batches (the janitor), the teams' totals adjusted.
+_EXPIRE = """
+WITH gone AS (
+    DELETE FROM response_cache WHERE id IN (
+        SELECT id FROM response_cache WHERE expires_at <= now() ORDER BY expires_at LIMIT %(limit)s
+    ) RETURNING team_id, bytes
+), freed AS (SELECT team_id, sum(bytes) AS bytes, count(*) AS n FROM gone GROUP BY team_id),
+adjusted AS (
+    UPDATE response_cache_keys k SET stored_bytes = greatest(k.stored_bytes - freed.bytes, 0)
+    FROM freed WHERE k.team_id = freed.team_id
+)
+SELECT coalesce(sum(n), 0) FROM freed
+"""
+
+EVICT_TO = 0.9  # an eviction frees down to this share of the bound, so it runs once per tenth of churn
 
 
 class CacheStore:
@@ -217,11 +246,27 @@ class CacheStore:
             "p": answer.prompt_tokens,
             "c": answer.completion_tokens,
             "ttl": ttl_s,
-            "max": max_bytes,
         }
         async with self._pool.connection() as conn, conn.transaction():
+            cur = await conn.execute(
+                "SELECT bytes FROM response_cache WHERE team_id = %(team)s AND model = %(model)s"
+                " AND revision = %(rev)s AND exact_key = %(key)s FOR UPDATE",
+                params,
+            )
+            replaced = await cur.fetchone()
             await conn.execute(sql, params)
-            await conn.execute(_EVICT, params)
+            cur = await conn.execute(_ACCOUNT, {**params, "replaced": int(replaced[0]) if replaced else 0})
+            total = await cur.fetchone()
+            if total is not None and int(total[0]) > max_bytes:
+                await conn.execute(_EVICT, {"team": scope.team_id, "target": int(max_bytes * EVICT_TO)})
+
+    @postgres_boundary()
+    async def expire(self, limit: int = 1000) -> int:
+        """Delete up to `limit` expired entries of any team (the janitor's step); how many went."""
+        async with self._pool.connection() as conn:
+            cur = await conn.execute(_EXPIRE, {"limit": limit})
+            row = await cur.fetchone()
+        return int(row[0]) if row else 0
 
     @postgres_boundary()
     async def purge(self, team_id: int) -> int:

@@ -3,7 +3,8 @@
 -- `response_cache_policies`: the admin's settings of a team (the JSON document the admin API validated,
 -- apps/core/respcache/policy.py). `response_cache_keys`: the random salt from which the team's encryption
 -- key is derived (HKDF over the gateway's secret key): deleting it makes every entry of the team unreadable.
--- `response_cache`: the entries, the answer encrypted (AES-256-GCM) with the team's key, never in clear.
+-- `response_cache`: the entries, the answer encrypted (AES-256-GCM) with the team's key, never in clear; an
+-- expired entry is never served and is deleted by the gateways' janitor within a minute or so.
 -- Everything of a team goes with the team (ON DELETE CASCADE). The ledger marks each request's cache use.
 CREATE TABLE IF NOT EXISTS response_cache_policies (
     team_id     BIGINT PRIMARY KEY REFERENCES teams(id) ON DELETE CASCADE,
@@ -12,9 +13,11 @@ CREATE TABLE IF NOT EXISTS response_cache_policies (
 );
 
 CREATE TABLE IF NOT EXISTS response_cache_keys (
-    team_id     BIGINT PRIMARY KEY REFERENCES teams(id) ON DELETE CASCADE,
-    salt        BYTEA NOT NULL CHECK (length(salt) = 32),
-    created_at  TIMESTAMPTZ NOT NULL DEFAULT now()
+    team_id       BIGINT PRIMARY KEY REFERENCES teams(id) ON DELETE CASCADE,
+    salt          BYTEA NOT NULL CHECK (length(salt) = 32),
+    -- The team's stored bytes, kept by each write and recomputed exactly at each eviction (the size bound).
+    stored_bytes  BIGINT NOT NULL DEFAULT 0,
+    created_at    TIMESTAMPTZ NOT NULL DEFAULT now()
 );
 
 CREATE TABLE IF NOT EXISTS response_cache (
@@ -36,7 +39,7 @@ CREATE TABLE IF NOT EXISTS response_cache (
 );
 CREATE UNIQUE INDEX IF NOT EXISTS response_cache_exact ON response_cache (team_id, model, revision, exact_key);
 CREATE INDEX IF NOT EXISTS response_cache_context ON response_cache (team_id, model, revision, context_key);
-CREATE INDEX IF NOT EXISTS response_cache_age ON response_cache (team_id, created_at);
+CREATE INDEX IF NOT EXISTS response_cache_expiry ON response_cache (expires_at);
 
 -- The semantic match needs pgvector (the embedded PostgreSQL of `llmfleet dev` and Aurora ship it). Where the
 -- server has no `vector` extension the column is not created and the cache matches exactly only (the admin
