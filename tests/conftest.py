@@ -11,7 +11,9 @@ pub/sub channels are server-wide: the run's own namespace comes from `tests/ids.
 from __future__ import annotations
 
 import os
+import shutil
 import socket
+import tempfile
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -73,17 +75,21 @@ def _has_pgvector(url: str) -> bool:
 
 
 @pytest.fixture(scope="session")
-def vector_pg_admin_url(pg_admin_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def vector_pg_admin_url(pg_admin_url: str) -> Iterator[str]:
     """A PostgreSQL server with pgvector (the response cache's semantic match): the test server when it
     has the extension, else an embedded pgserver (which ships it), started for the session."""
     if _has_pgvector(pg_admin_url):
         yield pg_admin_url
         return
-    embedded = EmbeddedPostgres(Path(tmp_path_factory.mktemp("pgvector")))
+    # Not under pytest's base temp: a later pytest session on the machine (another developer's, a second
+    # run) deletes all but the newest three of those, and with it this server's data and socket.
+    data = Path(tempfile.mkdtemp(prefix="llmfleet-pgvector-"))
+    embedded = EmbeddedPostgres(data)
     try:
         yield embedded.start()
     finally:
         embedded.stop()
+        shutil.rmtree(data, ignore_errors=True)
 
 
 @pytest.fixture
