@@ -19,6 +19,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from apps.core.clock import SYSTEM
 from apps.core.fairboard import RedisQueueBoard
+from apps.core.guardrails.counts import DecisionCounts
 from apps.core.guardrails.store import GuardrailStore
 from apps.core.identity.console_sessions import ConsoleSessions
 from apps.core.identity.jwt_verify import JwtVerifier
@@ -117,6 +118,7 @@ def _deps(
         usage=UsageRollups(pool),
         sessions=ConsoleSessions(pool),
         refusals=RefusalStore(redis, SYSTEM.now),
+        guardrail_counts=DecisionCounts(redis, SYSTEM.now),
         board=RedisQueueBoard(redis),
         guardrails=GuardrailStore(pool),
         cache_policies=CachePolicyStore(pool),

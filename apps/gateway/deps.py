@@ -19,6 +19,7 @@ from apps.core.respcache.store import CacheStore
 from apps.core.spec import StackSpec
 from apps.gateway.ports import (
     Dispatcher,
+    GuardrailCounts,
     Health,
     Keys,
     NodeAdmin,
@@ -54,6 +55,9 @@ class GatewayDeps:
     usage: UsageRollups | None = None  # the console's rollups (None: the console answers 503)
     sessions: ConsoleSessions | None = None  # console sessions (None: the console answers 503)
     refusals: Refusals | None = None  # 429s and 503s per team and day, for the console
+    guardrail_counts: GuardrailCounts | None = (
+        None  # guardrail decisions per team and day (None: not counted)
+    )
     slo: SloSource | None = None  # the admin view's SLO status (None: Prometheus not configured)
     board: QueueBoard | None = None  # `GET /admin/queues` (None: it answers 503)
     guardrails: GuardrailPolicies | None = None  # team guardrail policies (None: no checks, admin routes 503)

@@ -22,6 +22,7 @@ from apps.core.errors import (
     Unavailable,
     UpstreamFailed,
 )
+from apps.core.guardrails.decisions import Decision
 from apps.core.guardrails.policy import CompiledPolicy
 from apps.core.identity.principal import Principal
 from apps.core.protocol.dispatch import Deadlines, DispatchRequest
@@ -155,6 +156,7 @@ class Exchange:
     pending: tuple[asyncio.Future[None], ...] = ()  # admission and reservation running concurrently
     ledger_refusal: LlmfleetError | None = None  # the ledger's refusal (402...), counted if it is the answer
     policy: CompiledPolicy | None = None  # the team's guardrail policy (`apps.gateway.screening`)
+    decisions: list[Decision] = field(default_factory=list)  # its decisions not yet counted for the console
     cache: Any = None  # the request's `apps.gateway.caching.CacheTurn` (None: the cache is not asked)
 
 

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
-from datetime import datetime
+from datetime import date, datetime
 from typing import Any, Protocol
 
+from apps.core.guardrails.counts import DecisionCount
+from apps.core.guardrails.decisions import Decision
 from apps.core.identity.keys import KeyRecord
 from apps.core.identity.principal import Principal
 from apps.core.ledger.teams import Team
@@ -68,6 +70,18 @@ class Refusals(Protocol):
     async def count(self, team_id: int, key_id: int | None, status: int, reason: str) -> None: ...
 
     async def recent(self, team_id: int, key_id: int | None = None) -> list[RefusalCount]: ...
+
+
+class GuardrailCounts(Protocol):
+    """Guardrail decisions per team and UTC day (`apps.core.guardrails.counts.DecisionCounts`)."""
+
+    async def count(self, team_id: int, decisions: Iterable[Decision]) -> None: ...
+
+    async def team(self, team_id: int, start: date, end_exclusive: date) -> list[DecisionCount]: ...
+
+    async def teams(self, start: date, end_exclusive: date) -> list[DecisionCount]: ...
+
+    def kept_since(self) -> date: ...
 
 
 class SloSource(Protocol):

@@ -12,8 +12,9 @@ of a match (at most 128, usually the last word or digit run), so a redaction wor
 boundary; a choice's held text goes out with its `finish_reason` chunk, or in one chunk before
 `[DONE]`. A `block` ends the stream with the `guardrail_blocked` error event and `[DONE]`; the gateway
 then closes the upstream, so the orchestrator cancels the request on its node and settles only the
-tokens that ran. Embedding answers carry no text to scan. Every decision is counted
-(`llmfleet_gateway_guardrail_decisions_total`); matched text is never logged or stored.
+tokens that ran. Embedding answers carry no text to scan. Every decision is counted at once in
+`llmfleet_gateway_guardrail_decisions_total` and kept in the request's `Exchange` until its end, when
+`apps.gateway.decision_counts` counts them for the console; matched text is never logged or stored.
 """
 
 from __future__ import annotations
@@ -143,8 +144,10 @@ def _dump(obj: Any) -> bytes:
 
 
 class Screening:
-    """The gateway's guardrails: its policies (None: no team has any), the decision counter and the
-    guard model's call (None: a policy's `guard_model` is not enforced; tests only)."""
+    """The gateway's guardrails: its policies (None: no team has any), the decision metric and the
+    guard model's call (None: a policy's `guard_model` is not enforced; tests only). Each decision is
+    counted in the metric and added to the request's `Exchange.decisions` (counted for the console at
+    the request's end: `apps.gateway.decision_counts`)."""
 
     def __init__(
         self, policies: GuardrailPolicies | None, metrics: GuardrailMetrics, guard: GuardCall | None = None
@@ -165,14 +168,25 @@ class Screening:
                 "The guardrail policies are unavailable.", code="guardrails_unavailable", retry_after=5
             ) from None
 
+    def counter(self, team_id: int, ex: Exchange) -> Count:
+        """What counts a batch of the request's decisions: the metric now, the console at its end."""
+
+        def count(decisions: Iterable[Decision]) -> None:
+            batch = list(decisions)
+            if batch:
+                self._metrics.count(team_id, batch)
+                ex.decisions.extend(batch)
+
+        return count
+
     def screen_input(
-        self, policy: CompiledPolicy | None, endpoint: str, body: dict[str, Any], team_id: int
+        self, policy: CompiledPolicy | None, endpoint: str, body: dict[str, Any], team_id: int, ex: Exchange
     ) -> dict[str, Any]:
         """The body to send upstream (redacted where the policy says), or `GuardrailBlocked`."""
         if policy is None or not policy.input:
             return body
         scan = scan_input(policy.input, endpoint, body)  # type: ignore[arg-type]
-        self._metrics.count(team_id, scan.decisions)
+        self.counter(team_id, ex)(scan.decisions)
         if scan.blocked is not None:
             raise GuardrailBlocked(scan.blocked)
         return scan.body
@@ -192,15 +206,13 @@ class Screening:
         decision = await self._guard.check_input(guard, endpoint, body, principal, ex)
         if decision is None:
             return
-        self._metrics.count(principal.team_id, (decision,))
+        self.counter(principal.team_id, ex)((decision,))
         if decision.action == "block":
             raise GuardrailBlocked(decision)
 
     def screen_output(
-        self, upstream: Upstream, policy: CompiledPolicy | None, endpoint: str, team_id: int
+        self, upstream: Upstream, policy: CompiledPolicy | None, endpoint: str, team_id: int, ex: Exchange
     ) -> Upstream:
         if policy is None or not policy.output or endpoint == "embeddings":
             return upstream
-        return ScreenedUpstream(
-            upstream, tuple(policy.output), endpoint, lambda ds: self._metrics.count(team_id, ds)
-        )
+        return ScreenedUpstream(upstream, tuple(policy.output), endpoint, self.counter(team_id, ex))

@@ -77,6 +77,9 @@ class GatewaySettings(BaseSettings):
     refusal_count_timeout_s: float = Field(
         default=0.25, gt=0, description="bound of counting a 429/503 for the console"
     )
+    guardrail_count_timeout_s: float = Field(
+        default=0.25, gt=0, description="bound of counting a request's guardrail decisions for the console"
+    )
     # The console's SLO status (admin view): the Prometheus holding the PrometheusRule's recording
     # rules; empty: the view says it is not configured.
     prometheus_url: str = Field(

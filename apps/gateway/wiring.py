@@ -11,6 +11,7 @@ from psycopg_pool import AsyncConnectionPool
 from apps.core.clock import SYSTEM
 from apps.core.envnames import env_name
 from apps.core.fairboard import RedisQueueBoard
+from apps.core.guardrails.counts import DecisionCounts
 from apps.core.guardrails.store import GuardrailStore
 from apps.core.identity.console_sessions import ConsoleSessions
 from apps.core.identity.jwt_verify import JwtVerifier
@@ -144,6 +145,7 @@ async def build_deps(settings: GatewaySettings) -> GatewayDeps:
         usage=UsageRollups(pool),
         sessions=ConsoleSessions(pool),
         refusals=RefusalStore(redis, SYSTEM.now),
+        guardrail_counts=DecisionCounts(redis, SYSTEM.now),
         slo=slo,
         board=RedisQueueBoard(redis),
         guardrails=GuardrailStore(pool),

@@ -383,3 +383,107 @@ def test_the_cache_panel_shows_real_hits_and_misses(
     cells = cache_cells(chrome, f"cache-{team['id']}")
     assert (cells["label"], cells["hits"], cells["misses"], cells["rate"]) == ("cachers", "2", "2", "50.0%")
     chrome.find_element(By.ID, "cache").screenshot(str(artifacts / "admin-cache.png"))
+
+
+def whole_page(driver: webdriver.Chrome, path: Path) -> None:
+    """A screenshot of the whole page, not only the window's height (docs/console-team.png and
+    docs/console-admin.png are copies of `team-full.png` and `admin-full.png`): the window is made as
+    tall as the document for the shot, then given its size back."""
+    size = driver.get_window_size()
+    chrome_px = int(driver.execute_script("return window.outerHeight - window.innerHeight"))
+    height = int(driver.execute_script("return document.documentElement.scrollHeight"))
+    driver.set_window_size(size["width"], max(size["height"], height + chrome_px))
+    try:
+        driver.save_screenshot(str(path))
+    finally:
+        driver.set_window_size(size["width"], size["height"])
+
+
+def decision_cells(driver: webdriver.Chrome) -> dict[str, dict[str, str]]:
+    """The guardrail panel's rows by id, their cells by class (`gr-count` -> `count`, ...)."""
+    return {
+        str(row.get_attribute("id")): {
+            str(td.get_attribute("class")).removeprefix("gr-"): td.text
+            for td in row.find_elements(By.TAG_NAME, "td")
+            if td.get_attribute("class")
+        }
+        for row in driver.find_elements(By.CSS_SELECTOR, "#guardrails-table tbody tr")
+    }
+
+
+GUARDED_POLICY = {
+    "input": [
+        {"detector": "ssn", "action": "block"},
+        {"detector": "email", "action": "redact"},
+        {"detector": "dob", "action": "flag"},
+    ],
+    # enginesim answers with common English words: its two-letter ones are redacted (counted from the text).
+    "output": [{"detector": "short_word", "action": "redact"}],
+    "patterns": [{"name": "short_word", "pattern": "\\b[a-z]{2}\\b"}],
+}
+GUARDED_PROMPTS = (
+    "Write to jane.doe@example.com and john@example.org about the claim.",
+    "Patient born on 03/04/1980; send the summary to a.b@example.com.",
+)
+
+
+def test_the_guardrail_panel_shows_real_decisions(
+    platform: LocalPlatform, chrome: webdriver.Chrome, artifacts: Path
+) -> None:
+    team = admin_api(platform, "/admin/teams", {"name": "guarded", "credits": 100})
+    secret = str(admin_api(platform, "/admin/keys", {"team": "guarded", "name": "guarded-key"})["key"])
+    admin_api(platform, f"/admin/teams/{team['id']}/guardrails", GUARDED_POLICY, method="PUT")
+    redacted = 0
+    with sdk(platform, secret) as client:
+        for prompt in GUARDED_PROMPTS:
+            done = client.chat.completions.create(
+                model=MODEL_8B, messages=[{"role": "user", "content": prompt}], max_tokens=24
+            )
+            redacted += (done.choices[0].message.content or "").count("[REDACTED:SHORT_WORD]")
+        with pytest.raises(openai.BadRequestError) as blocked:
+            client.chat.completions.create(
+                model=MODEL_8B, messages=[{"role": "user", "content": "My SSN is 123-45-6789."}], max_tokens=5
+            )
+        assert blocked.value.code == "guardrail_blocked"
+    assert redacted > 0  # 48 words of common English: some are two letters long
+    expected = {
+        "guardrail-input-dob-flag": "1",
+        "guardrail-input-email-redact": "3",
+        "guardrail-input-ssn-block": "1",
+        "guardrail-output-short_word-redact": str(redacted),
+        "guardrail-total": str(5 + redacted),
+    }
+    signed_in(chrome, platform.gateway_url + "/console/signin")
+    chrome.find_element(By.ID, "token").send_keys(platform.issuer.mint("guard-user", team="guarded"))
+    submit_and_wait(chrome, By.ID, "signin")
+    assert text(chrome, "#team-name") == "guarded"
+
+    def counted() -> dict[str, dict[str, str]] | None:  # counted at each request's end, after its answer
+        chrome.get(platform.gateway_url + "/console/team")
+        cells = decision_cells(chrome)
+        return cells if {k: v.get("count") for k, v in cells.items()} == expected else None
+
+    cells = until("the guardrail panel with every decision", counted)
+    assert (
+        cells["guardrail-input-email-redact"]["check"],
+        cells["guardrail-input-email-redact"]["action"],
+    ) == (
+        "email",
+        "redact",
+    )
+    assert text(chrome, "#guardrails-summary") == f"{3 + redacted} redacted · 1 blocked · 1 flagged"
+    page = chrome.page_source
+    for matched in ("jane.doe@example.com", "john@example.org", "03/04/1980", "123-45-6789"):
+        assert matched not in page  # counts only
+    assert "never stored or shown" in text(chrome, "#guardrails-note")
+    chrome.find_element(By.ID, "guardrails").screenshot(str(artifacts / "team-guardrails.png"))
+    whole_page(chrome, artifacts / "team-full.png")
+
+    signed_in(chrome, console_links(platform.gateway_url, platform.issuer, DEMO_TEAM).admin)
+    admin = decision_cells(chrome)
+    for row_id, count in expected.items():
+        if row_id != "guardrail-total":
+            row = admin[row_id.replace("guardrail-", f"guardrail-{team['id']}-")]
+            assert (row["team"], row["count"]) == ("guarded", count)
+    chrome.find_element(By.ID, "guardrails").screenshot(str(artifacts / "admin-guardrails.png"))
+    whole_page(chrome, artifacts / "admin-full.png")

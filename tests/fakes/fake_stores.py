@@ -3,11 +3,15 @@ chat handler without PostgreSQL or Redis. Each records what it was asked."""
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
-from datetime import datetime
+from datetime import date, datetime
 from typing import Any
 
 from apps.core.errors import AuthenticationFailed, LlmfleetError, NotFound
+from apps.core.guardrails.counts import DecisionCount
+from apps.core.guardrails.decisions import Decision
 from apps.core.identity.keys import KeyRecord
 from apps.core.identity.principal import Principal
 from apps.core.ledger.teams import Team
@@ -148,3 +152,36 @@ class FakeRefusals:
             if team == team_id and (key_id is None or key == key_id):
                 pairs[status, reason] = pairs.get((status, reason), 0) + 1
         return [RefusalCount(s, r, n, n) for (s, r), n in sorted(pairs.items())]
+
+
+@dataclass
+class FakeGuardrailCounts:
+    """`apps.gateway.ports.GuardrailCounts` in memory: each `count` call is one batch in `batches`;
+    `fail` is raised by `count`, and `hang` makes it wait until it is cancelled (a Redis that does not
+    answer)."""
+
+    batches: list[tuple[int, list[Decision]]] = field(default_factory=list)
+    fail: LlmfleetError | None = None
+    hang: bool = False
+
+    async def count(self, team_id: int, decisions: Iterable[Decision]) -> None:
+        if self.fail is not None:
+            raise self.fail
+        if self.hang:
+            await asyncio.Event().wait()  # never set: only a cancellation ends it
+        self.batches.append((team_id, list(decisions)))
+
+    async def team(self, team_id: int, start: date, end_exclusive: date) -> list[DecisionCount]:
+        return [c for c in await self.teams(start, end_exclusive) if c.team_id == team_id]
+
+    async def teams(self, start: date, end_exclusive: date) -> list[DecisionCount]:
+        tally: dict[tuple[int, str, str, str], int] = {}
+        for team, batch in self.batches:
+            for d in batch:
+                tally[team, d.direction, d.check, d.action] = (
+                    tally.get((team, d.direction, d.check, d.action), 0) + 1
+                )
+        return [DecisionCount(dr, ck, ac, n, t) for (t, dr, ck, ac), n in sorted(tally.items())]
+
+    def kept_since(self) -> date:
+        return date.min

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -10,29 +9,15 @@ import redis.asyncio as aioredis
 
 from apps.core.errors import StoreUnavailable
 from apps.core.quota.refusals import KEEP_DAYS, RefusalCount, RefusalStore, refusals_key
+from tests.integration.redis_client import SetClock, redis
+
+__all__ = ["redis"]  # the fixture, imported for pytest
 
 DAY = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = DAY
-
-    def __call__(self) -> datetime:
-        return self.now
-
-
-@pytest.fixture
-async def redis(redis_url: str) -> AsyncIterator[aioredis.Redis]:
-    client = aioredis.Redis.from_url(redis_url)
-    try:
-        yield client
-    finally:
-        await client.aclose()
-
-
 async def test_counts_by_status_reason_and_key_over_today_and_the_week(redis: aioredis.Redis) -> None:
-    clock = Clock()
+    clock = SetClock(DAY)
     store = RefusalStore(redis, clock)
     clock.now = DAY - timedelta(days=3)
     await store.count(7, 1, 429, "rpm")
@@ -56,7 +41,7 @@ async def test_counts_by_status_reason_and_key_over_today_and_the_week(redis: ai
 
 
 async def test_a_reason_with_a_colon_cannot_break_the_field_format(redis: aioredis.Redis) -> None:
-    store = RefusalStore(redis, Clock())
+    store = RefusalStore(redis, SetClock(DAY))
     await store.count(7, 3, 503, "odd:reason")
     assert await store.recent(7, key_id=3) == [RefusalCount(503, "odd_reason", 1, 1)]
 
@@ -64,7 +49,7 @@ async def test_a_reason_with_a_colon_cannot_break_the_field_format(redis: aiored
 async def test_redis_down_is_store_unavailable() -> None:
     client = aioredis.Redis(host="127.0.0.1", port=1, socket_connect_timeout=0.5)
     try:
-        store = RefusalStore(client, Clock())
+        store = RefusalStore(client, SetClock(DAY))
         with pytest.raises(StoreUnavailable):
             await store.count(7, 1, 429, "rpm")
         with pytest.raises(StoreUnavailable):

@@ -138,8 +138,11 @@ class Env:
 
 
 @contextlib.asynccontextmanager
-async def gateway(settings: GatewaySettings, **dispatcher_args: Any) -> AsyncIterator[Env]:
-    """The gateway app on faked stores; `dispatcher_args` shape the scripted dispatcher's answers."""
+async def gateway(
+    settings: GatewaySettings, deps_args: dict[str, Any] | None = None, **dispatcher_args: Any
+) -> AsyncIterator[Env]:
+    """The gateway app on faked stores; `deps_args`: more `GatewayDeps` fields (guardrails...);
+    `dispatcher_args` shape the scripted dispatcher's answers."""
     ledger = RefusingLedger()
     quota = FakeQuota()
     keys = FakeKeys()
@@ -157,6 +160,7 @@ async def gateway(settings: GatewaySettings, **dispatcher_args: Any) -> AsyncIte
         health=StaticHealth(),
         resolver=StaticResolver(),
         refusals=refusals,
+        **(deps_args or {}),
     )
     app = create_app(settings, deps)
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw") as client:

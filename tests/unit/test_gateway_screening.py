@@ -12,10 +12,11 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from apps.core.guardrails.decisions import Decision
+from apps.core.guardrails.decisions import Decision, GuardrailBlocked
 from apps.core.guardrails.metrics import GuardrailMetrics
 from apps.core.guardrails.policy import compile_policy, parse_policy
 from apps.core.protocol.openai import SSE_DONE, SseSplitter, sse_event
+from apps.gateway.exchange import Exchange
 from apps.gateway.screening import ScreenedUpstream, Screening
 
 pytestmark = pytest.mark.timeout(30)
@@ -137,9 +138,44 @@ async def test_each_choice_has_its_own_scanner() -> None:
 async def test_without_output_checks_the_upstream_is_the_relays_own() -> None:
     screening = Screening(None, GuardrailMetrics(CollectorRegistry()))
     upstream = Scripted([SSE_DONE])
-    assert screening.screen_output(upstream, None, "chat", 1) is upstream
+    ex = Exchange("r1", 0.0)
+    assert screening.screen_output(upstream, None, "chat", 1, ex) is upstream
     only_input = compile_policy(parse_policy({"input": [{"detector": "ssn", "action": "block"}]}))
-    assert screening.screen_output(upstream, only_input, "chat", 1) is upstream
+    assert screening.screen_output(upstream, only_input, "chat", 1, ex) is upstream
     out = policy([{"detector": "ssn", "action": "redact"}])
-    assert screening.screen_output(upstream, out, "embeddings", 1) is upstream
-    assert isinstance(screening.screen_output(upstream, out, "chat", 1), ScreenedUpstream)
+    assert screening.screen_output(upstream, out, "embeddings", 1, ex) is upstream
+    assert isinstance(screening.screen_output(upstream, out, "chat", 1, ex), ScreenedUpstream)
+
+
+async def test_every_decision_goes_to_the_metric_at_once_and_to_the_request_for_the_console() -> None:
+    registry = CollectorRegistry()
+    screening = Screening(None, GuardrailMetrics(registry))
+    checks = {
+        "input": [{"detector": "email", "action": "redact"}, {"detector": "ssn", "action": "block"}],
+        "output": [{"detector": "ssn", "action": "redact"}],
+    }
+    compiled = compile_policy(parse_policy(checks))
+    ex = Exchange("r1", 0.0)
+    body = {"messages": [{"role": "user", "content": "write to a@example.com or b@example.com"}]}
+    sent = screening.screen_input(compiled, "chat", body, 7, ex)
+    assert sent["messages"][0]["content"] == "write to [REDACTED:EMAIL] or [REDACTED:EMAIL]"
+    with pytest.raises(GuardrailBlocked):
+        screening.screen_input(compiled, "chat", {"messages": [{"role": "user", "content": SSN}]}, 7, ex)
+    upstream = screening.screen_output(
+        Scripted([chat_event(ANSWER, "stop"), SSE_DONE]), compiled, "chat", 7, ex
+    )
+    _ = [data async for data in upstream.chunks()]
+    assert [(d.direction, d.check, d.action) for d in ex.decisions] == [
+        ("input", "email", "redact"),
+        ("input", "email", "redact"),
+        ("input", "ssn", "block"),
+        ("output", "ssn", "redact"),
+    ]
+    assert all(SSN not in d.field and "@" not in d.field for d in ex.decisions)  # where, never what
+
+    def value(direction: str, check: str, action: str) -> float | None:
+        labels = {"team": "7", "direction": direction, "check": check, "action": action}
+        return registry.get_sample_value("llmfleet_gateway_guardrail_decisions_total", labels)
+
+    assert (value("input", "email", "redact"), value("input", "ssn", "block")) == (2, 1)
+    assert value("output", "ssn", "redact") == 1

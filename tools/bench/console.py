@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import re
 import statistics
 import time
 import uuid
@@ -133,6 +134,16 @@ def _summary(samples: list[float]) -> dict[str, float]:
     }
 
 
+async def signin(c: httpx.AsyncClient, token: str) -> httpx.Response:
+    """Sign in as a browser does (`apps/gateway/console/signin.py`): load the form, which sets its
+    pre-session cookie and carries the matching `signin_csrf` token, then post the token through it."""
+    form = await c.get("/console/signin")
+    found = re.search(r'name="signin_csrf" value="([^"]+)"', form.text)
+    if form.status_code != 200 or found is None:
+        raise RuntimeError(f"no sign-in form at /console/signin ({form.status_code})")
+    return await c.post("/console/signin", data={"token": token, "signin_csrf": found.group(1)})
+
+
 async def render(url: str, team: int, repeat: int, now: datetime) -> dict[str, Any]:
     issuer = LocalIssuer.generate()
     jwks = issuer.serve()
@@ -147,7 +158,7 @@ async def render(url: str, team: int, repeat: int, now: datetime) -> dict[str, A
     raw: list[float] = []
     try:
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw") as c:
-            r = await c.post("/console/signin", data={"token": issuer.mint("bench-user", team="bench")})
+            r = await signin(c, issuer.mint("bench-user", team="bench"))
             assert r.status_code == 303, r.text
             path = f"/console/team?from={start}&to={end}"
             teams = deps.teams  # the JSON endpoint's raw-ledger function, same pool

@@ -21,6 +21,7 @@ from apps.core.sizing.plan import plan_fleet
 from apps.gateway.admin_routes import amount_microcredits, valid_node_id
 from apps.gateway.console.cache import CacheReport
 from apps.gateway.console.forms import Problem, clean_text, first
+from apps.gateway.console.guardrails import GuardrailReport
 from apps.gateway.console.session import Session
 from apps.gateway.console.views import Console, csv_response, to_signin
 from apps.gateway.inputs import parse_id
@@ -62,6 +63,7 @@ class AdminView:
         self.console = console
         self.deps = console.deps
         self.cache = CacheReport(console.deps, lambda: console.usage)
+        self.guardrails = GuardrailReport(console.deps)
         # model -> (max_num_seqs, replicas, peak streams), from the planner
         self.plan = {
             n: (m.max_num_seqs, m.replicas, m.peak_streams)
@@ -97,6 +99,7 @@ class AdminView:
             "nodes": nodes,
             "capacity": capacity(self.plan, nodes),
             "cache": await self.cache.teams({t.id: t.name for t in teams}),
+            "guardrails": await self.guardrails.teams({t.id: t.name for t in teams}),
             **extra,
         }
         return self.console.render(request, "admin.html", ctx, status, session)

@@ -29,6 +29,7 @@ from apps.gateway.console.forms import (
     positive_int,
     usage_query,
 )
+from apps.gateway.console.guardrails import GuardrailReport
 from apps.gateway.console.session import Session
 from apps.gateway.console.share import QueueShare, team_shares
 from apps.gateway.console.views import Console, csv_response, to_signin
@@ -78,6 +79,7 @@ class TeamView:
         self.console = console
         self.deps = console.deps
         self.cache = CacheReport(console.deps, lambda: console.usage)
+        self.guardrails = GuardrailReport(console.deps)
 
     def routes(self) -> list[Route]:
         return [
@@ -124,6 +126,7 @@ class TeamView:
             "rows": _usage_rows(rows),
             "chart": chart_data(query, rows) if query else None,
             "cache": await self.cache.team(team.id, query, session.key_id) if query else None,
+            "guardrails": await self.guardrails.team(team.id, query) if query else None,
             "keys": keys,
             "last_used": await usage.key_last_used(team.id),
             "recent": await usage.recent(team.id, key_id=session.key_id),
